@@ -1,0 +1,43 @@
+# minitfm: `make train` trains the default config, `make test` runs the tests.
+# Both install first (once): a virtual environment in .venv with the pinned torch.
+
+PYTHON ?= python3
+VENV   ?= .venv
+# Installed before the package so pip never resolves a bare `torch` (a several-GB CUDA build).
+# Override for another build, e.g. `make install TORCH="torch==2.13.0 --index-url <your index>"`.
+TORCH  ?= torch==2.13.0
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+CONFIG ?=
+ARGS   ?=
+PORT   ?= 6006
+
+.PHONY: install train test lint bench tensorboard clean
+
+install: $(STAMP)
+
+# Re-runs only when pyproject.toml or the torch pin changes, so a second `make` is quick.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(TORCH)
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	echo "$(TORCH)" > $(STAMP)
+
+train: install
+	$(BIN)/minitfm train $(CONFIG) $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest -q $(ARGS)
+
+lint: install
+	$(BIN)/ruff check minitfm tests
+
+bench: install
+	$(BIN)/minitfm bench $(ARGS)
+
+tensorboard: install
+	$(BIN)/tensorboard --logdir runs --port $(PORT) --samples_per_plugin images=100
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

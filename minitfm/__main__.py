@@ -1,0 +1,5 @@
+"""`python -m minitfm` runs the CLI."""
+
+from minitfm.cli import main
+
+main()

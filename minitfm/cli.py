@@ -1,0 +1,236 @@
+"""The `minitfm` command line: thin commands over the library.
+
+This is the only module that prints errors and picks exit codes: 0 success, 1 runtime
+failure, 2 bad input, 130 interrupted by Ctrl-C, 143 by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from minitfm import __version__
+from minitfm.errors import MinitfmError
+
+app = typer.Typer(
+    name="minitfm",
+    help="A toy encoder-decoder transformer trainer: hand-written attention, synthetic tasks, "
+         "attention maps you can see.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
+CHECKPOINT_HELP = "Which checkpoint of the run: best (highest exact match) or last."
+
+
+def fail(message: str, code: int = 2):
+    """Print one clean error line on stderr and exit with `code`."""
+    err_console.print(f"error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def clean_errors(command):
+    """Turn library errors into one line on stderr and their exit code (no traceback)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except MinitfmError as err:
+            fail(str(err), err.exit_code)
+        except KeyboardInterrupt:
+            fail("interrupted", 130)
+
+    return wrapper
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        console.print(f"minitfm {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """minitfm: train, measure and look inside a small transformer on synthetic tasks."""
+
+
+@app.command()
+@clean_errors
+def train(
+    args: Optional[list[str]] = typer.Argument(
+        None, metavar="[CONFIG] [KEY=VALUE]...",
+        help="A YAML config (default: the built-in reverse task) then overrides such as "
+             "model.d_model=128 train.steps=500."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", metavar="RUN",
+        help="Continue this run (directory or checkpoint) from its last checkpoint; "
+             "KEY=VALUE may change train.* and log.* keys."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Write the run here "
+                                           "instead of log.dir/<name>-<timestamp>."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Allow --run-dir to be an "
+                                   "existing run directory (its files are replaced)."),
+    print_config: bool = typer.Option(False, "--print-config",
+                                      help="Print the resolved config as YAML and exit."),
+) -> None:
+    """Train a model on a synthetic task; Ctrl-C saves a checkpoint you can --resume."""
+    from minitfm.config import load_config, to_yaml
+
+    config_path, overrides = split_config_args(args or [], allow_config=resume is None)
+    if resume is not None:
+        from minitfm.checkpoint import resolve_checkpoint
+        ckpt = resolve_checkpoint(resume, "last")
+        if print_config:
+            from minitfm.checkpoint import load_checkpoint
+            from minitfm.train import resume_config
+            console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides)), end="",
+                          markup=False, highlight=False)
+            return
+        return run_training(None, resume=ckpt, overrides=overrides)
+    cfg = load_config(config_path, overrides)
+    if print_config:
+        console.print(to_yaml(cfg), end="", markup=False, highlight=False)
+        return
+    run_training(cfg, run_dir=run_dir, overwrite=overwrite)
+
+
+def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, list[str]]:
+    """`[CONFIG] [KEY=VALUE]...` -> (config path or None, overrides)."""
+    if args and "=" not in args[0]:
+        if not allow_config:
+            raise MinitfmError(f"'{args[0]}': with --resume the config comes from the run; "
+                               f"give only KEY=VALUE overrides")
+        return args[0], args[1:]
+    return None, args
+
+
+def run_training(cfg, **kwargs) -> None:
+    from minitfm.progress import ConsoleReporter
+    from minitfm.train import train as train_run
+
+    reporter = ConsoleReporter(console)
+    try:
+        train_run(cfg, reporter=reporter, **kwargs)
+    finally:
+        reporter.stop()
+
+
+@app.command("eval")
+@clean_errors
+def eval_command(
+    run: Optional[Path] = typer.Argument(None, help=RUN_HELP),
+    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    samples: int = typer.Option(1000, min=1, help="Held-out sequences to decode."),
+    min_len: Optional[int] = typer.Option(None, min=1, help="Shortest input length "
+                                          "(default: the trained task.min_len)."),
+    max_len: Optional[int] = typer.Option(None, min=1, help="Longest input length; may go "
+                                          "beyond the trained range (default: task.max_len)."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the held-out set "
+                                       "(default: task.eval_seed)."),
+    batch_size: int = typer.Option(1000, min=1, help="Sequences decoded at once."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
+                                 "tables."),
+) -> None:
+    """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
+    from minitfm.evaluate import eval_tables, evaluate_run
+
+    report = evaluate_run(run, checkpoint, samples, min_len, max_len, seed, batch_size)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        for table in eval_tables(report):
+            console.print(table)
+
+
+@app.command()
+@clean_errors
+def predict(
+    run: Optional[Path] = typer.Argument(None, help=RUN_HELP),
+    inputs: Optional[list[str]] = typer.Argument(
+        None, metavar="[INPUT]...", help="Inputs in task syntax, e.g. '3 1 4', '314' or "
+        "'12+34'; none: read one per line from stdin."),
+    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per input, with the "
+                                 "expected output and whether it matches."),
+) -> None:
+    """Decode your own inputs with a trained model, one output line per input."""
+    from minitfm.evaluate import predict_texts
+
+    run, inputs = split_run_and_inputs(run, inputs or [])
+    if inputs:
+        lines, where = inputs, "input"
+    else:
+        lines, where = sys.stdin.read().splitlines(), "line"
+    for row in predict_texts(run, checkpoint, lines, where):
+        print(json.dumps(row) if as_json else row["output"])
+
+
+def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | None, list[str]]:
+    """`predict 3 1 4` has no RUN: a first word that is no existing path is an input."""
+    if run is not None and not run.exists():
+        return None, [str(run), *inputs]
+    return run, inputs
+
+
+@app.command("visualize-attention")
+@clean_errors
+def visualize_attention(
+    run: Optional[Path] = typer.Argument(None, help=RUN_HELP),
+    input_text: Optional[str] = typer.Option(None, "--input", help="Input in task syntax "
+                                             "(default: a held-out example)."),
+    kind: str = typer.Option("all", help="encoder, decoder, cross or all."),
+    layer: Optional[int] = typer.Option(None, help="Only this layer (from 0)."),
+    head: Optional[int] = typer.Option(None, help="Only this head (from 0)."),
+    out: Optional[Path] = typer.Option(None, help="PNG path (default: inside the run)."),
+    terminal: bool = typer.Option(True, "--terminal/--no-terminal",
+                                  help="Also draw the heatmaps in the terminal."),
+    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+) -> None:
+    """Show what every attention head does: a PNG grid and a terminal heatmap."""
+    fail("visualize-attention is not built yet (it arrives with the visualisation issue)", 1)
+
+
+@app.command()
+@clean_errors
+def tasks() -> None:
+    """List the synthetic tasks with an example each."""
+    from rich.table import Table
+
+    from minitfm.config import TaskConfig
+    from minitfm.tasks import TASKS
+
+    table = Table(title="tasks (task.name)")
+    for column in ("name", "what it learns", "example input", "target"):
+        table.add_column(column)
+    for name, cls in TASKS.items():
+        example_in, example_out = cls(TaskConfig(name=name)).example()
+        table.add_row(name, cls.summary, example_in, example_out)
+    console.print(table)
+
+
+@app.command()
+@clean_errors
+def bench(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions (seconds)."),
+) -> None:
+    """Measure training throughput, decoding speed, memory and time to solve."""
+    fail("bench is not built yet (it arrives with the speed issue)", 1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

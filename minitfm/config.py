@@ -1,0 +1,242 @@
+"""The YAML config: schema, loading, key=value overrides and validation (no torch here).
+
+Every key has a default, so a YAML file states only what it changes. The YAML key, the
+pydantic field and the override path are the same string: `model.n_heads: 4` in a file is
+`model.n_heads=4` on the command line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from minitfm.errors import ConfigError
+
+# The names `minitfm.tasks` registers; kept here so validation needs no torch.
+TASK_NAMES = ("copy", "reverse", "sort", "duplicate", "shift", "add")
+POSITIONALS = ("sinusoidal", "learned", "none")
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskConfig(Section):
+    """Which synthetic task to learn, and on which sequence lengths."""
+
+    name: str = Field("reverse", description=f"task name: {', '.join(TASK_NAMES)}")
+    n_symbols: int = Field(10, ge=2, description="number of data symbols (digits 0..n_symbols-1)")
+    min_len: int = Field(1, ge=1, description="shortest input length in training")
+    max_len: int = Field(16, ge=1, description="longest input length in training")
+    eval_seed: int = Field(1234, description="seed of the held-out evaluation set")
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskConfig:
+        if self.name not in TASK_NAMES:
+            hint = _did_you_mean(self.name, TASK_NAMES)
+            raise ValueError(f"task.name ({self.name!r}) is not a task; choose one of "
+                             f"{', '.join(TASK_NAMES)}{hint}")
+        if self.min_len > self.max_len:
+            raise ValueError(f"task.min_len ({self.min_len}) must be <= task.max_len "
+                             f"({self.max_len})")
+        return self
+
+
+class ModelConfig(Section):
+    """The encoder-decoder transformer (names from Vaswani et al. 2017)."""
+
+    d_model: int = Field(64, ge=1, description="width of the residual stream")
+    n_heads: int = Field(4, ge=1, description="attention heads per layer (d_head = d_model / n_heads)")
+    n_encoder_layers: int = Field(2, ge=1, description="encoder layers")
+    n_decoder_layers: int = Field(2, ge=1, description="decoder layers")
+    d_ff: int = Field(256, ge=1, description="hidden width of the feed-forward block")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability in [0, 1)")
+    norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
+    positional: str = Field("sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)}")
+    tie_embeddings: bool = Field(True, description="share input embedding and output projection")
+    max_len: int = Field(256, ge=2, description="longest sequence (tokens) the model can take")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.positional not in POSITIONALS:
+            hint = _did_you_mean(self.positional, POSITIONALS)
+            raise ValueError(f"model.positional ({self.positional!r}) must be one of "
+                             f"{', '.join(POSITIONALS)}{hint}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by "
+                             f"model.n_heads ({self.n_heads})")
+        return self
+
+
+class TrainConfig(Section):
+    """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
+
+    steps: int = Field(1500, ge=1, description="optimizer steps in total")
+    batch_size: int = Field(128, ge=1, description="sequences per step")
+    lr: float = Field(3e-3, gt=0.0, description="peak learning rate")
+    warmup_steps: int = Field(100, ge=0, description="linear warmup steps")
+    schedule: Literal["cosine", "constant", "inverse_sqrt"] = Field(
+        "cosine", description="lr after warmup: cosine, constant or inverse_sqrt")
+    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing in [0, 1)")
+    grad_clip: float | None = Field(1.0, gt=0.0, description="max gradient norm (null = off)")
+    eval_every: int = Field(100, ge=0, description="steps between evaluations (0 = off)")
+    eval_samples: int = Field(1000, ge=1, description="held-out sequences per evaluation")
+    target_exact_match: float | None = Field(
+        0.99, gt=0.0, le=1.0, description="stop early at this exact match (null = never)")
+    checkpoint_every: int = Field(500, ge=0, description="steps between checkpoints (0 = end only)")
+
+
+class LogConfig(Section):
+    """Where runs go and what they log."""
+
+    dir: str = Field("runs", description="folder that holds the run directories")
+    log_every: int = Field(25, ge=1, description="steps between train log lines")
+    tensorboard: bool = Field(True, description="write TensorBoard event files")
+    attention_every: int = Field(500, ge=0, description="steps between attention images (0 = off)")
+
+
+class Config(Section):
+    """A whole minitfm run."""
+
+    name: str = Field("reverse", description="run name, prefix of the run directory")
+    seed: int = Field(0, description="seed of model initialisation and training data")
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device ({self.device!r}) must be auto, cpu, cuda or cuda:N")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
+            raise ValueError(f"name ({self.name!r}) may hold only letters, digits, '_', '-', '.'")
+        return self
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Read a YAML file (or the built-in default when `path` is None) and apply overrides."""
+    data = read_yaml(Path(path)) if path is not None else {}
+    for item in overrides:
+        key, value = parse_override(item)
+        set_path(data, key, value)
+    return validate(data)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML file, read with `safe_load`; every mistake is a ConfigError."""
+    if path.is_dir():
+        raise ConfigError(f"config '{path}' is a directory: give a YAML file such as "
+                          f"configs/reverse.yaml")
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' not found: check the path (shipped configs are "
+                          f"in configs/)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as err:
+        line = err.problem_mark.line + 1 if err.problem_mark else "?"
+        raise ConfigError(f"config file '{path}' is not valid YAML at line {line}: "
+                          f"{err.problem}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+    if data is None:
+        raise ConfigError(f"config file '{path}' is empty: state at least one key, e.g. "
+                          f"'task: {{name: copy}}', or leave the config out for the default")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must be a mapping of sections "
+                          f"(task:, model:, train:, log:), not a {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """Split `key=value`; the value is a YAML scalar (`null` is None, `3e-4` a number)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override '{item}' must look like key=value, e.g. train.steps=500")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"override '{item}' must set a single value, not a "
+                          f"{type(value).__name__}")
+    return key, value
+
+
+def set_path(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `data["a"]["b"] = value` for the dotted `key` "a.b", checking the key exists."""
+    parts = key.split(".")
+    node, model = data, Config
+    for depth, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:depth + 1])
+            prefix = ".".join(parts[:depth])
+            names = [f"{prefix}.{name}" if prefix else name for name in fields]
+            raise ConfigError(f"unknown config key '{where}'{_did_you_mean(where, names)}")
+        annotation = fields[part].annotation
+        is_section = isinstance(annotation, type) and issubclass(annotation, Section)
+        last = depth == len(parts) - 1
+        if is_section and last:
+            raise ConfigError(f"'{key}' is a section: set one of its keys, e.g. "
+                              f"{key}.{next(iter(annotation.model_fields))}=...")
+        if not is_section and not last:
+            raise ConfigError(f"'{'.'.join(parts[:depth + 1])}' is a key, not a section")
+        if last:
+            node[part] = value
+            return
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"'{'.'.join(parts[:depth + 1])}' must be a mapping in the config")
+        node, model = child, annotation
+
+
+def validate(data: dict[str, Any]) -> Config:
+    """Build a Config, turning pydantic's errors into one readable line."""
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, data)) from None
+
+
+def _describe(err: ValidationError, data: dict[str, Any]) -> str:
+    messages = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            section = e["loc"][:-1]
+            model = Config
+            for part in section:
+                model = model.model_fields[str(part)].annotation
+            prefix = ".".join(str(p) for p in section)
+            names = [f"{prefix}.{n}" if prefix else n for n in model.model_fields]
+            messages.append(f"unknown config key '{loc}'{_did_you_mean(loc, names)}")
+        elif e["type"] == "value_error":
+            messages.append(str(e["ctx"]["error"]))
+        elif e["type"] == "model_type":
+            messages.append(f"'{loc}' must be a mapping of keys, got {e['input']!r}")
+        else:
+            messages.append(f"{loc} ({e['input']!r}): {e['msg'].lower()}")
+    more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
+    return messages[0] + more
+
+
+def _did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML, in schema order."""
+    return yaml.safe_dump(cfg.model_dump(), sort_keys=False)
+

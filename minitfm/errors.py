@@ -1,0 +1,28 @@
+"""Errors a user can cause, each carrying the exit code the CLI should use.
+
+Library code raises these with an actionable one-line message; only `cli` prints them.
+"""
+
+
+class MinitfmError(Exception):
+    """A mistake the user can fix (bad config, argument, file): exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(MinitfmError):
+    """The YAML config or a key=value override is wrong."""
+
+
+class TaskInputError(MinitfmError):
+    """Text given to a task cannot be parsed into tokens."""
+
+
+class CheckpointError(MinitfmError):
+    """A checkpoint or run directory is missing, corrupt or not ours."""
+
+
+class RunFailed(MinitfmError):
+    """Training or evaluation failed while running (e.g. the loss diverged): exit code 1."""
+
+    exit_code = 1

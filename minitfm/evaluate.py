@@ -1,0 +1,226 @@
+"""Honest measurement: free-running greedy decoding that never sees the target.
+
+- exact match: the whole predicted sequence equals the target, length included.
+- token accuracy: position-wise agreement with the target, where a missing or an extra
+  token counts as wrong: sum over sequences of matches / sum of max(len(pred), len(target)).
+- loss: teacher-forced cross-entropy per target token (EOS included), PAD ignored.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from minitfm.errors import MinitfmError
+from minitfm.model import greedy_decode
+from minitfm.tasks import Task, eval_set, make_batch
+
+Pair = tuple[list[int], list[int]]
+
+
+@dataclass
+class LengthStats:
+    """Counts for one input length."""
+
+    count: int = 0
+    exact: int = 0
+    correct_tokens: int = 0
+    total_tokens: int = 0
+
+    def add(self, pred: list[int], target: list[int]) -> None:
+        """Score one prediction against its target."""
+        self.count += 1
+        self.exact += pred == target
+        self.correct_tokens += sum(p == t for p, t in zip(pred, target))
+        self.total_tokens += max(len(pred), len(target))
+
+    def merge(self, other: LengthStats) -> None:
+        self.count += other.count
+        self.exact += other.exact
+        self.correct_tokens += other.correct_tokens
+        self.total_tokens += other.total_tokens
+
+    @property
+    def exact_match(self) -> float:
+        return self.exact / max(self.count, 1)
+
+    @property
+    def token_accuracy(self) -> float:
+        return self.correct_tokens / max(self.total_tokens, 1)
+
+
+@dataclass
+class EvalResult:
+    """Metrics over a set of pairs, in total and per input length."""
+
+    loss: float
+    total: LengthStats
+    per_length: dict[int, LengthStats]
+    predictions: list[list[int]] = field(repr=False)
+
+    @property
+    def exact_match(self) -> float:
+        return self.total.exact_match
+
+    @property
+    def token_accuracy(self) -> float:
+        return self.total.token_accuracy
+
+    def as_dict(self) -> dict:
+        """Plain numbers for metrics.jsonl and --json."""
+        return {
+            "loss": self.loss,
+            "token_accuracy": self.token_accuracy,
+            "exact_match": self.exact_match,
+            "samples": self.total.count,
+            "per_length": {str(n): {"count": s.count, "exact_match": s.exact_match,
+                                    "token_accuracy": s.token_accuracy}
+                           for n, s in sorted(self.per_length.items())},
+        }
+
+
+def score(pairs: list[Pair], predictions: list[list[int]],
+          length=len) -> tuple[LengthStats, dict]:
+    """Exact match and token accuracy of `predictions`, in total and per input `length`."""
+    per_length: dict[int, LengthStats] = defaultdict(LengthStats)
+    for (src, target), pred in zip(pairs, predictions, strict=True):
+        per_length[length(src)].add(pred, target)
+    total = LengthStats()
+    for stats in per_length.values():
+        total.merge(stats)
+    return total, dict(per_length)
+
+
+def strip_eos(row: list[int], eos_id: int) -> list[int]:
+    """Tokens up to (not including) the first EOS."""
+    return row[:row.index(eos_id)] if eos_id in row else row
+
+
+@torch.no_grad()
+def predict(model, task: Task, sources: list[list[int]], device, batch_size: int = 1000,
+            use_cache: bool = True) -> list[list[int]]:
+    """Greedy-decode each source; the target is never looked at."""
+    vocab, out = task.vocab, []
+    for i in range(0, len(sources), batch_size):
+        chunk = sources[i:i + batch_size]
+        src = make_batch([(s, []) for s in chunk], vocab).src.to(device)
+        cap = max(task.max_target_len(len(s)) for s in chunk) + 1  # + EOS
+        tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache=use_cache)
+        out.extend(strip_eos(row, vocab.eos_id) for row in tokens.tolist())
+    return out
+
+
+@torch.no_grad()
+def teacher_forced_loss(model, task: Task, pairs: list[Pair], device,
+                        batch_size: int = 1000) -> float:
+    """Mean cross-entropy per target token with the true previous tokens fed in."""
+    total, count = 0.0, 0
+    for i in range(0, len(pairs), batch_size):
+        batch = make_batch(pairs[i:i + batch_size], task.vocab).to(device)
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                                 ignore_index=task.vocab.pad_id, reduction="sum").item()
+        count += batch.n_target_tokens
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate(model, task: Task, pairs: list[Pair], device, batch_size: int = 1000) -> EvalResult:
+    """Loss, token accuracy and exact match of `model` on `pairs` (eval mode, restored after)."""
+    was_training = model.training
+    model.eval()
+    try:
+        predictions = predict(model, task, [src for src, _ in pairs], device, batch_size)
+        loss = teacher_forced_loss(model, task, pairs, device, batch_size)
+    finally:
+        model.train(was_training)
+    total, per_length = score(pairs, predictions, task.input_length)
+    return EvalResult(loss, total, per_length, predictions)
+
+
+def check_representable(cfg, task: Task, max_len: int) -> None:
+    """Learned positions stop at model.max_len: say so instead of crashing."""
+    longest = task.positions_needed(max_len)
+    if cfg.model.positional == "learned" and longest > cfg.model.max_len:
+        raise MinitfmError(
+            f"--max-len {max_len} needs {longest} positions but this model's learned positions "
+            f"stop at model.max_len ({cfg.model.max_len}); evaluate up to a shorter length")
+
+
+def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: int | None = None,
+                 max_len: int | None = None, seed: int | None = None,
+                 batch_size: int = 1000) -> dict:
+    """`minitfm eval`: decode held-out data with a run's checkpoint; a JSON-ready report."""
+    from minitfm.checkpoint import load_model, resolve_checkpoint
+
+    path = resolve_checkpoint(run, checkpoint)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg, task, model, step = load_model(path, device)
+    lo = min_len if min_len is not None else cfg.task.min_len
+    hi = max_len if max_len is not None else max(cfg.task.max_len, lo)
+    if lo > hi:
+        raise MinitfmError(f"--min-len ({lo}) must be <= --max-len ({hi})")
+    check_representable(cfg, task, hi)
+    pairs = eval_set(task, samples, cfg.task.eval_seed if seed is None else seed, lo, hi)
+    result = evaluate(model, task, pairs, device, batch_size)
+    return {**result.as_dict(), "checkpoint": str(path), "step": step, "task": cfg.task.name,
+            "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}
+
+
+def eval_tables(report: dict) -> list:
+    """A rich table per length (count, exact match, token accuracy) and the totals."""
+    from rich.table import Table
+
+    lo, hi = report["trained_lengths"]
+    table = Table(title=f"{report['task']} · {report['checkpoint']} · step {report['step']}")
+    for column in ("length", "count", "exact match", "token accuracy"):
+        table.add_column(column, justify="right")
+    for length, row in report["per_length"].items():
+        outside = not lo <= int(length) <= hi
+        table.add_row(f"{length}{' *' if outside else ''}", str(row["count"]),
+                      f"{row['exact_match']:.1%}", f"{row['token_accuracy']:.1%}",
+                      style="yellow" if outside else None)
+    table.add_section()
+    table.add_row("all", str(report["samples"]), f"{report['exact_match']:.1%}",
+                  f"{report['token_accuracy']:.1%}", style="bold")
+    table.caption = (f"teacher-forced loss {report['loss']:.4f}; trained on lengths {lo}..{hi}"
+                     + ("; * outside the trained range" if any(
+                         not lo <= int(n) <= hi for n in report["per_length"]) else ""))
+    return [table]
+
+
+def predict_texts(run, checkpoint: str, lines: list[str], where: str = "input") -> list[dict]:
+    """`minitfm predict`: parse every line first (errors name the line), then decode all."""
+    from minitfm.checkpoint import load_model, resolve_checkpoint
+
+    path = resolve_checkpoint(run, checkpoint)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg, task, model, _ = load_model(path, device)
+    if not lines:
+        raise MinitfmError("no input: give INPUT arguments or pipe one input per line on stdin")
+    sources = []
+    for number, text in enumerate(lines, 1):
+        try:
+            sources.append(task.parse(text, max_tokens=input_limit(cfg, task)))
+        except MinitfmError as err:
+            raise type(err)(f"{where} {number} ({text!r}): {err}") from None
+    outputs = predict(model, task, sources, device)
+    rows = []
+    for text, src, out in zip(lines, sources, outputs):
+        expected = task.target(src)
+        rows.append({"input": text, "output": task.format(out),
+                     "expected": task.format(expected), "match": out == expected})
+    return rows
+
+
+def input_limit(cfg, task: Task) -> int | None:
+    """Longest input a model can take: learned positions stop at model.max_len."""
+    if cfg.model.positional != "learned":
+        return None
+    n = cfg.model.max_len
+    while n > 0 and task.max_target_len(n) + 1 > cfg.model.max_len:
+        n -= 1
+    return n

@@ -1,0 +1,496 @@
+"""Synthetic sequence tasks: vocabulary, sampling, text I/O, batching and ideal alignments.
+
+Each task is a rule from a source sequence of symbols to a target sequence (copy, reverse,
+sort, ...). The encoder reads the source; the decoder writes the target after BOS and ends
+it with EOS.
+
+Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
+
+    0      "<pad>"  right-padding; never attended to, never scored
+    1      "<bos>"  first decoder input
+    2      "<eos>"  end of every target
+    3 ...  task symbols: "+" for add, none for the other tasks
+    then   data symbols "0", "1", ..., str(n_symbols - 1), in order of value
+
+so data symbol v has id `3 + len(task symbols) + v`, and sorting ids sorts values. Special
+tokens are never data: sampling never draws them and `parse` rejects them.
+
+Sampling. Lengths are uniform in [min_len, max_len], symbols uniform over the data symbols,
+and every draw comes from the `torch.Generator` passed in (never the global RNG), so a seed
+gives the same samples on every machine and in every run.
+
+Held-out rule. An input is held out iff the CRC-32 of its token ids (each as 4 bytes,
+little-endian) is 0 modulo 16, provided its length has at least 10_000 possible inputs
+(n_symbols ** length; for add, the count over both operand lengths). Lengths with fewer
+inputs are shared by both splits: holding out 1/16 of, say, the 100 inputs of length 2 would
+leave gaps in training rather than a fair test, so there evaluation may meet inputs seen in
+training. `split="train"` redraws held-out inputs and `split="eval"` redraws the others
+(at lengths big enough to hold out), so training and evaluation stay disjoint for any eval
+seed and any length range, lengths never trained on included. A redraw keeps the length
+already drawn, so both splits keep lengths uniform.
+
+Shapes: B batch, S source length, T target length.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from minitfm.config import TaskConfig
+from minitfm.errors import ConfigError, TaskInputError
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+SPLITS = ("train", "eval")
+HOLDOUT_MODULUS = 16  # 1 in 16 inputs of a big length is held out
+MIN_HOLDOUT_SPACE = 10_000  # a length needs this many possible inputs to hold any out
+MAX_DRAW_ROUNDS = 10_000  # a guard against a hang: each round settles >= ~1/16 of the draws
+
+Pair = tuple[list[int], list[int]]
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Token strings by id: PAD, BOS, EOS, then the task's symbols (see the module docstring)."""
+
+    tokens: tuple[str, ...]
+    _ids: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tokens[:3] != SPECIAL_TOKENS:
+            raise ValueError(f"a vocabulary starts with {SPECIAL_TOKENS}, not {self.tokens[:3]}")
+        if len(set(self.tokens)) != len(self.tokens):
+            raise ValueError(f"vocabulary tokens must be distinct: {self.tokens}")
+        object.__setattr__(self, "_ids", {t: i for i, t in enumerate(self.tokens)})
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._ids
+
+    def id(self, token: str) -> int:
+        """The id of `token`; a TaskInputError names an unknown one."""
+        if token not in self._ids:
+            raise TaskInputError(f"unknown token {token!r}: not one of the {len(self)} tokens "
+                                 f"of this vocabulary")
+        return self._ids[token]
+
+    def token(self, i: int) -> str:
+        """The token with id `i`."""
+        if not 0 <= i < len(self.tokens):
+            raise IndexError(f"token id {i} is outside the vocabulary (ids 0..{len(self) - 1})")
+        return self.tokens[i]
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+
+class Task:
+    """A synthetic task: its vocabulary, its rule (`target`), sampling and text I/O."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    task_symbols: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        self.cfg = cfg
+        self.n_symbols = cfg.n_symbols
+        symbols = tuple(str(v) for v in range(cfg.n_symbols))
+        self.vocab = Vocab(SPECIAL_TOKENS + self.task_symbols + symbols)
+        self.first_data_id = len(SPECIAL_TOKENS) + len(self.task_symbols)
+        # The compact form ("314", "12+34") is unambiguous only with one-character symbols.
+        self.compact = all(len(t) == 1 for t in self.task_symbols + symbols)
+
+    # --- the rule, one override per task ---
+
+    def target(self, src: list[int]) -> list[int]:
+        """The target ids for source ids `src`."""
+        raise NotImplementedError
+
+    def alignment(self, src: list[int]) -> list[int] | None:
+        """For each target position, the source position it should attend to (None: no such)."""
+        return None
+
+    def max_target_len(self, src_len: int) -> int:
+        """The longest target for a source of `src_len` tokens (a cap for decoding)."""
+        return src_len
+
+    def max_source_len(self, max_len: int) -> int:
+        """The longest source for a length setting of `max_len` (task.max_len)."""
+        return max_len
+
+    def positions_needed(self, max_len: int) -> int:
+        """Positions a model needs for lengths up to `max_len`: the source, or BOS + target."""
+        longest_src = self.max_source_len(max_len)
+        return max(longest_src, self.max_target_len(longest_src) + 1)
+
+    def input_length(self, src: list[int]) -> int:
+        """The length of `src` in the sense of task.min_len/max_len (for per-length tables)."""
+        return len(src)
+
+    # --- sampling ---
+
+    def sample(self, n: int, generator: torch.Generator, *, min_len: int | None = None,
+               max_len: int | None = None, split: str = "train") -> list[Pair]:
+        """`n` (source, target) pairs of `split`, lengths uniform in [min_len, max_len]."""
+        if split not in SPLITS:
+            raise ValueError(f"split ({split!r}) must be one of {SPLITS}")
+        lo = self.cfg.min_len if min_len is None else min_len
+        hi = self.cfg.max_len if max_len is None else max_len
+        if not 1 <= lo <= hi:
+            raise ConfigError(f"min_len ({lo}) must be at least 1 and at most max_len ({hi})")
+        shapes = self._draw_shapes(n, generator, lo, hi)
+        sources = self._draw_split(shapes, generator, split)
+        return [(src, self.target(src)) for src in sources]
+
+    def is_held_out(self, src: list[int]) -> bool:
+        """True iff `src` is in the held-out partition: eval only, never trained on."""
+        return self._space(self._shape(src)) >= MIN_HOLDOUT_SPACE and self._hashed_out(src)
+
+    def _hashed_out(self, src: list[int]) -> bool:
+        key = self._holdout_key(src)
+        return zlib.crc32(struct.pack(f"<{len(key)}I", *key)) % HOLDOUT_MODULUS == 0
+
+    def _draw_split(self, shapes: list, generator: torch.Generator, split: str) -> list[list[int]]:
+        """One input per shape, redrawing at the same shape those outside `split`."""
+        # Shapes with too few inputs hold none out: both splits share them.
+        shared = [self._space(shape) < MIN_HOLDOUT_SPACE for shape in shapes]
+        want_held_out = split == "eval"
+        sources: list[list[int]] = [[] for _ in shapes]
+        pending = list(range(len(shapes)))
+        for _ in range(MAX_DRAW_ROUNDS):
+            if not pending:
+                return sources
+            drawn = self._draw_inputs([shapes[i] for i in pending], generator)
+            rejected = []
+            for i, src in zip(pending, drawn, strict=True):
+                if shared[i] or self._hashed_out(src) == want_held_out:
+                    sources[i] = src
+                else:
+                    rejected.append(i)
+            pending = rejected
+        raise RuntimeError(f"could not draw {len(pending)} {split} inputs; is the held-out "
+                           f"partition empty at some length?")
+
+    def _draw_shapes(self, n: int, generator: torch.Generator, lo: int, hi: int) -> list:
+        """The shape (here: the length) of each of `n` inputs."""
+        return torch.randint(lo, hi + 1, (n,), generator=generator).tolist()
+
+    def _draw_inputs(self, lengths: list[int], generator: torch.Generator) -> list[list[int]]:
+        """One uniformly random input per length, drawn in bulk."""
+        width = max(lengths)
+        values = torch.randint(self.n_symbols, (len(lengths), width), generator=generator)
+        rows = (values + self.first_data_id).tolist()
+        return [row[:k] for row, k in zip(rows, lengths, strict=True)]
+
+    def _shape(self, src: list[int]):
+        """What `_draw_inputs` fixes before drawing symbols: here, the length."""
+        return len(src)
+
+    def _space(self, shape) -> int:
+        """How many possible inputs have this shape."""
+        return self.n_symbols ** shape
+
+    def _holdout_key(self, src: list[int]) -> list[int]:
+        """The ids the held-out hash reads."""
+        return src
+
+    # --- text ---
+
+    def parse(self, text: str, max_tokens: int | None = None) -> list[int]:
+        """User text ("3 1 4", or "314" when symbols are single characters) -> source ids."""
+        tokens = self._tokenize(text)
+        if not tokens:
+            raise TaskInputError(f"empty input: task '{self.name}' takes {self._allowed()}, "
+                                 f"e.g. {self._example_text()!r}")
+        ids = [self._symbol_id(token) for token in tokens]
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TaskInputError(f"input has {len(ids)} tokens, more than the {max_tokens} "
+                                 f"allowed: shorten it")
+        self._check_structure(ids, text)
+        return ids
+
+    def _tokenize(self, text: str) -> list[str]:
+        if not self.compact:
+            return text.split()
+        tokens = []
+        for chunk in text.split():
+            # A whole token such as "<eos>" stays whole, so the error can name it.
+            tokens.extend([chunk] if chunk in self.vocab else list(chunk))
+        return tokens
+
+    def _symbol_id(self, token: str) -> int:
+        if token in SPECIAL_TOKENS:
+            raise TaskInputError(f"{token!r} is a special token, not input: task '{self.name}' "
+                                 f"takes {self._allowed()}")
+        if token not in self.vocab:
+            raise TaskInputError(f"{token!r} is not a symbol of task '{self.name}': it takes "
+                                 f"{self._allowed()}")
+        return self.vocab.id(token)
+
+    def _allowed(self) -> str:
+        spacing = "" if self.compact else ", separated by spaces"
+        return f"the symbols 0..{self.n_symbols - 1}{spacing}"
+
+    def _example_text(self) -> str:
+        text = self.example()[0]
+        return text.replace(" ", "") if self.compact else text
+
+    def _check_structure(self, ids: list[int], text: str) -> None:
+        """Raise TaskInputError if valid symbols form an invalid input (e.g. two '+')."""
+
+    def format(self, ids: list[int]) -> str:
+        """Ids -> text, tokens separated by spaces; PAD and BOS are dropped, EOS ends it."""
+        words = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                words.append(self.vocab.token(i))
+        return " ".join(words)
+
+    def example(self) -> tuple[str, str]:
+        """A worked example as text: (input, target)."""
+        src = self._example_source()
+        return self.format(src), self.format(self.target(src))
+
+    def _example_source(self) -> list[int]:
+        return [self.first_data_id + v % self.n_symbols for v in (3, 1, 4, 1, 5)]
+
+
+class CopyTask(Task):
+    """Copy: the target is the source. Example: 3 1 4 1 5 -> 3 1 4 1 5."""
+
+    name = "copy"
+    summary = "repeat the input: 3 1 4 -> 3 1 4"
+
+    def target(self, src: list[int]) -> list[int]:
+        return list(src)
+
+    def alignment(self, src: list[int]) -> list[int]:
+        return list(range(len(src)))
+
+
+class ReverseTask(Task):
+    """Reverse: the source backwards. Example: 3 1 4 1 5 -> 5 1 4 1 3."""
+
+    name = "reverse"
+    summary = "the input backwards: 3 1 4 -> 4 1 3"
+
+    def target(self, src: list[int]) -> list[int]:
+        return src[::-1]
+
+    def alignment(self, src: list[int]) -> list[int]:
+        return [len(src) - 1 - i for i in range(len(src))]
+
+
+class SortTask(Task):
+    """Sort: the source in ascending order of value. Example: 3 1 4 1 5 -> 1 1 3 4 5."""
+
+    name = "sort"
+    summary = "the input in ascending order: 3 1 4 -> 1 3 4"
+
+    def target(self, src: list[int]) -> list[int]:
+        return sorted(src)  # ids are in order of value (module docstring)
+
+    def alignment(self, src: list[int]) -> list[int]:
+        # Python's sort is stable: equal symbols keep their source order.
+        return sorted(range(len(src)), key=src.__getitem__)
+
+
+class DuplicateTask(Task):
+    """Duplicate: each symbol twice. Example: 3 1 4 -> 3 3 1 1 4 4."""
+
+    name = "duplicate"
+    summary = "each symbol twice: 3 1 4 -> 3 3 1 1 4 4"
+
+    def target(self, src: list[int]) -> list[int]:
+        return [i for i in src for _ in range(2)]
+
+    def alignment(self, src: list[int]) -> list[int]:
+        return [i // 2 for i in range(2 * len(src))]
+
+    def max_target_len(self, src_len: int) -> int:
+        return 2 * src_len
+
+
+class ShiftTask(Task):
+    """Shift: rotate left by one, the first symbol moves to the end. Example: 3 1 4 5 -> 1 4 5 3."""
+
+    name = "shift"
+    summary = "rotate left by one: 3 1 4 5 -> 1 4 5 3"
+
+    def target(self, src: list[int]) -> list[int]:
+        return src[1:] + src[:1]
+
+    def alignment(self, src: list[int]) -> list[int]:
+        return [(i + 1) % len(src) for i in range(len(src))]
+
+
+class AddTask(Task):
+    """Addition of two numbers in base n_symbols (at most 10), most significant digit first.
+
+    Example (base 10): 4 7 + 8 5 -> 1 3 2, since 47 + 85 = 132; compact text "47+85".
+    Each operand has between min_len and max_len digits (drawn independently) and no
+    leading zero (a one-digit operand may be 0); the target is the sum without leading
+    zeros. `parse` accepts leading zeros ("007+1" -> 8), though training never shows them.
+    For the held-out rule a+b and b+a count as one input, so training never shows the
+    mirror image of an evaluation problem.
+    """
+
+    name = "add"
+    summary = "add two numbers, most significant digit first: 4 7 + 8 5 -> 1 3 2"
+    task_symbols = ("+",)
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        if cfg.n_symbols > 10:
+            raise ConfigError(f"task.n_symbols ({cfg.n_symbols}) must be at most 10 for task "
+                              f"'add': its symbols are the digits of base n_symbols")
+        super().__init__(cfg)
+        self.base = cfg.n_symbols
+        self.plus_id = self.vocab.id("+")
+
+    def target(self, src: list[int]) -> list[int]:
+        a, b = self._operands(src)
+        return self._digits(self._value(a) + self._value(b))
+
+    def max_target_len(self, src_len: int) -> int:
+        # The longer operand has at most src_len - 2 digits; a sum has at most one more.
+        return max(1, src_len - 1)
+
+    def max_source_len(self, max_len: int) -> int:
+        return 2 * max_len + 1
+
+    def input_length(self, src: list[int]) -> int:
+        return max(len(operand) for operand in self._operands(src))
+
+    def _operands(self, src: list[int]) -> tuple[list[int], list[int]]:
+        i = src.index(self.plus_id)
+        return src[:i], src[i + 1:]
+
+    def _value(self, digits: list[int]) -> int:
+        value = 0
+        for i in digits:
+            value = value * self.base + (i - self.first_data_id)
+        return value
+
+    def _digits(self, value: int) -> list[int]:
+        digits = []
+        while True:
+            value, digit = divmod(value, self.base)
+            digits.append(self.first_data_id + digit)
+            if value == 0:
+                return digits[::-1]
+
+    def _draw_shapes(self, n: int, generator: torch.Generator, lo: int, hi: int) -> list:
+        """The digit counts (of a, of b) of each of `n` problems."""
+        return [tuple(pair) for pair in
+                torch.randint(lo, hi + 1, (n, 2), generator=generator).tolist()]
+
+    def _draw_inputs(self, shapes: list, generator: torch.Generator) -> list[list[int]]:
+        lengths = torch.tensor(shapes).view(-1, 2)  # (P, 2)
+        width = int(lengths.max())
+        digits = torch.randint(self.base, (len(shapes), 2, width), generator=generator)
+        leads = torch.randint(1, self.base, (len(shapes), 2), generator=generator)
+        # Numbers of more than one digit start with a non-zero digit.
+        digits[:, :, 0] = torch.where(lengths > 1, leads, digits[:, :, 0])
+        rows = (digits + self.first_data_id).tolist()
+        return [a[:la] + [self.plus_id] + b[:lb]
+                for (a, b), (la, lb) in zip(rows, shapes, strict=True)]
+
+    def _shape(self, src: list[int]) -> tuple[int, int]:
+        a, b = self._operands(src)
+        return len(a), len(b)
+
+    def _space(self, shape: tuple[int, int]) -> int:
+        return self._count(shape[0]) * self._count(shape[1])
+
+    def _count(self, k: int) -> int:
+        """How many k-digit numbers have no leading zero (0 counts as a 1-digit number)."""
+        return self.base if k == 1 else (self.base - 1) * self.base ** (k - 1)
+
+    def _holdout_key(self, src: list[int]) -> list[int]:
+        a, b = sorted(self._operands(src))  # a+b and b+a share a partition
+        return a + [self.plus_id] + b
+
+    def _allowed(self) -> str:
+        return f"two numbers of digits 0..{self.base - 1} joined by one '+'"
+
+    def _check_structure(self, ids: list[int], text: str) -> None:
+        count = ids.count(self.plus_id)
+        problem = "has no '+'" if count == 0 else f"has {count} '+' signs"
+        if count == 1:
+            a, b = self._operands(ids)
+            problem = "needs a number on each side of '+'" if not a or not b else ""
+        if problem:
+            raise TaskInputError(f"{text.strip()!r} {problem}: task 'add' takes "
+                                 f"{self._allowed()}, e.g. {self._example_text()!r}")
+
+    def _example_source(self) -> list[int]:
+        return self._digits(47) + [self.plus_id] + self._digits(85)
+
+
+TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
+    CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask)}
+
+
+def make_task(cfg: TaskConfig) -> Task:
+    """The task named by `cfg.name`, set up for `cfg`."""
+    if cfg.name not in TASKS:
+        raise ConfigError(f"task.name ({cfg.name!r}) is not a task; choose one of "
+                          f"{', '.join(TASKS)}")
+    return TASKS[cfg.name](cfg)
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors: src (B, S); tgt_in = BOS + target, tgt_out = target + EOS (B, T+1)."""
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    n_target_tokens: int  # non-PAD tokens of tgt_out (EOS included), counted without a sync
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The same batch on `device`."""
+        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device),
+                     self.n_target_tokens)
+
+
+def make_batch(pairs: list[Pair], vocab: Vocab) -> Batch:
+    """Pad (source, target) pairs into a Batch for teacher forcing."""
+    if not pairs:
+        raise ValueError("make_batch needs at least one (source, target) pair")
+    pad = vocab.pad_id
+    S = max(len(src) for src, _ in pairs)
+    T = max(len(tgt) for _, tgt in pairs) + 1  # + BOS in tgt_in, + EOS in tgt_out
+    src = [s + [pad] * (S - len(s)) for s, _ in pairs]
+    tgt_in = [[vocab.bos_id] + t + [pad] * (T - 1 - len(t)) for _, t in pairs]
+    tgt_out = [t + [vocab.eos_id] + [pad] * (T - 1 - len(t)) for _, t in pairs]
+    return Batch(torch.tensor(src, dtype=torch.long),  # (B, S)
+                 torch.tensor(tgt_in, dtype=torch.long),  # (B, T+1)
+                 torch.tensor(tgt_out, dtype=torch.long),  # (B, T+1)
+                 sum(len(t) + 1 for _, t in pairs))
+
+
+def eval_set(task: Task, n: int, seed: int, min_len: int | None = None,
+             max_len: int | None = None) -> list[Pair]:
+    """The held-out evaluation set: `n` pairs of split "eval", the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    return task.sample(n, generator, min_len=min_len, max_len=max_len, split="eval")

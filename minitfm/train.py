@@ -1,0 +1,391 @@
+"""The training loop: AdamW, warmup + decay, periodic greedy evaluation, checkpoints, resume.
+
+One step: sample a batch from the task's training stream, teacher-forced cross-entropy on
+`target + EOS` (PAD ignored), backward, clip, AdamW step, schedule step. Every random draw
+comes from a state that the checkpoint saves (torch's RNG for init and dropout, the data
+generator), so N straight steps and N/2 + resume give bit-identical losses.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from minitfm.checkpoint import append_metrics, load_checkpoint, new_run_dir, run_dir_of, \
+    save_checkpoint
+from minitfm.config import Config, TrainConfig, to_yaml, validate
+from minitfm.errors import MinitfmError, RunFailed
+from minitfm.evaluate import EvalResult, evaluate
+from minitfm.model import Seq2SeqTransformer
+from minitfm.tasks import Task, eval_set, make_batch, make_task
+
+
+class Interrupted(MinitfmError):
+    """Training stopped by SIGINT (exit 130) or SIGTERM (exit 143) after saving `last.pt`."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def pick_device(name: str) -> torch.device:
+    """`auto` is CUDA when present, else CPU; an absent CUDA device is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise MinitfmError(f"device ({name!r}) asked for CUDA but none is available: "
+                               f"use device=cpu or device=auto")
+        index = int(name.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise MinitfmError(f"device ({name!r}) does not exist: this machine has "
+                               f"{torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the peak lr after `step` steps: linear warmup, then the schedule."""
+    warmup = cfg.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    if cfg.schedule == "constant":
+        return 1.0
+    if cfg.schedule == "inverse_sqrt":
+        return math.sqrt(max(warmup, 1) / max(step, 1))
+    progress = (step - warmup) / max(cfg.steps - warmup, 1)  # cosine to 0 at cfg.steps
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norms' γ/δ)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98))
+
+
+@dataclass
+class TrainState:
+    """Everything a checkpoint must hold to continue a run exactly."""
+
+    cfg: Config
+    task: Task
+    model: Seq2SeqTransformer
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    data_rng: torch.Generator
+    step: int = 0
+    best_exact_match: float = -1.0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain containers and tensors only, so `weights_only=True` can load it."""
+        return {
+            "step": self.step,
+            "config": self.cfg.model_dump(),
+            "vocab": list(self.task.vocab.tokens),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "best_exact_match": self.best_exact_match,
+            "rng": {"torch": torch.get_rng_state(), "data": self.data_rng.get_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore model, optimizer, schedule, step and every RNG."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = state["step"]
+        self.best_exact_match = state["best_exact_match"]
+        torch.set_rng_state(state["rng"]["torch"])
+        self.data_rng.set_state(state["rng"]["data"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        # train.lr and train.weight_decay may change on resume: the config wins.
+        self.scheduler.base_lrs = [self.cfg.train.lr] * len(self.optimizer.param_groups)
+        self.optimizer.param_groups[0]["weight_decay"] = self.cfg.train.weight_decay
+
+
+def init_state(cfg: Config, device: torch.device) -> TrainState:
+    """Task, model (seeded init), optimizer and schedule for a fresh run."""
+    task = make_task(cfg.task)
+    check_lengths(cfg, task)
+    torch.manual_seed(cfg.seed)
+    model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device)
+    optimizer = make_optimizer(model, cfg.train)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.train))
+    data_rng = torch.Generator().manual_seed(cfg.seed)
+    return TrainState(cfg, task, model, optimizer, scheduler, data_rng, device=device)
+
+
+def check_lengths(cfg: Config, task: Task) -> None:
+    """The model must be able to hold the longest source and target of training."""
+    longest = task.positions_needed(cfg.task.max_len)
+    if cfg.model.positional == "learned" and longest > cfg.model.max_len:
+        raise MinitfmError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
+                           f"({cfg.task.max_len}): sequences need {longest} positions; raise "
+                           f"model.max_len")
+
+
+def train_step(state: TrainState, batch) -> torch.Tensor:
+    """One optimizer step on `batch`; returns the (detached) mean loss per target token."""
+    model, cfg = state.model, state.cfg.train
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                           ignore_index=state.task.vocab.pad_id,
+                           label_smoothing=cfg.label_smoothing)
+    if not torch.isfinite(loss):
+        raise RunFailed(f"loss became {loss.item()} at step {state.step + 1}: lower train.lr "
+                        f"({cfg.lr}) or set train.grad_clip; no checkpoint was written for it")
+    state.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    clip = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    state.optimizer.step()
+    state.scheduler.step()
+    state.step += 1
+    return loss.detach(), grad_norm
+
+
+class StopSignal:
+    """Turns the first SIGINT/SIGTERM into a flag the loop checks after each step."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignal:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # a second Ctrl-C aborts at once
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+class NullReporter:
+    """Reports nothing: the default when training is called as a library."""
+
+    def start(self, run_dir: Path, state: TrainState, device: torch.device) -> None: ...
+    def train_line(self, record: dict) -> None: ...
+    def eval_line(self, record: dict) -> None: ...
+    def message(self, text: str) -> None: ...
+    def finish(self, summary: dict) -> None: ...
+
+
+def prepare_run_dir(cfg: Config, run_dir: Path | None, overwrite: bool) -> Path:
+    """Create the run directory and write the resolved config into it."""
+    if run_dir is None:
+        run_dir = new_run_dir(cfg.log.dir, cfg.name)
+    elif run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+        raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
+                           f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
+    try:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+        if overwrite:
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+    except OSError as err:
+        raise MinitfmError(f"cannot write the run directory '{run_dir}' ({err.strerror}): "
+                           f"check log.dir ({cfg.log.dir!r}) is writable or pass --run-dir") from None
+    return run_dir
+
+
+def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
+    """The checkpoint's config with `overrides` applied; task and model may not change."""
+    from minitfm.config import parse_override, set_path
+
+    saved = checkpoint["config"]
+    data = {section: dict(v) if isinstance(v, dict) else v for section, v in saved.items()}
+    for item in overrides:
+        set_path(data, *parse_override(item))
+    cfg = validate(data)
+    for section in ("task", "model"):
+        before, after = saved[section], getattr(cfg, section).model_dump()
+        for key in before:
+            if before[key] != after[key]:
+                raise MinitfmError(f"{section}.{key} cannot change on --resume ({before[key]!r} "
+                                   f"-> {after[key]!r}): it would change the model or task; "
+                                   f"start a new run instead")
+    return cfg
+
+
+def resume_state(checkpoint_path: Path, overrides: list[str],
+                 device: torch.device | None = None) -> TrainState:
+    """A TrainState continued from `checkpoint_path` (usually `last.pt`)."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    cfg = resume_config(checkpoint, overrides)
+    if device is None:
+        device = pick_device(cfg.device)
+    state = init_state(cfg, device)
+    state.load_state_dict(checkpoint)
+    # The schedule's lambda reads cfg.train, so a raised train.steps stretches the decay.
+    return state
+
+
+@dataclass
+class RunContext:
+    """What the loop needs besides the state: where to write and whom to tell."""
+
+    run_dir: Path
+    eval_pairs: list
+    reporter: Any
+    logger: Any
+    stop: StopSignal
+    started: float = field(default_factory=time.perf_counter)
+
+
+def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
+          overrides: list[str] = (), overwrite: bool = False, reporter: Any = None,
+          stop_at: int | None = None) -> dict[str, Any]:
+    """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
+
+    `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
+    continued later with `resume`.
+    """
+    from minitfm.tb import open_logger
+
+    reporter = reporter or NullReporter()
+    if resume is not None:
+        state = resume_state(resume, overrides)
+        run_dir = run_dir_of(resume)
+        (run_dir / "config.yaml").write_text(to_yaml(state.cfg), encoding="utf-8")
+    else:
+        state = init_state(cfg, pick_device(cfg.device))
+        run_dir = prepare_run_dir(cfg, run_dir, overwrite)
+    cfg = state.cfg
+    eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
+    with StopSignal() as stop, open_logger(run_dir, cfg, state.task, eval_pairs) as logger:
+        ctx = RunContext(run_dir, eval_pairs, reporter, logger, stop)
+        reporter.start(run_dir, state, state.device)
+        summary = run_loop(state, ctx, stop_at)
+        logger.finish(summary)
+    reporter.finish(summary)
+    return summary
+
+
+def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[str, Any]:
+    """Step until train.steps, the target exact match, `stop_at` or a signal."""
+    cfg, vocab = state.cfg, state.task.vocab
+    meter = ThroughputMeter()
+    last_eval: EvalResult | None = None
+    while state.step < cfg.train.steps:
+        batch = make_batch(state.task.sample(cfg.train.batch_size, state.data_rng), vocab)
+        loss, grad_norm = train_step(state, batch.to(state.device))
+        meter.add(loss.item(), batch.n_target_tokens)
+        if state.step % cfg.log.log_every == 0:
+            log_train(state, ctx, meter.flush(), grad_norm)
+        last_eval = None
+        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
+            last_eval = run_eval(state, ctx)
+            if reached_target(state, last_eval):
+                break
+        if cfg.log.attention_every and state.step % cfg.log.attention_every == 0:
+            ctx.logger.attention(state.step, state.model)
+        if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
+            save_checkpoint(state.state_dict(), ctx.run_dir / "checkpoints" / "last.pt")
+        if ctx.stop.signum is not None or state.step == stop_at:
+            return pause(state, ctx)
+    return finish(state, ctx, last_eval)
+
+
+def reached_target(state: TrainState, result: EvalResult) -> bool:
+    target = state.cfg.train.target_exact_match
+    return target is not None and result.exact_match >= target
+
+
+def pause(state: TrainState, ctx: RunContext) -> dict[str, Any]:
+    """Save `last.pt` and stop: by a signal (raises Interrupted) or at `stop_at`."""
+    path = ctx.run_dir / "checkpoints" / "last.pt"
+    save_checkpoint(state.state_dict(), path)
+    if ctx.stop.signum is not None:
+        name = signal.Signals(ctx.stop.signum).name
+        ctx.logger.close()
+        raise Interrupted(f"{name} at step {state.step}: saved {path}; continue with "
+                          f"minitfm train --resume {ctx.run_dir}", 128 + ctx.stop.signum)
+    return summarize(state, ctx, None, paused=True)
+
+
+def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> dict[str, Any]:
+    """Final evaluation (unless the last step had one), attention images, `last.pt`."""
+    if last_eval is None:
+        last_eval = run_eval(state, ctx)
+    if state.cfg.log.attention_every:
+        ctx.logger.attention(state.step, state.model)
+    save_checkpoint(state.state_dict(), ctx.run_dir / "checkpoints" / "last.pt")
+    return summarize(state, ctx, last_eval, paused=False)
+
+
+def run_eval(state: TrainState, ctx: RunContext) -> EvalResult:
+    """Greedy evaluation on the held-out set; keeps `best.pt` at the best exact match."""
+    result = evaluate(state.model, state.task, ctx.eval_pairs, state.device)
+    record = {"step": state.step, "split": "eval", "loss": result.loss,
+              "token_accuracy": result.token_accuracy, "exact_match": result.exact_match,
+              "samples": result.total.count, "elapsed_s": time.perf_counter() - ctx.started}
+    append_metrics(ctx.run_dir, record)
+    ctx.logger.eval(state.step, record, ctx.eval_pairs, result.predictions)
+    ctx.reporter.eval_line(record)
+    if result.exact_match > state.best_exact_match:
+        state.best_exact_match = result.exact_match
+        save_checkpoint(state.state_dict(), ctx.run_dir / "checkpoints" / "best.pt")
+    return result
+
+
+def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> None:
+    record = {"step": state.step, "split": "train", **record,
+              "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+              "elapsed_s": time.perf_counter() - ctx.started}
+    append_metrics(ctx.run_dir, record)
+    ctx.logger.train(state.step, record)
+    ctx.reporter.train_line(record)
+
+
+class ThroughputMeter:
+    """Mean loss and target tokens/s since the last train line."""
+
+    def __init__(self):
+        self.losses: list[float] = []
+        self.tokens = 0
+        self.since = time.perf_counter()
+
+    def add(self, loss: float, tokens: int) -> None:
+        self.losses.append(loss)
+        self.tokens += tokens
+
+    def flush(self) -> dict[str, float]:
+        now = time.perf_counter()
+        record = {"loss": sum(self.losses) / max(len(self.losses), 1),
+                  "tokens_per_s": self.tokens / max(now - self.since, 1e-9)}
+        self.losses, self.tokens, self.since = [], 0, now
+        return record
+
+
+def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
+              paused: bool) -> dict[str, Any]:
+    summary = {"run_dir": str(ctx.run_dir), "step": state.step, "paused": paused,
+               "best_exact_match": state.best_exact_match,
+               "wall_s": time.perf_counter() - ctx.started}
+    if result is not None:
+        summary.update(exact_match=result.exact_match, token_accuracy=result.token_accuracy,
+                       loss=result.loss)
+    return summary

@@ -1,0 +1,32 @@
+"""Tiny configs and CLI helpers shared by the tests."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from minitfm.cli import app
+
+# A copy task small enough to learn in about a second on one CPU thread.
+TINY = [
+    "task.name=copy", "task.n_symbols=5", "task.max_len=6",
+    "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1",
+    "model.n_decoder_layers=1", "model.d_ff=64",
+    "train.steps=200", "train.batch_size=64", "train.warmup_steps=20", "train.eval_every=50",
+    "train.eval_samples=200", "train.checkpoint_every=100", "log.log_every=10",
+    "log.attention_every=0",
+]
+
+
+def run_cli(*args: str, input: str | None = None):
+    """Invoke the CLI in-process; stdout and stderr are kept apart."""
+    return CliRunner().invoke(app, [str(a) for a in args], input=input)
+
+
+def assert_clean_error(result, code: int, *needles: str) -> None:
+    """Exit `code`, one line on stderr naming the problem, no traceback."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("error: ") and "\n" not in message, message
+    for needle in needles:
+        assert needle in message, (needle, message)

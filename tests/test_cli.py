@@ -1,0 +1,95 @@
+"""The CLI through Typer's CliRunner: help, version, --print-config, bad configs."""
+
+import pytest
+import yaml
+
+from minitfm import __version__
+from tests.helpers import assert_clean_error, run_cli
+
+COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench"]
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.exit_code == 0 and __version__ in result.stdout
+
+
+def test_help_lists_every_command():
+    result = run_cli("--help")
+    assert result.exit_code == 0
+    for command in COMMANDS:
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_has_real_help(command):
+    result = run_cli(command, "--help")
+    assert result.exit_code == 0
+    assert "Usage" in result.stdout and len(result.stdout.splitlines()) > 5
+
+
+def test_print_config_with_overrides(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("task:\n  name: copy\ntrain:\n  lr: 3e-4\n")
+    result = run_cli("train", "--print-config", config, "model.d_model=128", "train.steps=500")
+    assert result.exit_code == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["task"]["name"] == "copy" and resolved["train"]["lr"] == 0.0003
+    assert resolved["model"]["d_model"] == 128 and resolved["train"]["steps"] == 500
+
+
+def test_print_config_default_is_reverse():
+    result = run_cli("train", "--print-config")
+    assert result.exit_code == 0 and yaml.safe_load(result.stdout)["task"]["name"] == "reverse"
+
+
+BAD = [
+    (["model.d_modle=64"], "model.d_modle"),
+    (["model.d_model=30"], "model.d_model (30)"),
+    (["train.lr=-1"], "train.lr"),
+    (["model.dropout=1.5"], "model.dropout"),
+    (["task.min_len=9", "task.max_len=3"], "task.min_len (9)"),
+    (["task.name=sorting"], "task.name"),
+    (["device=tpu"], "device"),
+    (["nonsense"], "nonsense"),
+    (["missing.yaml"], "missing.yaml"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_config_exits_2_and_writes_nothing(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("train", *args)
+    assert_clean_error(result, 2, needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "empty"), ("[1, 2]", "mapping"), ("task:\n  name: [copy\n", "line"),
+    ("task:\n  nme: copy\n", "task.name"),
+])
+def test_bad_config_files(tmp_path, monkeypatch, text, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.yaml").write_text(text)
+    result = run_cli("train", "bad.yaml")
+    assert_clean_error(result, 2, needle)
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.yaml"]
+
+
+def test_directory_as_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    assert_clean_error(run_cli("train", "configs"), 2, "directory")
+
+
+def test_tasks_lists_every_task():
+    result = run_cli("tasks")
+    assert result.exit_code == 0
+    for name in ["copy", "reverse", "sort", "duplicate", "shift", "add"]:
+        assert name in result.stdout
+
+
+def test_run_commands_without_runs_say_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_clean_error(run_cli("eval"), 2, "no runs")
+    assert_clean_error(run_cli("predict", "1 2 3"), 2, "no runs")

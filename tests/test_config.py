@@ -1,0 +1,118 @@
+"""Config loading, overrides and validation (no torch needed)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from minitfm.config import TASK_NAMES, Config, load_config, to_yaml
+from minitfm.errors import ConfigError
+
+CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
+
+
+def test_defaults_are_the_reverse_task():
+    cfg = load_config()
+    assert cfg.task.name == "reverse" and (cfg.task.min_len, cfg.task.max_len) == (1, 16)
+    assert cfg.device == "auto" and cfg.log.dir == "runs"
+
+
+def test_overrides_parse_yaml_scalars():
+    cfg = load_config(None, ["train.lr=3e-4", "model.n_heads=8", "train.target_exact_match=null",
+                             "model.norm_first=false", "name=exp1"])
+    assert cfg.train.lr == 0.0003 and isinstance(cfg.train.lr, float)
+    assert cfg.model.n_heads == 8 and cfg.train.target_exact_match is None
+    assert cfg.model.norm_first is False and cfg.name == "exp1"
+
+
+def test_float_in_file_and_override_agree(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("train:\n  lr: 3e-4\n")
+    assert yaml.safe_load(path.read_text())["train"]["lr"] == "3e-4"  # PyYAML's quirk
+    assert load_config(path).train.lr == load_config(None, ["train.lr=3e-4"]).train.lr == 3e-4
+
+
+def test_override_beats_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  d_model: 32\ntrain:\n  steps: 10\n")
+    cfg = load_config(path, ["train.steps=20"])
+    assert (cfg.model.d_model, cfg.train.steps) == (32, 20)
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_config(None, ["model.d_model=128", "train.grad_clip=null"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.task.name in TASK_NAMES
+
+
+def test_reverse_config_is_the_default():
+    assert load_config(Path(__file__).parent.parent / "configs" / "reverse.yaml") == Config()
+
+
+def test_every_task_has_a_config():
+    names = {load_config(p).task.name for p in CONFIGS}
+    assert names == set(TASK_NAMES)
+
+
+BAD_OVERRIDES = [
+    (["model.d_modle=64"], "did you mean 'model.d_model'"),
+    (["modle.d_model=64"], "did you mean 'model'"),
+    (["model.d_model=30"], "model.d_model (30) must be divisible by model.n_heads (4)"),
+    (["model.d_model=0"], "model.d_model"),
+    (["train.steps=-5"], "train.steps"),
+    (["train.lr=0"], "train.lr"),
+    (["train.lr=fast"], "train.lr"),
+    (["model.dropout=1.0"], "model.dropout"),
+    (["model.dropout=-0.1"], "model.dropout"),
+    (["task.min_len=5", "task.max_len=3"], "task.min_len (5) must be <= task.max_len (3)"),
+    (["task.name=revers"], "did you mean 'reverse'"),
+    (["model.positional=rotary"], "model.positional"),
+    (["train.schedule=linear"], "train.schedule"),
+    (["device=gpu"], "device"),
+    (["model=3"], "'model' is a section"),
+    (["train.steps"], "must look like key=value"),
+    (["train.steps.x=1"], "'train.steps' is a key"),
+    (["model.d_model=[1, 2]"], "single value"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD_OVERRIDES)
+def test_bad_overrides_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+BAD_FILES = [
+    ("", "is empty"),
+    ("- 1\n- 2\n", "must be a mapping"),
+    ("model:\n  d_model: 64\n bad indent: 1\n", "line 3"),
+    ("model: 3\n", "'model' must be a mapping"),
+    ("trian:\n  steps: 3\n", "did you mean 'train'"),
+    ("train:\n  stpes: 3\n", "did you mean 'train.steps'"),
+    ("task:\n  name: !!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_FILES)
+def test_bad_files_are_clear(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in str(err.value)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)

@@ -1,0 +1,139 @@
+"""Training end to end: learning, run directory, checkpoints, exact resume, failures."""
+
+import json
+
+import pytest
+import torch
+
+from minitfm.checkpoint import load_checkpoint, load_model
+from minitfm.config import load_config
+from minitfm.errors import CheckpointError, RunFailed
+from minitfm.train import lr_factor, train
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+
+def tiny(*overrides: str):
+    return load_config(None, [*TINY, *overrides])
+
+
+def metrics(run_dir, split):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["split"] == split]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny copy run shared by the tests that only read it."""
+    run_dir = tmp_path_factory.mktemp("runs") / "copy"
+    summary = train(tiny("train.target_exact_match=null"), run_dir=run_dir)
+    return run_dir, summary
+
+
+def test_tiny_copy_learns_within_200_steps(trained):
+    run_dir, summary = trained
+    assert summary["step"] == 200
+    assert summary["exact_match"] >= 0.95, summary
+
+
+def test_run_directory_has_documented_files(trained):
+    run_dir, _ = trained
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "checkpoints" / "last.pt").is_file()
+    assert (run_dir / "checkpoints" / "best.pt").is_file()
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    train_lines, eval_lines = metrics(run_dir, "train"), metrics(run_dir, "eval")
+    assert [r["step"] for r in train_lines] == list(range(10, 201, 10))
+    assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(train_lines[0])
+    assert [r["step"] for r in eval_lines] == [50, 100, 150, 200]
+    assert {"loss", "token_accuracy", "exact_match"} <= set(eval_lines[0])
+    assert not list(run_dir.rglob("*.tmp"))
+
+
+def test_checkpoint_round_trips(trained):
+    run_dir, _ = trained
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["step"] == 200 and state["config"]["task"]["name"] == "copy"
+    cfg, task, model, step = load_model(run_dir / "checkpoints" / "last.pt")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state["model"][name]), name
+    assert list(task.vocab.tokens) == state["vocab"]
+
+
+def test_early_stop_at_target(tmp_path):
+    summary = train(tiny("train.target_exact_match=0.5", "train.steps=400"),
+                    run_dir=tmp_path / "run")
+    assert summary["exact_match"] >= 0.5 and summary["step"] < 400
+
+
+def test_resume_is_bit_exact_with_dropout(tmp_path):
+    cfg = tiny("model.dropout=0.1", "train.steps=60", "log.log_every=1", "train.eval_every=20",
+               "train.target_exact_match=null", "log.tensorboard=false")
+    train(cfg, run_dir=tmp_path / "straight")
+    first = train(cfg, run_dir=tmp_path / "split", stop_at=30)
+    assert first["paused"] and first["step"] == 30
+    train(None, resume=tmp_path / "split" / "checkpoints" / "last.pt")
+    straight = [r["loss"] for r in metrics(tmp_path / "straight", "train")]
+    resumed = [r["loss"] for r in metrics(tmp_path / "split", "train")]
+    assert len(straight) == len(resumed) == 60
+    assert straight == resumed
+
+
+def test_resume_may_raise_steps_but_not_change_the_model(tmp_path):
+    cfg = tiny("train.steps=20", "train.eval_every=0", "log.tensorboard=false")
+    train(cfg, run_dir=tmp_path / "run")
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    summary = train(None, resume=last, overrides=["train.steps=30"])
+    assert summary["step"] == 30
+    result = run_cli("train", "--resume", tmp_path / "run", "model.d_model=64")
+    assert_clean_error(result, 2, "model.d_model cannot change on --resume")
+
+
+def test_nan_loss_stops_with_exit_1_and_no_nan_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = tiny("train.lr=1e30", "train.warmup_steps=0", "train.grad_clip=null",
+               "train.checkpoint_every=1", "train.steps=50")
+    with pytest.raises(RunFailed, match="loss became"):
+        train(cfg, run_dir=run_dir)
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        state = load_checkpoint(path)
+        assert all(torch.isfinite(t).all() for t in state["model"].values())
+
+
+def test_nan_loss_through_cli_exits_1(tmp_path):
+    result = run_cli("train", *TINY, "train.lr=1e30", "train.warmup_steps=0",
+                     "train.grad_clip=null", "--run-dir", tmp_path / "run")
+    assert_clean_error(result, 1, "loss became")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, damage):
+    source = trained[0] / "checkpoints" / "last.pt"
+    broken = tmp_path / "broken.pt"
+    data = source.read_bytes()
+    broken.write_bytes(data[: len(data) // 2] if damage == "truncate" else b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="corrupt"):
+        load_checkpoint(broken)
+    assert_clean_error(run_cli("eval", broken), 2, "broken.pt")
+
+
+def test_existing_run_dir_needs_resume_or_overwrite(trained):
+    run_dir, _ = trained
+    result = run_cli("train", *TINY, "--run-dir", run_dir)
+    assert_clean_error(result, 2, "already exists", "--resume")
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant", "inverse_sqrt"])
+def test_schedules_warm_up_linearly(schedule):
+    cfg = load_config(None, [f"train.schedule={schedule}", "train.warmup_steps=10",
+                             "train.steps=100"]).train
+    assert [lr_factor(s, cfg) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert lr_factor(10, cfg) == pytest.approx(1.0)
+    end = {"cosine": 0.0, "constant": 1.0, "inverse_sqrt": (10 / 100) ** 0.5}[schedule]
+    assert lr_factor(99, cfg) == pytest.approx(end, abs=0.02)
+
+
+def test_cli_train_prints_run_dir_and_summary(tmp_path):
+    result = run_cli("train", *TINY, "train.steps=20", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stderr
+    assert f"run directory: {tmp_path / 'run'}" in result.stdout
+    assert "step     20" in result.stdout and "exact match" in result.stdout

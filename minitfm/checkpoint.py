@@ -8,6 +8,7 @@ Checkpoints hold only tensors, state dicts and plain containers, so they load wi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pickle
@@ -67,6 +68,43 @@ def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
 def run_dir_of(checkpoint: Path) -> Path:
     """The run directory a checkpoint file lives in (its parent's parent)."""
     return checkpoint.resolve().parent.parent
+
+
+class RunLock:
+    """An exclusive lock on a run directory while one process trains in it.
+
+    `flock` is released by the kernel when the process dies, even by `kill -9`, so a stale
+    lock can never block a later `--resume`.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.file = None
+
+    def __enter__(self) -> RunLock:
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
+                                  f"({err.strerror}): check log.dir or --run-dir") from None
+        self.file = open(self.run_dir / ".lock", "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            pid = self.file.read().strip() or "?"
+            self.file.close()
+            raise CheckpointError(f"run directory '{self.run_dir}' is in use by another "
+                                  f"training process (pid {pid}): wait for it to finish or "
+                                  f"use another --run-dir") from None
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minitfm.checkpoint import append_metrics, load_checkpoint, new_run_dir, run_dir_of, \
-    save_checkpoint
+from minitfm.checkpoint import RunLock, append_metrics, load_checkpoint, new_run_dir, \
+    run_dir_of, save_checkpoint
 from minitfm.config import Config, TrainConfig, to_yaml, validate
 from minitfm.errors import MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, evaluate
@@ -193,22 +193,23 @@ class NullReporter:
     def finish(self, summary: dict) -> None: ...
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path | None, overwrite: bool) -> Path:
-    """Create the run directory and write the resolved config into it."""
-    if run_dir is None:
-        run_dir = new_run_dir(cfg.log.dir, cfg.name)
-    elif run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+def check_fresh(run_dir: Path, overwrite: bool) -> None:
+    """A new run may not silently reuse a run directory that already holds a run."""
+    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
         raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
                            f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
-    try:
-        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
-        if overwrite:
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    except OSError as err:
-        raise MinitfmError(f"cannot write the run directory '{run_dir}' ({err.strerror}): "
-                           f"check log.dir ({cfg.log.dir!r}) is writable or pass --run-dir") from None
-    return run_dir
+
+
+def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
+    """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
+    for stale in run_dir.glob("checkpoints/.*.tmp"):  # left by a save killed midway
+        stale.unlink()
+    if fresh:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
+            old.unlink()
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
 
 
 def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
@@ -263,16 +264,27 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
     `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
     continued later with `resume`.
     """
-    from minitfm.tb import open_logger
-
     reporter = reporter or NullReporter()
     if resume is not None:
         state = resume_state(resume, overrides)
         run_dir = run_dir_of(resume)
-        (run_dir / "config.yaml").write_text(to_yaml(state.cfg), encoding="utf-8")
     else:
         state = init_state(cfg, pick_device(cfg.device))
-        run_dir = prepare_run_dir(cfg, run_dir, overwrite)
+        run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
+        check_fresh(run_dir, overwrite)
+    try:
+        with RunLock(run_dir):
+            write_run_files(run_dir, state.cfg, fresh=resume is None)
+            return run(state, run_dir, reporter, stop_at)
+    except OSError as err:
+        raise RunFailed(f"cannot write to '{err.filename or run_dir}' ({err.strerror}); "
+                        f"checkpoints already written stay valid") from None
+
+
+def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None) -> dict[str, Any]:
+    """Train in a locked, prepared run directory; the logger is closed however it ends."""
+    from minitfm.tb import open_logger
+
     cfg = state.cfg
     eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
     with StopSignal() as stop, open_logger(run_dir, cfg, state.task, eval_pairs) as logger:

@@ -1,0 +1,101 @@
+"""`minitfm eval` and `minitfm predict`: honest metrics, per-length tables, text I/O."""
+
+import json
+
+import pytest
+
+from minitfm.config import load_config
+from minitfm.evaluate import score, strip_eos
+from minitfm.tasks import make_task
+from minitfm.train import train
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+
+def test_exact_match_and_token_accuracy_by_hand():
+    pairs = [([5], [5, 6, 7]), ([5], [5, 6]), ([5, 6], [7, 8]), ([5, 6], [7])]
+    predictions = [[5, 6, 7], [5, 6, 7], [7], [8, 7]]
+    total, per_length = score(pairs, predictions)
+    # right; one extra token (2 of 3); one missing token (1 of 2); wrong + extra (0 of 2)
+    assert total.exact_match == 0.25
+    assert total.token_accuracy == pytest.approx((3 + 2 + 1 + 0) / (3 + 3 + 2 + 2))
+    assert per_length[1].count == 2 and per_length[1].exact_match == 0.5
+    assert per_length[2].token_accuracy == pytest.approx(1 / 4)
+
+
+def test_strip_eos():
+    assert strip_eos([4, 5, 2, 0, 0], eos_id=2) == [4, 5]
+    assert strip_eos([4, 5, 6], eos_id=2) == [4, 5, 6]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "copy"
+    train(load_config(None, [*TINY, "log.tensorboard=false"]), run_dir=run_dir)
+    return run_dir
+
+
+def test_eval_json_schema(run):
+    result = run_cli("eval", run, "--json", "--samples", "300")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {"exact_match", "token_accuracy", "loss", "samples", "checkpoint", "step",
+            "per_length"} <= set(report)
+    assert report["samples"] == 300 and report["checkpoint"].endswith("best.pt")
+    assert sum(row["count"] for row in report["per_length"].values()) == 300
+    assert set(report["per_length"]) <= {str(n) for n in range(1, 7)}
+    for row in report["per_length"].values():
+        assert set(row) == {"count", "exact_match", "token_accuracy"}
+
+
+def test_eval_beyond_trained_lengths_is_marked(run):
+    result = run_cli("eval", run, "--min-len", "5", "--max-len", "9", "--samples", "200")
+    assert result.exit_code == 0, result.stderr
+    assert "9 *" in result.stdout and "outside the trained range" in result.stdout
+    report = json.loads(run_cli("eval", run, "--min-len", "7", "--max-len", "9", "--json",
+                                "--samples", "200").stdout)
+    assert set(report["per_length"]) == {"7", "8", "9"}
+
+
+def test_eval_and_predict_agree(run):
+    task = make_task(load_config(None, TINY).task)
+    report = json.loads(run_cli("eval", run, "--json", "--samples", "50", "--seed", "7").stdout)
+    from minitfm.tasks import eval_set
+    pairs = eval_set(task, 50, 7)
+    lines = "\n".join(task.format(src) for src, _ in pairs) + "\n"
+    result = run_cli("predict", run, "--json", input=lines)
+    assert result.exit_code == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 50
+    assert sum(r["match"] for r in rows) / 50 == pytest.approx(report["exact_match"])
+    for row, (src, tgt) in zip(rows, pairs):
+        assert row["expected"] == task.format(tgt)
+
+
+def test_predict_arguments_and_stdin_give_the_same_lines(run):
+    args = run_cli("predict", run, "0 1 2 3", "4 3 2")
+    stdin = run_cli("predict", run, input="0 1 2 3\n4 3 2\n")
+    assert args.exit_code == stdin.exit_code == 0
+    assert args.stdout == stdin.stdout and len(args.stdout.splitlines()) == 2
+
+
+def test_predict_bad_inputs(run):
+    assert_clean_error(run_cli("predict", run, "1 9"), 2, "'9'")
+    assert_clean_error(run_cli("predict", run, input="1 2\n\n3\n"), 2, "line 2")
+    assert_clean_error(run_cli("predict", run, input=""), 2, "no input")
+    assert_clean_error(run_cli("predict", run, "1 <eos>"), 2, "<eos>")
+
+
+def test_eval_bad_arguments(run):
+    assert_clean_error(run_cli("eval", run, "--min-len", "9", "--max-len", "3"), 2, "--min-len")
+    assert_clean_error(run_cli("eval", run, "--checkpoint", "middle"), 2, "--checkpoint")
+    assert_clean_error(run_cli("eval", run / "nope"), 2, "not found")
+
+
+def test_learned_positions_say_when_a_length_is_out_of_reach(tmp_path):
+    run_dir = tmp_path / "learned"
+    cfg = load_config(None, [*TINY, "model.positional=learned", "model.max_len=8",
+                             "train.steps=10", "log.tensorboard=false"])
+    train(cfg, run_dir=run_dir)
+    result = run_cli("eval", run_dir, "--max-len", "20")
+    assert_clean_error(result, 2, "model.max_len (8)")
+    assert_clean_error(run_cli("predict", run_dir, "1 2 3 4 1 2 3 4 1 2"), 2, "input 1")

@@ -1,0 +1,138 @@
+"""Interrupts, crashes, concurrent runs and hostile files, with real processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from minitfm.checkpoint import load_checkpoint
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+LONG = [*TINY, "train.steps=400", "train.eval_every=0", "train.target_exact_match=null",
+        "log.log_every=1", "log.tensorboard=false", "train.checkpoint_every=5"]
+
+
+def start_training(run_dir, *extra):
+    """A real `python -m minitfm train` process, pinned to one thread."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "minitfm", "train", *LONG, *extra,
+                             "--run-dir", str(run_dir)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for_steps(run_dir, n, proc, timeout=60):
+    """Block until metrics.jsonl has `n` train lines (the process is then mid-run)."""
+    deadline = time.monotonic() + timeout
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= n:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"training ended early: {proc.communicate()}")
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("training did not start in time")
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_saves_and_resume_finishes(tmp_path, signum, code):
+    run_dir = tmp_path / "run"
+    proc = start_training(run_dir)
+    wait_for_steps(run_dir, 10, proc)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, stderr
+    assert "--resume" in stderr and "Traceback" not in stderr
+    stopped_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
+    assert 10 <= stopped_at < 400
+    result = run_cli("train", "--resume", run_dir)
+    assert result.exit_code == 0, result.stderr
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 400
+    lines = map(json.loads, (run_dir / "metrics.jsonl").open())
+    steps = [r["step"] for r in lines if r["split"] == "train"]
+    assert steps == list(range(1, 401))  # no step lost, none repeated
+
+
+def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_training(run_dir)
+    wait_for_steps(run_dir, 30, proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["step"] >= 5 and state["step"] % 5 == 0
+    result = run_cli("train", "--resume", run_dir, "train.steps=" + str(state["step"] + 10))
+    assert result.exit_code == 0, result.stderr
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == state["step"] + 10
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = start_training(run_dir, "train.steps=100000")
+    try:
+        wait_for_steps(run_dir, 5, proc)
+        before = (run_dir / "config.yaml").read_text()
+        assert_clean_error(run_cli("train", "--resume", run_dir), 2, "in use")
+        assert_clean_error(run_cli("train", *TINY, "--run-dir", run_dir, "--overwrite"), 2,
+                           "in use")
+        assert (run_dir / "config.yaml").read_text() == before
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 143
+
+
+class Payload:
+    """Unpickling this would create a file: the side effect a checkpoint must never have."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_malicious_checkpoint_never_runs(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": "minitfm-checkpoint/1", "model": Payload(marker)}, evil)
+    for args in (["eval", evil], ["predict", evil, "1 2"], ["train", "--resume", evil]):
+        assert_clean_error(run_cli(*args), 2, "refused", "system")
+    assert not marker.exists()
+
+
+def test_a_foreign_file_is_not_a_checkpoint(tmp_path):
+    foreign = tmp_path / "weights.pt"
+    torch.save({"weight": torch.zeros(3)}, foreign)
+    assert_clean_error(run_cli("eval", foreign), 2, "not a minitfm checkpoint")
+
+
+BAD_INPUTS = [
+    (["train", "train.steps=0"], "train.steps"),
+    (["train", "log.dir=afile/runs"], "afile"),
+    (["train", "--resume", "nowhere"], "nowhere"),
+    (["train", "--resume", "nowhere", "configs/copy.yaml"], "configs/copy.yaml"),
+    (["eval", "--samples", "0"], "--samples"),
+    (["eval", "--samples", "many"], "--samples"),
+    (["eval", "--batch-size", "-1"], "--batch-size"),
+    (["eval", "--unknown-flag"], "--unknown-flag"),
+    (["eval", "nowhere"], "nowhere"),
+    (["predict"], "no runs"),
+    (["visualize-attention", "--layer", "x"], "--layer"),
+    (["no-such-command"], "no-such-command"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUTS, ids=lambda a: " ".join(map(str, a)))
+def test_bad_input_corpus(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    result = run_cli(*args)
+    assert_clean_error(result, 2, needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

@@ -10,15 +10,40 @@ import functools
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
+from typer._click.exceptions import ClickException  # Typer bundles its own Click
+from typer.core import TyperGroup
 
 from minitfm import __version__
 from minitfm.errors import MinitfmError
 
+console = Console()
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class OneLineErrors(TyperGroup):
+    """Usage mistakes (unknown option, bad value) as one line on stderr with exit 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as err:
+            command = f"minitfm {err.ctx.info_name} --help" if getattr(err, "ctx", None) \
+                and err.ctx.parent else "minitfm --help"
+            err_console.print(f"error: {err.format_message()} (see '{command}')", markup=False)
+            code = err.exit_code
+        except typer.Abort:
+            code = 130
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     name="minitfm",
     help="A toy encoder-decoder transformer trainer: hand-written attention, synthetic tasks, "
          "attention maps you can see.",
@@ -26,8 +51,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
 CHECKPOINT_HELP = "Which checkpoint of the run: best (highest exact match) or last."
@@ -71,15 +94,15 @@ def main_options(
 @app.command()
 @clean_errors
 def train(
-    args: Optional[list[str]] = typer.Argument(
+    args: list[str] | None = typer.Argument(
         None, metavar="[CONFIG] [KEY=VALUE]...",
         help="A YAML config (default: the built-in reverse task) then overrides such as "
              "model.d_model=128 train.steps=500."),
-    resume: Optional[Path] = typer.Option(
+    resume: Path | None = typer.Option(
         None, "--resume", metavar="RUN",
         help="Continue this run (directory or checkpoint) from its last checkpoint; "
              "KEY=VALUE may change train.* and log.* keys."),
-    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Write the run here "
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="Write the run here "
                                            "instead of log.dir/<name>-<timestamp>."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow --run-dir to be an "
                                    "existing run directory (its files are replaced)."),
@@ -131,14 +154,14 @@ def run_training(cfg, **kwargs) -> None:
 @app.command("eval")
 @clean_errors
 def eval_command(
-    run: Optional[Path] = typer.Argument(None, help=RUN_HELP),
+    run: Path | None = typer.Argument(None, help=RUN_HELP),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
     samples: int = typer.Option(1000, min=1, help="Held-out sequences to decode."),
-    min_len: Optional[int] = typer.Option(None, min=1, help="Shortest input length "
+    min_len: int | None = typer.Option(None, min=1, help="Shortest input length "
                                           "(default: the trained task.min_len)."),
-    max_len: Optional[int] = typer.Option(None, min=1, help="Longest input length; may go "
+    max_len: int | None = typer.Option(None, min=1, help="Longest input length; may go "
                                           "beyond the trained range (default: task.max_len)."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the held-out set "
+    seed: int | None = typer.Option(None, help="Seed of the held-out set "
                                        "(default: task.eval_seed)."),
     batch_size: int = typer.Option(1000, min=1, help="Sequences decoded at once."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
@@ -158,8 +181,8 @@ def eval_command(
 @app.command()
 @clean_errors
 def predict(
-    run: Optional[Path] = typer.Argument(None, help=RUN_HELP),
-    inputs: Optional[list[str]] = typer.Argument(
+    run: Path | None = typer.Argument(None, help=RUN_HELP),
+    inputs: list[str] | None = typer.Argument(
         None, metavar="[INPUT]...", help="Inputs in task syntax, e.g. '3 1 4', '314' or "
         "'12+34'; none: read one per line from stdin."),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
@@ -188,19 +211,39 @@ def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | No
 @app.command("visualize-attention")
 @clean_errors
 def visualize_attention(
-    run: Optional[Path] = typer.Argument(None, help=RUN_HELP),
-    input_text: Optional[str] = typer.Option(None, "--input", help="Input in task syntax "
-                                             "(default: a held-out example)."),
+    run: Path | None = typer.Argument(None, help=RUN_HELP),
+    input_text: str | None = typer.Option(None, "--input", help="Input in task syntax "
+                                          "(default: the held-out example TensorBoard shows)."),
     kind: str = typer.Option("all", help="encoder, decoder, cross or all."),
-    layer: Optional[int] = typer.Option(None, help="Only this layer (from 0)."),
-    head: Optional[int] = typer.Option(None, help="Only this head (from 0)."),
-    out: Optional[Path] = typer.Option(None, help="PNG path (default: inside the run)."),
+    layer: int | None = typer.Option(None, help="Only this layer (from 0)."),
+    head: int | None = typer.Option(None, help="Only this head (from 0)."),
+    out: Path | None = typer.Option(None, help="PNG path (default: <run>/attention/"
+                                    "<checkpoint>-step<N>.png)."),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
-                                  help="Also draw the heatmaps in the terminal."),
+                                  help="Also draw the heatmaps in the terminal; a bare --kind "
+                                       "all draws only cross-attention there (the PNG has "
+                                       "all kinds)."),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
 ) -> None:
-    """Show what every attention head does: a PNG grid and a terminal heatmap."""
-    fail("visualize-attention is not built yet (it arrives with the visualisation issue)", 1)
+    """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
+    from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
+
+    report = visualize(run, checkpoint, input_text, kind, layer, head, out)
+    fmt, plain = report.task.format, {"markup": False, "highlight": False}
+    verdict = "correct" if report.probe.prediction == report.target else "wrong"
+    console.print(f"{report.task.name} · {report.checkpoint} · step {report.step}", **plain)
+    console.print(f"input:      {fmt(report.probe.src)}", **plain)
+    console.print(f"prediction: {fmt(report.probe.prediction)}  ({verdict})", **plain)
+    console.print(f"expected:   {fmt(report.target)}", **plain)
+    if terminal:
+        for renderable in terminal_maps(report.terminal_blocks):
+            console.print(renderable)
+        console.print(terminal_legend())
+        if len(report.terminal_blocks) < len(report.blocks):
+            console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
+                          "--head for the others, all of them are in the PNG)", **plain)
+    console.print(alignment_table(report))
+    console.print(f"wrote {report.png}", **plain)
 
 
 @app.command()
@@ -224,11 +267,23 @@ def tasks() -> None:
 @app.command()
 @clean_errors
 def bench(
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions (seconds)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer repetitions, default size only "
+                               "(seconds; for tests and a first look)."),
+    solve: bool = typer.Option(False, "--solve", help="Also train the default config from "
+                               "scratch: wall seconds and steps to 99% exact match."),
+    compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
 ) -> None:
-    """Measure training throughput, decoding speed, memory and time to solve."""
-    fail("bench is not built yet (it arrives with the speed issue)", 1)
+    """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
+    from minitfm.bench import bench_tables, run_bench
+
+    report = run_bench(quick=quick, solve=solve, compile_=compile_, device=device)
+    if as_json:
+        print(json.dumps(report))
+    else:
+        for table in bench_tables(report):
+            console.print(table)
 
 
 def main() -> None:

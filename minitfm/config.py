@@ -53,13 +53,14 @@ class ModelConfig(Section):
     """The encoder-decoder transformer (names from Vaswani et al. 2017)."""
 
     d_model: int = Field(64, ge=1, description="width of the residual stream")
-    n_heads: int = Field(4, ge=1, description="attention heads per layer (d_head = d_model / n_heads)")
+    n_heads: int = Field(4, ge=1, description="attention heads (d_head = d_model / n_heads)")
     n_encoder_layers: int = Field(2, ge=1, description="encoder layers")
     n_decoder_layers: int = Field(2, ge=1, description="decoder layers")
     d_ff: int = Field(256, ge=1, description="hidden width of the feed-forward block")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability in [0, 1)")
     norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
-    positional: str = Field("sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)}")
+    positional: str = Field("sinusoidal",
+                            description=f"positional encoding: {', '.join(POSITIONALS)}")
     tie_embeddings: bool = Field(True, description="share input embedding and output projection")
     max_len: int = Field(256, ge=2, description="longest sequence (tokens) the model can take")
 

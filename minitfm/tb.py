@@ -2,13 +2,19 @@
 
 Tags: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `eval/loss`,
 `eval/token_accuracy`, `eval/exact_match`; text `config` and `samples`; hparams with the
-final metrics in the same run.
+final metrics (`hparam/...`) in the same event file. Every `log.attention_every` steps and at
+the end: images `attention/{encoder,decoder,cross}/layer<L>` (all heads of one layer side by
+side, drawn by `viz.attention_figure` on a fixed held-out probe) and, for tasks with an ideal
+alignment, scalars `alignment/layer<L>/head<H>` and `alignment/best`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from minitfm.config import Config, to_yaml
 
@@ -37,8 +43,14 @@ class TensorBoardLogger(NullLogger):
     def __init__(self, run_dir: Path, cfg: Config, task, eval_pairs: list):
         from torch.utils.tensorboard import SummaryWriter
 
+        from minitfm.viz import ALIGNMENT_SAMPLES, pick_probe
+
         self.writer = SummaryWriter(log_dir=str(run_dir))
         self.cfg, self.task = cfg, task
+        # The same probe at every step, so the images show how one example's maps evolve.
+        self.probe_src = pick_probe(eval_pairs)[0] if eval_pairs else None
+        self.alignment_pairs = eval_pairs[:ALIGNMENT_SAMPLES]
+        self.attention_step: int | None = None
         self.writer.add_text("config", "```\n" + to_yaml(cfg) + "\n```", 0)
 
     def __exit__(self, *exc) -> None:
@@ -57,17 +69,54 @@ class TensorBoardLogger(NullLogger):
     def _samples_table(self, pairs: list, predictions: list) -> str:
         fmt = self.task.format
         rows = ["| input | target | prediction | ok |", "|---|---|---|---|"]
-        for (src, tgt), pred in list(zip(pairs, predictions))[:N_SAMPLES]:
+        for (src, tgt), pred in list(zip(pairs, predictions, strict=True))[:N_SAMPLES]:
             rows.append(f"| {fmt(src)} | {fmt(tgt)} | {fmt(pred)} | "
                         f"{'yes' if pred == tgt else 'no'} |")
         return "\n".join(rows)
 
+    def attention(self, step: int, model) -> None:
+        """Heatmaps of every layer and kind on the probe, and per-head alignment scores."""
+        from minitfm.viz import (
+            KINDS,
+            alignment_scores,
+            attention_figure,
+            figure_to_array,
+            map_blocks,
+            run_probe,
+        )
+
+        if self.probe_src is None or step == self.attention_step:
+            return  # train.finish logs the end again when it fell on an interval
+        self.attention_step = step
+        probe = run_probe(model, self.task, self.probe_src)
+        text = f"{self.task.format(probe.src)} → {self.task.format(probe.prediction)}"
+        for block in map_blocks(probe, self.task, KINDS):
+            for r, layer in enumerate(block.layers):
+                one_layer = replace(block, layers=[layer], weights=block.weights[r:r + 1])
+                fig = attention_figure([one_layer], f"{self.task.name} · step {step} · {text}")
+                # uint8 RGB: add_image would multiply floats by 255.
+                self.writer.add_image(f"attention/{block.kind}/layer{layer}",
+                                      figure_to_array(fig), step, dataformats="HWC")
+        scores = alignment_scores(model, self.task, self.alignment_pairs)  # (L, H) or None
+        if scores is not None:
+            for (layer, head), value in np.ndenumerate(scores.numpy()):
+                self.writer.add_scalar(f"alignment/layer{layer}/head{head}", value, step)
+            self.writer.add_scalar("alignment/best", float(scores.max()), step)
+
     def finish(self, summary: dict) -> None:
+        """Hyperparameters and final metrics, written into this run's own event file."""
+        from torch.utils.tensorboard.summary import hparams
+
         metrics = {f"hparam/{k}": float(summary[k])
                    for k in ("exact_match", "token_accuracy", "loss") if k in summary}
-        if metrics:
-            self.writer.add_hparams(flatten(self.cfg.model_dump()), metrics, run_name=".",
-                                    global_step=summary["step"])
+        if not metrics:  # paused before any evaluation: nothing to compare yet
+            return
+        # add_hparams would open a second writer; the same summaries go into ours instead.
+        for summary_proto in hparams(flatten(self.cfg.model_dump()), metrics):
+            self.writer.file_writer.add_summary(summary_proto, summary["step"])
+        for tag, value in metrics.items():
+            self.writer.add_scalar(tag, value, summary["step"])
+        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()

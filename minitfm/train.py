@@ -18,8 +18,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from minitfm.checkpoint import RunLock, append_metrics, load_checkpoint, new_run_dir, \
-    run_dir_of, save_checkpoint
+from minitfm.checkpoint import (
+    RunLock,
+    append_metrics,
+    load_checkpoint,
+    new_run_dir,
+    run_dir_of,
+    save_checkpoint,
+)
 from minitfm.config import Config, TrainConfig, to_yaml, validate
 from minitfm.errors import MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, evaluate

@@ -67,7 +67,7 @@ def test_eval_and_predict_agree(run):
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(rows) == 50
     assert sum(r["match"] for r in rows) / 50 == pytest.approx(report["exact_match"])
-    for row, (src, tgt) in zip(rows, pairs):
+    for row, (_, tgt) in zip(rows, pairs):
         assert row["expected"] == task.format(tgt)
 
 

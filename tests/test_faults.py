@@ -76,7 +76,7 @@ def test_a_run_directory_in_use_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_training(run_dir, "train.steps=100000")
     try:
-        wait_for_steps(run_dir, 5, proc)
+        wait_for_steps(run_dir, 12, proc)  # last.pt exists from step 5 on
         before = (run_dir / "config.yaml").read_text()
         assert_clean_error(run_cli("train", "--resume", run_dir), 2, "in use")
         assert_clean_error(run_cli("train", *TINY, "--run-dir", run_dir, "--overwrite"), 2,

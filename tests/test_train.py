@@ -126,7 +126,8 @@ def test_existing_run_dir_needs_resume_or_overwrite(trained):
 def test_schedules_warm_up_linearly(schedule):
     cfg = load_config(None, [f"train.schedule={schedule}", "train.warmup_steps=10",
                              "train.steps=100"]).train
-    assert [lr_factor(s, cfg) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    warmup = [(s + 1) / 10 for s in range(10)]
+    assert [lr_factor(s, cfg) for s in range(10)] == pytest.approx(warmup)
     assert lr_factor(10, cfg) == pytest.approx(1.0)
     end = {"cosine": 0.0, "constant": 1.0, "inverse_sqrt": (10 / 100) ** 0.5}[schedule]
     assert lr_factor(99, cfg) == pytest.approx(end, abs=0.02)

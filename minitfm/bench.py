@@ -1,0 +1,298 @@
+"""`minitfm bench`: how fast minitfm trains and decodes, against torch's own transformer.
+
+- throughput: target tokens/s of a training step (forward + backward + AdamW) of minitfm's
+  model and of a same-size `torch.nn.Transformer`, on the same batches, repetitions
+  alternated so that machine noise hits both alike;
+- model FLOP utilisation: the model's matmul FLOP/s against this machine's peak, measured
+  in the same run on one large matmul;
+- greedy decoding of 1000 sequences with and without the KV cache;
+- peak memory (RSS) of a training run, and with `--solve` the time to solve the default
+  config from scratch.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minitfm.config import Config, ModelConfig, load_config
+from minitfm.layers import sinusoids
+from minitfm.model import Seq2SeqTransformer, greedy_decode
+from minitfm.tasks import eval_set, make_batch, make_task
+from minitfm.train import make_optimizer
+
+# The two sizes compared: the default config, and a larger model on longer sequences.
+SETUPS = {
+    "default": [],
+    "large": ["model.d_model=128", "model.d_ff=512", "task.max_len=64"],
+}
+
+
+class ReferenceTransformer(nn.Module):
+    """The same model from `torch.nn.Transformer`: embeddings, positions, output layer alike."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
+        super().__init__()
+        self.pad_id, self.d_model = pad_id, cfg.d_model
+        self.embedding = nn.Embedding(vocab_size, cfg.d_model)
+        self.register_buffer("positions", sinusoids(cfg.max_len, cfg.d_model), persistent=False)
+        layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout,
+                                           batch_first=True, norm_first=cfg.norm_first)
+        encoder = nn.TransformerEncoder(layer, cfg.n_encoder_layers, nn.LayerNorm(cfg.d_model),
+                                        enable_nested_tensor=False)  # a training-only yardstick
+        self.transformer = nn.Transformer(
+            cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
+            cfg.dropout, custom_encoder=encoder, batch_first=True, norm_first=cfg.norm_first)
+        self.out = nn.Linear(cfg.d_model, vocab_size)
+        if cfg.tie_embeddings:
+            self.out.weight = self.embedding.weight
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embedding(tokens) * math.sqrt(self.d_model)  # (B, L, D)
+        return x + self.positions[: tokens.size(1)]
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        pad = src == self.pad_id  # (B, S) True = padding, torch's convention
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
+        h = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=causal,
+                             src_key_padding_mask=pad, memory_key_padding_mask=pad,
+                             tgt_is_causal=True)  # (B, T, D)
+        return self.out(h)  # (B, T, V)
+
+
+@dataclass
+class Setup:
+    """A config, its task, and fixed batches shared by both models."""
+
+    name: str
+    cfg: Config
+    batches: list
+
+    @property
+    def tokens(self) -> int:
+        return sum(b.n_target_tokens for b in self.batches)
+
+
+def make_setup(name: str, overrides: list[str], n_batches: int, device) -> Setup:
+    cfg = load_config(None, overrides)
+    task = make_task(cfg.task)
+    generator = torch.Generator().manual_seed(0)
+    batches = [make_batch(task.sample(cfg.train.batch_size, generator), task.vocab).to(device)
+               for _ in range(n_batches)]
+    return Setup(name, cfg, batches)
+
+
+def build(kind: str, setup: Setup, device, compile_: bool = False):
+    """A model of `kind` ("minitfm" or "torch") and its optimizer, seeded alike."""
+    torch.manual_seed(0)
+    task = make_task(setup.cfg.task)
+    cls = Seq2SeqTransformer if kind == "minitfm" else ReferenceTransformer
+    model = cls(setup.cfg.model, len(task.vocab), task.vocab.pad_id).to(device).train()
+    optimizer = make_optimizer(model, setup.cfg.train)
+    step_model = torch.compile(model) if compile_ else model
+    return step_model, optimizer, task.vocab.pad_id
+
+
+def run_steps(model, optimizer, pad_id: int, batches, device) -> float:
+    """Seconds for one training step on each batch."""
+    sync(device)
+    start = time.perf_counter()
+    for batch in batches:
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                               ignore_index=pad_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def throughput(setup: Setup, device, reps: int, compile_: bool = False) -> dict:
+    """Median target tokens/s of both models, repetitions alternated."""
+    runs = {kind: build(kind, setup, device, compile_) for kind in ("minitfm", "torch")}
+    for model, optimizer, pad_id in runs.values():  # warm-up: allocator, compile
+        run_steps(model, optimizer, pad_id, setup.batches[:3], device)
+    seconds = {kind: [] for kind in runs}
+    for _ in range(reps):
+        for kind, (model, optimizer, pad_id) in runs.items():
+            seconds[kind].append(run_steps(model, optimizer, pad_id, setup.batches, device))
+    rates = {kind: setup.tokens / median(s) for kind, s in seconds.items()}
+    flops = training_flops(setup) / median(seconds["minitfm"])
+    return {"setup": setup.name + (" compiled" if compile_ else ""),
+            "minitfm_tokens_per_s": rates["minitfm"], "torch_tokens_per_s": rates["torch"],
+            "ratio": rates["minitfm"] / rates["torch"], "minitfm_flops_per_s": flops}
+
+
+def training_flops(setup: Setup) -> float:
+    """Matmul FLOPs of the training steps on the batches: 3x the forward pass (fwd + bwd)."""
+    m = setup.cfg.model
+    D, F_, V = m.d_model, m.d_ff, len(make_task(setup.cfg.task).vocab)
+    total = 0
+    for batch in setup.batches:
+        (B, S), T = batch.src.shape, batch.tgt_in.size(1)
+        encoder = B * (2 * S * 4 * D * D + 4 * S * S * D + 4 * S * D * F_)
+        decoder = B * (2 * T * 4 * D * D + 4 * T * T * D  # self-attention
+                       + 2 * T * 2 * D * D + 2 * S * 2 * D * D + 4 * T * S * D  # cross
+                       + 4 * T * D * F_)
+        total += m.n_encoder_layers * encoder + m.n_decoder_layers * decoder + 2 * B * T * D * V
+    return 3.0 * total
+
+
+def peak_matmul_flops(device, dtype=torch.float32) -> float:
+    """FLOP/s of the best of a few large square matmuls: the hardware's practical peak."""
+    n = 2048 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        sync(device)
+        start = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def decoding(length: int, device, n: int = 1000) -> dict:
+    """Greedy-decode `n` sources of `length` tokens with and without the KV cache.
+
+    An untrained model decodes until the length cap unless it happens to emit EOS, so the
+    decoded length is reported alongside; both paths always produce the same tokens.
+    """
+    cfg = load_config(None, [f"task.min_len={length}", f"task.max_len={length}"])
+    task = make_task(cfg.task)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device).eval()
+    src = make_batch(eval_set(task, n, 0), task.vocab).src.to(device)
+    times, outputs = {}, {}
+    for use_cache in (True, False):
+        sync(device)
+        start = time.perf_counter()
+        outputs[use_cache] = greedy_decode(model, src, task.vocab.bos_id, task.vocab.eos_id,
+                                           length + 1, use_cache=use_cache)
+        sync(device)
+        times[use_cache] = time.perf_counter() - start
+    assert torch.equal(outputs[True], outputs[False]), "KV cache changed the decoded tokens"
+    return {"length": length, "sequences": n, "decoded_len": outputs[True].size(1),
+            "cached_s": times[True], "uncached_s": times[False],
+            "speedup": times[False] / times[True]}
+
+
+def eval_speed(device) -> dict:
+    """`minitfm eval`-style evaluation (greedy decoding + loss) of 1000 default sequences."""
+    from minitfm.evaluate import evaluate
+
+    cfg = load_config()
+    task = make_task(cfg.task)
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device)
+    pairs = eval_set(task, 1000, cfg.task.eval_seed)
+    start = time.perf_counter()
+    evaluate(model, task, pairs, device)
+    return {"sequences": 1000, "seconds": time.perf_counter() - start}
+
+
+def train_subprocess(overrides: list[str]) -> dict:
+    """Run `minitfm train` in a fresh process: wall seconds, peak RSS, steps to 99%."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "minitfm", "train", *overrides, "--run-dir", str(run_dir)]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"training subprocess failed: {proc.stderr.strip()[-300:]}")
+        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        return {"wall_s": wall, "peak_rss_mb": max(peak_kb, before) / 1024,
+                **solve_step(run_dir / "metrics.jsonl")}
+
+
+def solve_step(metrics: Path, target: float = 0.99) -> dict:
+    """The first eval step at or above `target` exact match, and the final exact match."""
+    import json
+
+    evals = [r for r in map(json.loads, metrics.open()) if r["split"] == "eval"]
+    solved = next((r["step"] for r in evals if r["exact_match"] >= target), None)
+    return {"steps_to_99": solved, "exact_match": evals[-1]["exact_match"],
+            "steps": evals[-1]["step"]}
+
+
+def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
+              device: str = "auto") -> dict:
+    """Every measurement, as one JSON-ready dict."""
+    from minitfm.train import pick_device
+
+    dev = pick_device(device)
+    reps, n_batches = (2, 3) if quick else (5, 10)
+    report = {"device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "quick": quick, "throughput": []}
+    report["peak_flops_per_s"] = peak_matmul_flops(dev)
+    setups = {"default": SETUPS["default"]} if quick else SETUPS
+    for name, overrides in setups.items():
+        setup = make_setup(name, overrides, n_batches, dev)
+        variants = [False, True] if compile_ else [False]
+        for compiled in variants:
+            row = throughput(setup, dev, reps, compiled)
+            row["mfu"] = row.pop("minitfm_flops_per_s") / report["peak_flops_per_s"]
+            report["throughput"].append(row)
+    report["decoding"] = [decoding(n, dev, 200 if quick else 1000) for n in (16, 32)]
+    report["eval"] = eval_speed(dev)
+    if solve:
+        report["solve"] = train_subprocess([])
+    else:
+        steps = "train.steps=20" if quick else "train.steps=200"
+        report["memory"] = train_subprocess([steps, "train.eval_every=0"])
+    return report
+
+
+def bench_tables(report: dict) -> list:
+    """Rich tables of a bench report."""
+    from rich.table import Table
+
+    title = (f"minitfm bench · {report['device']} · {report['threads']} threads · torch "
+             f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
+    train = Table(title=title)
+    for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU"):
+        train.add_column(col, justify="right")
+    for row in report["throughput"]:
+        train.add_row(row["setup"], f"{row['minitfm_tokens_per_s']:,.0f}",
+                      f"{row['torch_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",
+                      f"{row['mfu']:.1%}")
+    decode = Table(title="greedy decoding")
+    for col in ("length", "sequences", "tokens decoded", "KV cache", "no cache", "speed-up"):
+        decode.add_column(col, justify="right")
+    for row in report["decoding"]:
+        decode.add_row(str(row["length"]), str(row["sequences"]), str(row["decoded_len"]),
+                       f"{row['cached_s']:.3f} s",
+                       f"{row['uncached_s']:.3f} s", f"{row['speedup']:.1f}x")
+    other = Table(title="end to end", show_header=False)
+    other.add_row("eval of 1000 sequences (default)", f"{report['eval']['seconds']:.2f} s")
+    run = report.get("solve") or report.get("memory")
+    other.add_row("peak RSS of a training run", f"{run['peak_rss_mb']:.0f} MB")
+    if "solve" in report:
+        solved = run["steps_to_99"]
+        other.add_row("default config: wall time", f"{run['wall_s']:.1f} s")
+        other.add_row("default config: steps to 99% exact match",
+                      str(solved) if solved else f"not reached ({run['exact_match']:.1%})")
+    return [train, decode, other]
+

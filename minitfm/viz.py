@@ -1,0 +1,402 @@
+"""Attention you can see: heatmap figures (PNG, TensorBoard), terminal heatmaps, alignment scores.
+
+One input is run through the model (a `Probe`): greedy decoding first, then one teacher-forced
+pass on BOS + the decoded tokens. With a causal decoder that pass gives exactly the maps of
+free decoding, so the row of query position t shows where the model looked to write output t.
+
+The alignment score of a cross-attention head is the mean weight it puts on the ideal source
+position (`task.alignment`) over the real target positions (EOS excluded). It is measured on
+teacher-forced maps of the *true* target: the ideal positions are defined for the true target,
+so a wrong prediction cannot shift which row is scored against which position.
+
+Shapes: B batch, H n_heads, S source len, T target len (+1 for BOS), Q query len, K key len.
+matplotlib is imported inside functions, so `minitfm --help` does not pay for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minitfm.errors import MinitfmError
+from minitfm.evaluate import strip_eos
+from minitfm.model import AttentionMaps, greedy_decode
+from minitfm.tasks import EOS_ID, Pair, Task, make_batch
+
+KINDS = ("encoder", "decoder", "cross")
+KIND_TITLES = {
+    "encoder": "encoder self-attention (query: source, key: source)",
+    "decoder": "decoder self-attention (query: decoder input, key: decoder input)",
+    "cross": "cross-attention (query: decoder input, key: source)",
+}
+PROBE_MAX_TOKENS = 16  # longer probes make unreadable axis labels
+ALIGNMENT_SAMPLES = 200  # held-out pairs the alignment score is averaged over
+GAMMA = 0.5  # colour ∝ weight**GAMMA: diffuse rows (~1/S each) stay visible next to sharp ones
+PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, dark to light
+           "#28ae80", "#5ec962", "#addc30", "#fde725")
+SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the same levels without colour
+SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
+
+
+@dataclass
+class Probe:
+    """One input run through the model: its tokens and per-layer maps (H, Q, K) on the CPU."""
+
+    src: list[int]
+    decoded: list[int]  # the greedy output, EOS included when the model wrote it
+    decoder_input: list[int]  # BOS + decoded[:-1]: what the decoder read at each step
+    maps: AttentionMaps
+
+    @property
+    def prediction(self) -> list[int]:
+        return strip_eos(self.decoded, EOS_ID)
+
+
+@torch.no_grad()
+def run_probe(model, task: Task, src: list[int]) -> Probe:
+    """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding."""
+    vocab, device = task.vocab, next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        source = torch.tensor([src], device=device)  # (1, S)
+        cap = task.max_target_len(len(src)) + 1  # + EOS
+        decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
+        decoder_input = ([vocab.bos_id] + decoded)[:len(decoded)]  # the last output is not read
+        _, maps = model(source, torch.tensor([decoder_input], device=device),
+                        return_attention=True)
+    finally:
+        model.train(was_training)
+    first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, Q, K) each
+                            for layer_maps in (maps.encoder, maps.decoder, maps.cross)))
+    return Probe(src, decoded, decoder_input, first)
+
+
+def pick_probe(pairs: list[Pair], max_tokens: int = PROBE_MAX_TOKENS) -> Pair:
+    """The first pair of the longest size that fits `max_tokens` (deterministic, informative)."""
+    def size(pair: Pair) -> int:
+        return max(len(pair[0]), len(pair[1]) + 1)  # source, or BOS + target
+
+    fitting = [pair for pair in pairs if size(pair) <= max_tokens] or pairs
+    longest = max(size(pair) for pair in fitting)
+    return next(pair for pair in fitting if size(pair) == longest)
+
+
+# --- alignment score ---
+
+def alignment_score(cross: Tensor, ideal: Tensor, hard: bool = False) -> Tensor:
+    """Mean weight on the ideal source: cross (B, H, T, S), ideal (B, T) with -1 = skip -> (H,).
+
+    `hard` scores each row's argmax instead (1 if the strongest key is the ideal one).
+    """
+    if hard:
+        cross = F.one_hot(cross.argmax(dim=-1), cross.size(-1))  # (B, H, T, S)
+    valid = ideal >= 0  # (B, T)
+    index = ideal.clamp(min=0)[:, None, :, None].expand(-1, cross.size(1), -1, 1)  # (B, H, T, 1)
+    mass = cross.float().gather(-1, index).squeeze(-1)  # (B, H, T)
+    mass = mass * valid[:, None, :]  # rows that are no target position (EOS, PAD) count 0
+    return mass.sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
+
+
+@torch.no_grad()
+def alignment_scores(model, task: Task, pairs: list[Pair], hard: bool = False) -> Tensor | None:
+    """Alignment score (L, H) of every cross-attention head on `pairs`; None without an ideal."""
+    ideal = [task.alignment(src) for src, _ in pairs]
+    if not pairs or any(a is None for a in ideal):
+        return None
+    device = next(model.parameters()).device
+    batch = make_batch(pairs, task.vocab).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        _, maps = model(batch.src, batch.tgt_in, return_attention=True)
+    finally:
+        model.train(was_training)
+    T = batch.tgt_in.size(1)  # BOS + longest target; its row t writes target token t
+    ideal_t = torch.tensor([a + [-1] * (T - len(a)) for a in ideal], device=device)  # (B, T)
+    scores = [alignment_score(cross, ideal_t, hard) for cross in maps.cross]
+    return torch.stack(scores).cpu()  # (L, H)
+
+
+# --- figures ---
+
+@dataclass
+class MapBlock:
+    """Maps of one kind drawn as a grid: weights (layers, heads, Q, K), tokens on both axes."""
+
+    kind: str
+    layers: list[int]
+    heads: list[int]
+    weights: np.ndarray
+    queries: list[str]
+    keys: list[str]
+
+
+def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
+               layers: list[int] | None = None, heads: list[int] | None = None) -> list[MapBlock]:
+    """The selected kinds, layers (default all) and heads (default all) of a probe's maps."""
+    source = [task.vocab.token(i) for i in probe.src]
+    decoder = [task.vocab.token(i) for i in probe.decoder_input]
+    axes = {"encoder": (source, source), "decoder": (decoder, decoder), "cross": (decoder, source)}
+    blocks = []
+    for kind in kinds:
+        per_layer = getattr(probe.maps, kind)
+        chosen_layers = list(range(len(per_layer))) if layers is None else layers
+        chosen_heads = list(range(per_layer[0].size(0))) if heads is None else heads
+        weights = torch.stack([per_layer[i][chosen_heads] for i in chosen_layers])  # (L, H, Q, K)
+        blocks.append(MapBlock(kind, chosen_layers, chosen_heads, weights.numpy(), *axes[kind]))
+    return blocks
+
+
+def attention_figure(blocks: list[MapBlock], title: str):
+    """A matplotlib Figure: per block a titled grid (rows layers, columns heads), a colour bar."""
+    from matplotlib.figure import Figure
+
+    n_cols = max(len(b.heads) for b in blocks)
+    tokens = max(max(len(b.queries), len(b.keys)) for b in blocks)
+    panel = max(2.4, 0.9 + 0.16 * tokens)  # inches: room for one readable label per token
+    heights = [len(b.layers) * panel + 0.5 for b in blocks]  # + the block's title
+    fig = Figure(figsize=(n_cols * panel + 1.2, sum(heights) + 0.6), dpi=100,
+                 layout="constrained")
+    fig.suptitle(title, fontsize=11)
+    subfigures = fig.subfigures(len(blocks), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for subfigure, block in zip(subfigures, blocks, strict=True):
+        draw_block(subfigure, block, n_cols)
+    return fig
+
+
+def draw_block(subfigure, block: MapBlock, n_cols: int) -> None:
+    """One kind's heatmaps into `subfigure`, tokens on the axes, one shared colour bar."""
+    from matplotlib.colors import PowerNorm
+
+    norm = PowerNorm(GAMMA, vmin=0.0, vmax=1.0)  # one scale for all maps: weights are comparable
+    axes = subfigure.subplots(len(block.layers), n_cols, squeeze=False)
+    subfigure.suptitle(KIND_TITLES[block.kind], fontsize=10)
+    image = None
+    for r, layer in enumerate(block.layers):
+        for c in range(n_cols):
+            ax = axes[r, c]
+            if c >= len(block.heads):
+                ax.set_axis_off()
+                continue
+            image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm)
+            ax.set_title(f"layer {layer} · head {block.heads[c]}", fontsize=9)
+            ax.set_xticks(range(len(block.keys)), block.keys, fontsize=7,
+                          rotation=90 if max(map(len, block.keys)) > 2 else 0)  # <bos>
+            ax.set_yticks(range(len(block.queries)), block.queries if c == 0 else [], fontsize=7)
+            ax.tick_params(length=0)
+    subfigure.colorbar(image, ax=axes, shrink=0.9, label="attention weight", pad=0.01)
+
+
+def figure_to_array(fig) -> np.ndarray:
+    """Render a Figure with Agg into an RGB array (height, width, 3) of uint8."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write `fig` as a PNG; an unwritable path is a clear error."""
+    if path.suffix.lower() != ".png":
+        raise MinitfmError(f"--out ('{path}') must be a .png file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    except OSError as err:
+        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another --out") \
+            from None
+
+
+# --- terminal ---
+
+def level(weight: float) -> int:
+    """Palette index of an attention weight, on the figures' scale (colour ∝ weight**GAMMA)."""
+    return min(int(max(weight, 0.0) ** GAMMA * len(PALETTE)), len(PALETTE) - 1)
+
+
+def cell(index: int, width: int = 2):
+    """A coloured block; its shade characters show only where colour is off (pipes, NO_COLOR)."""
+    return SHADES[index] * width, f"{PALETTE[index]} on {PALETTE[index]}"
+
+
+def terminal_map(weights: np.ndarray, queries: list[str], keys: list[str], title: str):
+    """One map as rich Text: a row per query token, a 2-wide cell per key token."""
+    from rich.text import Text
+
+    width = max(len(q) for q in queries)
+    header = " " * (width + 1) + "".join(f"{SHORT_TOKENS.get(k, k)[:2]:>2}" for k in keys)
+    text = Text()
+    text.append(title, style="bold")
+    text.append("\n" + header)
+    for query, row in zip(queries, weights, strict=True):
+        text.append(f"\n{query:>{width}} ")
+        for weight in row:
+            text.append(*cell(level(float(weight))))
+    return text
+
+
+def terminal_legend():
+    """The palette from weight 0 to 1, and how to read the maps."""
+    from rich.text import Text
+
+    text = Text("weight 0 ")
+    for i in range(len(PALETTE)):
+        text.append(*cell(i))
+    text.append(" 1  (colour ∝ √weight)\nrows: query tokens, columns: key tokens, ^ = <bos>")
+    return text
+
+
+def terminal_maps(blocks: list[MapBlock]) -> list:
+    """Rich renderables: a heading per kind and layer, then its heads side by side."""
+    from rich.columns import Columns
+    from rich.text import Text
+
+    out = []
+    for block in blocks:
+        for r, layer in enumerate(block.layers):
+            out.append(Text(f"\n{KIND_TITLES[block.kind]} · layer {layer}", style="bold cyan"))
+            maps = [terminal_map(block.weights[r, c], block.queries, block.keys, f"head {head}")
+                    for c, head in enumerate(block.heads)]
+            out.append(Columns(maps, padding=(1, 3)))
+    return out
+
+
+# --- `minitfm visualize-attention` ---
+
+@dataclass
+class AttentionReport:
+    """What `visualize-attention` shows: the probe, where the PNG went, the alignment scores."""
+
+    task: Task
+    checkpoint: Path
+    step: int
+    probe: Probe
+    target: list[int]
+    blocks: list[MapBlock]
+    png: Path
+    scores: Tensor | None  # (L, H) on this input
+    held_out_scores: Tensor | None  # (L, H) on ALIGNMENT_SAMPLES held-out pairs
+    held_out_hits: Tensor | None  # (L, H) the same with each row's argmax (hard=True)
+    terminal_blocks: list[MapBlock]  # what the terminal shows (see `terminal_selection`)
+
+
+def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind: str = "all",
+              layer: int | None = None, head: int | None = None,
+              out: Path | None = None) -> AttentionReport:
+    """Run one input through a checkpoint, write its attention maps as a PNG, score alignment."""
+    from minitfm.checkpoint import load_model, resolve_checkpoint
+    from minitfm.tasks import eval_set
+
+    kinds = parse_kind(kind)
+    path = resolve_checkpoint(run, checkpoint)
+    cfg, task, model, step = load_model(path, "cuda" if torch.cuda.is_available() else "cpu")
+    check_selection(cfg, kinds, layer, head)
+    held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)  # as in training
+    src = read_input(cfg, task, input_text, held_out)
+    probe = run_probe(model, task, src)
+    target = task.target(src)
+    blocks = map_blocks(probe, task, kinds, None if layer is None else [layer],
+                        None if head is None else [head])
+    png = out if out is not None else default_png(path, step, kind, layer, head)
+    fig = attention_figure(blocks, figure_title(task, path, step, probe, target))
+    save_figure(fig, png)
+    shown = terminal_selection(kind, layer, head)
+    pairs = held_out[:ALIGNMENT_SAMPLES]
+    return AttentionReport(task, path, step, probe, target, blocks, png,
+                           alignment_scores(model, task, [(src, target)]),
+                           alignment_scores(model, task, pairs),
+                           alignment_scores(model, task, pairs, hard=True),
+                           [b for b in blocks if b.kind in shown])
+
+
+def parse_kind(kind: str) -> tuple[str, ...]:
+    """`--kind`: one of KINDS, or all of them."""
+    if kind == "all":
+        return KINDS
+    if kind not in KINDS:
+        raise MinitfmError(f"--kind ({kind!r}) must be one of {', '.join(KINDS)}, all")
+    return (kind,)
+
+
+def terminal_selection(kind: str, layer: int | None, head: int | None) -> tuple[str, ...]:
+    """Kinds drawn in the terminal: a bare `--kind all` means cross only (the PNG has all)."""
+    if kind == "all" and layer is None and head is None:
+        return ("cross",)
+    return parse_kind(kind)
+
+
+def check_selection(cfg, kinds: tuple[str, ...], layer: int | None, head: int | None) -> None:
+    """`--layer` and `--head` must exist in every kind asked for."""
+    n_encoder, n_decoder = cfg.model.n_encoder_layers, cfg.model.n_decoder_layers
+    n_layers = min(n_encoder if kind == "encoder" else n_decoder for kind in kinds)
+    if layer is not None and not 0 <= layer < n_layers:
+        raise MinitfmError(f"--layer ({layer}) must be in 0..{n_layers - 1} for --kind "
+                           f"{'/'.join(kinds)}: the model has {n_encoder} encoder and "
+                           f"{n_decoder} decoder layers")
+    n_heads = cfg.model.n_heads
+    if head is not None and not 0 <= head < n_heads:
+        raise MinitfmError(f"--head ({head}) must be in 0..{n_heads - 1}: the model has "
+                           f"{n_heads} heads per layer")
+
+
+def read_input(cfg, task: Task, text: str | None, held_out: list[Pair]) -> list[int]:
+    """`--input` parsed in task syntax, or (none given) the held-out probe of training."""
+    from minitfm.evaluate import input_limit
+
+    if text is None:
+        return pick_probe(held_out)[0]
+    try:
+        return task.parse(text, max_tokens=input_limit(cfg, task))
+    except MinitfmError as err:
+        raise type(err)(f"--input ({text!r}): {err}") from None
+
+
+def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,
+                head: int | None) -> Path:
+    """`<run>/attention/<checkpoint>-step<N>[-<kind>][-layer<L>][-head<H>].png`."""
+    from minitfm.checkpoint import run_dir_of
+
+    name = f"{checkpoint.stem}-step{step}"
+    name += "" if kind == "all" else f"-{kind}"
+    name += "" if layer is None else f"-layer{layer}"
+    name += "" if head is None else f"-head{head}"
+    return run_dir_of(checkpoint) / "attention" / f"{name}.png"
+
+
+def figure_title(task: Task, checkpoint: Path, step: int, probe: Probe, target: list[int]) -> str:
+    """Task, checkpoint and step; the input, the prediction and (if wrong) the target."""
+    fmt = task.format
+    verdict = "✓" if probe.prediction == target else f"✗ (expected {fmt(target)})"
+    return (f"{task.name} · {checkpoint.name} · step {step}\n"
+            f"input {fmt(probe.src)} → prediction {fmt(probe.prediction)} {verdict}")
+
+
+def alignment_table(report: AttentionReport):
+    """A rich table of every cross-attention head's alignment score, the best head in bold."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if report.scores is None:
+        return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
+    best = divmod(int(report.held_out_scores.argmax()), report.held_out_scores.size(1))
+    table = Table(title="alignment score of each cross-attention head")
+    for column in ("layer", "head", "this input", f"held-out ({ALIGNMENT_SAMPLES})", "argmax"):
+        table.add_column(column, justify="right")
+    table.add_column("")
+    for layer, head in np.ndindex(*report.scores.shape):
+        is_best = (layer, head) == best
+        table.add_row(str(layer), str(head), f"{report.scores[layer, head]:.3f}",
+                      f"{report.held_out_scores[layer, head]:.3f}",
+                      f"{report.held_out_hits[layer, head]:.3f}", "← best" if is_best else "",
+                      style="bold green" if is_best else None)
+    table.caption = ("weight on the ideal source position, mean over target positions (EOS "
+                     "excluded), teacher-forced on the true target: 1 = exact, about 1/S = "
+                     "uniform; argmax: share of rows whose strongest key is the ideal one")
+    return table

@@ -1,0 +1,58 @@
+"""`minitfm bench --quick`: every figure is there and sane (no timing is asserted)."""
+
+import json
+
+import torch
+
+from minitfm.bench import ReferenceTransformer, solve_step, training_flops
+from minitfm.config import load_config
+from minitfm.model import Seq2SeqTransformer
+from tests.helpers import run_cli
+
+
+def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
+    cfg = load_config()
+    ours = Seq2SeqTransformer(cfg.model, 13, 0)
+    ref = ReferenceTransformer(cfg.model, 13, 0)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    # torch's norm_first=False has final norms too; with pre-LN both have two final norms
+    assert abs(count(ours) - count(ref)) <= 13  # at most the output bias differs
+
+
+def test_training_flops_counts_the_matmuls_by_hand():
+    from minitfm.bench import Setup
+    from minitfm.tasks import Batch
+
+    cfg = load_config(None, ["model.n_encoder_layers=1", "model.n_decoder_layers=1",
+                             "model.d_model=8", "model.n_heads=2", "model.d_ff=16"])
+    batch = Batch(torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 3, dtype=torch.long),
+                  torch.zeros(1, 3, dtype=torch.long), 3)
+    D, F, V, S, T = 8, 16, 13, 2, 3
+    enc = 2 * S * 4 * D * D + 4 * S * S * D + 4 * S * D * F
+    dec = (2 * T * 4 * D * D + 4 * T * T * D + 2 * T * 2 * D * D + 2 * S * 2 * D * D
+           + 4 * T * S * D + 4 * T * D * F)
+    assert training_flops(Setup("x", cfg, [batch])) == 3 * (enc + dec + 2 * T * D * V)
+
+
+def test_solve_step_reads_metrics(tmp_path):
+    lines = [{"step": 100, "split": "eval", "exact_match": 0.5},
+             {"step": 150, "split": "train", "loss": 0.1},
+             {"step": 200, "split": "eval", "exact_match": 0.995}]
+    (tmp_path / "m.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    assert solve_step(tmp_path / "m.jsonl") == {"steps_to_99": 200, "exact_match": 0.995,
+                                                "steps": 200}
+
+
+def test_bench_quick_json():
+    result = run_cli("bench", "--quick", "--json", "--device", "cpu")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["device"] == "cpu" and report["threads"] >= 1
+    assert report["peak_flops_per_s"] > 0
+    row = report["throughput"][0]
+    assert row["minitfm_tokens_per_s"] > 0 and row["torch_tokens_per_s"] > 0
+    assert row["ratio"] > 0 and 0 < row["mfu"] < 1
+    assert {d["length"] for d in report["decoding"]} == {16, 32}
+    assert all(d["speedup"] > 0 for d in report["decoding"])
+    assert report["eval"]["sequences"] == 1000
+    assert report["memory"]["peak_rss_mb"] > 0

@@ -278,7 +278,7 @@ class CopyTask(Task):
     """Copy: the target is the source. Example: 3 1 4 1 5 -> 3 1 4 1 5."""
 
     name = "copy"
-    summary = "repeat the input: 3 1 4 -> 3 1 4"
+    summary = "repeat the input"
 
     def target(self, src: list[int]) -> list[int]:
         return list(src)
@@ -291,7 +291,7 @@ class ReverseTask(Task):
     """Reverse: the source backwards. Example: 3 1 4 1 5 -> 5 1 4 1 3."""
 
     name = "reverse"
-    summary = "the input backwards: 3 1 4 -> 4 1 3"
+    summary = "the input backwards"
 
     def target(self, src: list[int]) -> list[int]:
         return src[::-1]
@@ -304,7 +304,7 @@ class SortTask(Task):
     """Sort: the source in ascending order of value. Example: 3 1 4 1 5 -> 1 1 3 4 5."""
 
     name = "sort"
-    summary = "the input in ascending order: 3 1 4 -> 1 3 4"
+    summary = "the input in ascending order"
 
     def target(self, src: list[int]) -> list[int]:
         return sorted(src)  # ids are in order of value (module docstring)
@@ -318,7 +318,7 @@ class DuplicateTask(Task):
     """Duplicate: each symbol twice. Example: 3 1 4 -> 3 3 1 1 4 4."""
 
     name = "duplicate"
-    summary = "each symbol twice: 3 1 4 -> 3 3 1 1 4 4"
+    summary = "each symbol twice"
 
     def target(self, src: list[int]) -> list[int]:
         return [i for i in src for _ in range(2)]
@@ -334,7 +334,7 @@ class ShiftTask(Task):
     """Shift: rotate left by one, the first symbol moves to the end. Example: 3 1 4 5 -> 1 4 5 3."""
 
     name = "shift"
-    summary = "rotate left by one: 3 1 4 5 -> 1 4 5 3"
+    summary = "rotate left by one"
 
     def target(self, src: list[int]) -> list[int]:
         return src[1:] + src[:1]
@@ -355,7 +355,7 @@ class AddTask(Task):
     """
 
     name = "add"
-    summary = "add two numbers, most significant digit first: 4 7 + 8 5 -> 1 3 2"
+    summary = "add two numbers, most significant digit first"
     task_symbols = ("+",)
 
     def __init__(self, cfg: TaskConfig) -> None:

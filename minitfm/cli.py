@@ -147,6 +147,10 @@ def run_training(cfg, **kwargs) -> None:
     reporter = ConsoleReporter(console)
     try:
         train_run(cfg, reporter=reporter, **kwargs)
+    except MinitfmError as err:
+        if getattr(err, "echo", False):  # under torchrun rank 0 prints what every rank raised
+            raise typer.Exit(err.exit_code) from None
+        raise
     finally:
         reporter.stop()
 

@@ -19,7 +19,7 @@ from minitfm.errors import ConfigError
 
 # The names `minitfm.tasks` registers; kept here so validation needs no torch.
 TASK_NAMES = ("copy", "reverse", "sort", "duplicate", "shift", "add")
-POSITIONALS = ("sinusoidal", "learned", "none")
+POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
 class Section(BaseModel):
@@ -59,27 +59,51 @@ class ModelConfig(Section):
     d_ff: int = Field(256, ge=1, description="hidden width of the feed-forward block")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability in [0, 1)")
     norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
-    positional: str = Field("sinusoidal",
-                            description=f"positional encoding: {', '.join(POSITIONALS)}")
+    positional: str = Field(
+        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} (sinusoidal: "
+        f"Vaswani et al. 2017; rope: Su et al. 2021; alibi: Press et al. 2022; none: NoPE)")
+    random_positions: int | None = Field(
+        None, ge=2, description="randomized positions (Ruoss et al. 2023): in training, positions "
+        "are a sorted random subset of [0, this); null = off (positions 0..n-1)")
     tie_embeddings: bool = Field(True, description="share input embedding and output projection")
     max_len: int = Field(256, ge=2, description="longest sequence (tokens) the model can take")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.positional not in POSITIONALS:
-            hint = _did_you_mean(self.positional, POSITIONALS)
+            # The schemes' other names: RoPE is "rotary" in the paper, no positions are "NoPE".
+            alias = {"rotary": "rope", "nope": "none"}.get(str(self.positional).lower())
+            hint = f" (did you mean '{alias}'?)" if alias else _did_you_mean(self.positional,
+                                                                              POSITIONALS)
             raise ValueError(f"model.positional ({self.positional!r}) must be one of "
                              f"{', '.join(POSITIONALS)}{hint}")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by "
                              f"model.n_heads ({self.n_heads})")
+        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model.positional rope turns pairs of features: d_head = "
+                             f"model.d_model / model.n_heads ({self.d_model // self.n_heads}) "
+                             f"must be even")
+        self._check_random_positions()
         return self
+
+    def _check_random_positions(self) -> None:
+        n = self.random_positions
+        if n is None:
+            return
+        if self.positional == "none":
+            raise ValueError(f"model.random_positions ({n}) needs positions to randomize: set "
+                             f"model.positional to sinusoidal, learned, rope or alibi, or "
+                             f"model.random_positions=null")
+        if self.positional == "learned" and n > self.max_len:
+            raise ValueError(f"model.random_positions ({n}) must be <= model.max_len "
+                             f"({self.max_len}), the number of learned positions")
 
 
 class TrainConfig(Section):
     """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
 
-    steps: int = Field(1500, ge=1, description="optimizer steps in total")
+    steps: int = Field(600, ge=1, description="optimizer steps in total")
     batch_size: int = Field(128, ge=1, description="sequences per step")
     lr: float = Field(3e-3, gt=0.0, description="peak learning rate")
     warmup_steps: int = Field(100, ge=0, description="linear warmup steps")
@@ -121,6 +145,13 @@ class Config(Section):
             raise ValueError(f"device ({self.device!r}) must be auto, cpu, cuda or cuda:N")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
             raise ValueError(f"name ({self.name!r}) may hold only letters, digits, '_', '-', '.'")
+        n = self.model.random_positions
+        if n is not None and n <= self.task.max_len:
+            # Sampling n positions from [0, n) is no randomization; training on longer inputs
+            # than the range is impossible. The exact need (BOS, add's '+') is checked in train.
+            raise ValueError(f"model.random_positions ({n}) must exceed task.max_len "
+                             f"({self.task.max_len}): pick a range that covers the test lengths, "
+                             f"e.g. {4 * self.task.max_len}")
         return self
 
 

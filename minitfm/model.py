@@ -5,6 +5,12 @@ Shapes: B batch, S source len, T target len, D d_model, H n_heads, V vocab_size,
 The model masks by itself: source padding (tokens == pad_id) in encoder self-attention and in
 cross-attention, and future positions in decoder self-attention. Target padding needs no mask:
 the loss ignores PAD targets and the causal mask keeps real positions from seeing later ones.
+
+Positions are 0..S-1 in the source and 0..T-1 in the target (continuing from the cache when
+decoding step by step); with `model.random_positions` set, `forward` in training mode draws
+them instead (Ruoss et al. 2023), so that longer inputs at test time meet positions seen in
+training. Schemes acting inside attention (RoPE, ALiBi) get the position indices through
+`AttentionPositions`, computed once per encode/decode call and shared by every layer.
 """
 
 from __future__ import annotations
@@ -16,12 +22,14 @@ from torch import Tensor, nn
 
 from minitfm.config import ModelConfig
 from minitfm.layers import (
+    AttentionPositions,
     Dropout,
     FeedForward,
     KVCache,
     LayerNorm,
     MultiHeadAttention,
     make_positional,
+    sample_positions,
 )
 
 
@@ -59,15 +67,17 @@ class EncoderLayer(nn.Module):
         self.norm2 = LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)  # on each sub-layer's output, §5.4
 
-    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, mask: Tensor, positions: AttentionPositions | None = None
+    ) -> tuple[Tensor, Tensor]:
         """x (B, S, D), mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S)."""
         if self.norm_first:  # pre-LN: x + Sublayer(LN(x)) (Xiong et al. 2020)
             h = self.norm1(x)
-            attn, weights = self.self_attn(h, h, h, mask)
+            attn, weights = self.self_attn(h, h, h, mask, positions=positions)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm2(x)))
         else:  # post-LN, as in the paper: LN(x + Sublayer(x))
-            attn, weights = self.self_attn(x, x, x, mask)
+            attn, weights = self.self_attn(x, x, x, mask, positions=positions)
             x = self.norm1(x + self.dropout(attn))
             x = self.norm2(x + self.dropout(self.feed_forward(x)))
         return x, weights
@@ -94,22 +104,29 @@ class DecoderLayer(nn.Module):
         self_mask: Tensor | None,
         src_mask: Tensor,
         cache: DecoderLayerCache | None = None,
+        positions: tuple[AttentionPositions | None, AttentionPositions | None] = (None, None),
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S)."""
+        """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
+
+        `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention.
+        """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
+        self_pos, cross_pos = positions
         if self.norm_first:
             h = self.norm1(x)
-            attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache)
+            attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos)
             x = x + self.dropout(attn)
             h = self.norm2(x)
-            attn, cross_weights = self.cross_attn(h, memory, memory, src_mask, cross_cache)
+            attn, cross_weights = self.cross_attn(h, memory, memory, src_mask, cross_cache,
+                                                  cross_pos)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm3(x)))
         else:
-            attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache)
+            attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache, self_pos)
             x = self.norm1(x + self.dropout(attn))
-            attn, cross_weights = self.cross_attn(x, memory, memory, src_mask, cross_cache)
+            attn, cross_weights = self.cross_attn(x, memory, memory, src_mask, cross_cache,
+                                                  cross_pos)
             x = self.norm2(x + self.dropout(attn))
             x = self.norm3(x + self.dropout(self.feed_forward(x)))
         return x, self_weights, cross_weights
@@ -126,7 +143,10 @@ class Seq2SeqTransformer(nn.Module):
         self.pad_id = pad_id
         self.embed_scale = cfg.d_model**0.5  # §3.4: embeddings are multiplied by sqrt(d_model)
         self.embedding = nn.Embedding(vocab_size, cfg.d_model)  # shared by encoder and decoder
-        self.positional = make_positional(cfg.positional, cfg.max_len, cfg.d_model)
+        # Sinusoids are tabulated up to the larger of max_len and random_positions (learned ones
+        # stop at max_len: the config keeps random_positions within it).
+        table_len = max(cfg.max_len, cfg.random_positions or 0)
+        self.positional = make_positional(cfg.positional, table_len, cfg.d_model, cfg.n_heads)
         self.embed_dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
@@ -153,20 +173,50 @@ class Seq2SeqTransformer(nn.Module):
                     nn.init.zeros_(module.bias)
         nn.init.normal_(self.embedding.weight, std=self.config.d_model**-0.5)
 
-    def embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        """Tokens (B, T) -> scaled embeddings plus positions offset.., with dropout (B, T, D)."""
+    def embed(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Tokens (B, T) -> scaled embeddings plus positions offset.. (or `positions`) (B, T, D)."""
         x = self.embedding(tokens) * self.embed_scale  # (B, T, D)
-        return self.embed_dropout(self.positional(x, offset))
+        return self.embed_dropout(self.positional(x, offset, positions))
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor, list[Tensor]]:
-        """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S), encoder maps [(B, H, S, S)]."""
+    def encode(
+        self, src: Tensor, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S), encoder maps [(B, H, S, S)].
+
+        `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`).
+        """
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
-        x = self.embed(src)
+        x = self.embed(src, positions=positions)
+        attention = None
+        if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
+            pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
+            attention = self.positional.attention(pos, pos)
         maps = []
         for layer in self.encoder_layers:
-            x, weights = layer(x, src_mask)
+            x, weights = layer(x, src_mask, attention)
             maps.append(weights)
         return self.encoder_norm(x), src_mask, maps
+
+    @staticmethod
+    def indices(positions: Tensor | None, length: int, offset: int, device) -> Tensor:
+        """`positions` when given, else offset..offset+length-1: (length,) or (B, length)."""
+        if positions is not None:
+            return positions
+        return torch.arange(offset, offset + length, device=device)  # (length,)
+
+    def decoder_attention(
+        self, offset: int, T: int, S: int, device, tgt_positions: Tensor | None,
+        src_positions: Tensor | None,
+    ) -> tuple[AttentionPositions | None, AttentionPositions | None]:
+        """What RoPE or ALiBi do in decoder self-attention and in cross-attention."""
+        if not self.positional.in_attention:
+            return None, None
+        queries = self.indices(tgt_positions, T, offset, device)  # (T,) or (B, T)
+        # Self-attention keys: the cached positions 0..offset-1, then this call's.
+        keys = queries if offset == 0 else torch.arange(offset + T, device=device)
+        sources = self.indices(src_positions, S, 0, device)  # (S,) or (B, S)
+        return (self.positional.attention(queries, keys),
+                self.positional.attention(queries, sources, cross=True))
 
     def decode(
         self,
@@ -174,20 +224,26 @@ class Seq2SeqTransformer(nn.Module):
         memory: Tensor,
         src_mask: Tensor,
         cache: list[DecoderLayerCache] | None = None,
+        tgt_positions: Tensor | None = None,
+        src_positions: Tensor | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """tgt (B, T) -> logits (B, T, V), decoder maps [(B,H,T,T)], cross maps [(B,H,T,S)].
 
         With a `cache` (from `new_cache`), `tgt` holds only the tokens after those already
-        cached; their positions and causal mask continue from there.
+        cached; their positions and causal mask continue from there. `tgt_positions` (B, T) and
+        `src_positions` (B, S) replace 0..T-1 and 0..S-1 (randomized positions, no cache).
         """
         offset = cache[0].self_attn.length if cache is not None else 0
         T = tgt.size(1)
-        x = self.embed(tgt, offset)
+        x = self.embed(tgt, offset, tgt_positions)
         self_mask = self.subsequent(offset, T)  # (T, offset + T), rows offset..offset+T-1
+        attention = self.decoder_attention(offset, T, memory.size(1), tgt.device, tgt_positions,
+                                           src_positions)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
-            x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache)
+            x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
+                                                   attention)
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
         logits = self.generator(self.decoder_norm(x))  # (B, T, V)
@@ -208,11 +264,27 @@ class Seq2SeqTransformer(nn.Module):
         self, src: Tensor, tgt: Tensor, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """src (B, S), tgt (B, T) -> logits (B, T, V), and AttentionMaps if asked."""
-        memory, src_mask, encoder_maps = self.encode(src)
-        logits, decoder_maps, cross_maps = self.decode(tgt, memory, src_mask)
+        src_positions = tgt_positions = None
+        if self.training and self.config.random_positions is not None:
+            src_positions, tgt_positions = self.draw_positions(src, tgt)
+        memory, src_mask, encoder_maps = self.encode(src, src_positions)
+        logits, decoder_maps, cross_maps = self.decode(tgt, memory, src_mask, None, tgt_positions,
+                                                       src_positions)
         if return_attention:
             return logits, AttentionMaps(encoder_maps, decoder_maps, cross_maps)
         return logits
+
+    def draw_positions(self, src: Tensor, tgt: Tensor) -> tuple[Tensor, Tensor]:
+        """Randomized positions (Ruoss et al. 2023): source (B, S) and target (B, T) positions.
+
+        Each row draws one sorted random subset of [0, model.random_positions), as many as its
+        longer side has tokens; source and target both start from its beginning, so source
+        token i and target input i share a position, as 0..n-1 do at test time.
+        """
+        lengths = torch.maximum((src != self.pad_id).sum(1), (tgt != self.pad_id).sum(1))  # (B,)
+        S, T = src.size(1), tgt.size(1)
+        positions = sample_positions(lengths, max(S, T), self.config.random_positions)  # (B, W)
+        return positions[:, :S], positions[:, :T]
 
 
 @torch.no_grad()

@@ -26,6 +26,11 @@ class ConsoleReporter:
         self.console.print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
                            f" {cfg.task.n_symbols} symbols), {params:,} parameters, device "
                            f"{device}, steps {state.step}/{cfg.train.steps}", highlight=False)
+        ranks = state.dist.world_size  # under torchrun only rank 0 reports, for all of them
+        if ranks > 1:
+            self.console.print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "
+                               f"global batch {ranks * cfg.train.batch_size} sequences per step",
+                               highlight=False)
         if self.live:
             self.progress = Progress(
                 TextColumn("step {task.completed:>5.0f}/{task.total:.0f}"), BarColumn(),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import signal
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from minitfm import distributed
 from minitfm.checkpoint import (
     RunLock,
     append_metrics,
@@ -27,8 +29,9 @@ from minitfm.checkpoint import (
     save_checkpoint,
 )
 from minitfm.config import Config, TrainConfig, to_yaml, validate
+from minitfm.distributed import Dist
 from minitfm.errors import MinitfmError, RunFailed
-from minitfm.evaluate import EvalResult, evaluate
+from minitfm.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.model import Seq2SeqTransformer
 from minitfm.tasks import Task, eval_set, make_batch, make_task
 
@@ -91,10 +94,16 @@ class TrainState:
     step: int = 0
     best_exact_match: float = -1.0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
+    net: torch.nn.Module | None = None  # what a step calls: the model, or its DDP wrapper
+
+    def __post_init__(self) -> None:
+        if self.net is None:
+            self.net = self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so `weights_only=True` can load it."""
-        return {
+        state = {
             "step": self.step,
             "config": self.cfg.model_dump(),
             "vocab": list(self.task.vocab.tokens),
@@ -105,6 +114,9 @@ class TrainState:
             "rng": {"torch": torch.get_rng_state(), "data": self.data_rng.get_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         }
+        if self.dist.world_size > 1:  # under torchrun, "rng" is rank 0's; each rank's goes here
+            state["rng"]["ranks"] = self.dist.all_gather(self.rank_streams())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore model, optimizer, schedule, step and every RNG."""
@@ -120,18 +132,42 @@ class TrainState:
         # train.lr and train.weight_decay may change on resume: the config wins.
         self.scheduler.base_lrs = [self.cfg.train.lr] * len(self.optimizer.param_groups)
         self.optimizer.param_groups[0]["weight_decay"] = self.cfg.train.weight_decay
+        if self.dist.world_size > 1:
+            self.load_rank_streams(state["rng"].get("ranks", []))
+
+    def rank_streams(self) -> dict[str, torch.Tensor]:
+        """This rank's own RNG states: dropout (torch, CUDA) and training data."""
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return {"torch": torch.get_rng_state(), "data": self.data_rng.get_state(),
+                "cuda": cuda if cuda is not None else torch.empty(0, dtype=torch.uint8)}
+
+    def load_rank_streams(self, ranks: list[dict[str, torch.Tensor]]) -> None:
+        """Each rank continues its own streams if as many ranks saved them, else starts anew."""
+        rank = self.dist.rank
+        if len(ranks) == self.dist.world_size:  # the same world size: an exact resume
+            torch.set_rng_state(ranks[rank]["torch"])
+            self.data_rng.set_state(ranks[rank]["data"])
+            if len(ranks[rank]["cuda"]):
+                torch.cuda.set_rng_state(ranks[rank]["cuda"], self.device)
+        elif rank > 0:  # rank 0 continues the saved streams; the others must not repeat them
+            seed = hash((self.cfg.seed, rank, self.step)) % 2**63  # ints hash alike everywhere
+            torch.manual_seed(seed)
+            self.data_rng.manual_seed(seed)
 
 
-def init_state(cfg: Config, device: torch.device) -> TrainState:
+def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainState:
     """Task, model (seeded init), optimizer and schedule for a fresh run."""
     task = make_task(cfg.task)
     check_lengths(cfg, task)
     torch.manual_seed(cfg.seed)
     model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device)
+    if dist.rank > 0:  # under torchrun: the same initial weights, but its own dropout masks
+        torch.manual_seed(cfg.seed + dist.rank)
     optimizer = make_optimizer(model, cfg.train)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.train))
-    data_rng = torch.Generator().manual_seed(cfg.seed)
-    return TrainState(cfg, task, model, optimizer, scheduler, data_rng, device=device)
+    data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
+    return TrainState(cfg, task, model, optimizer, scheduler, data_rng, device=device, dist=dist,
+                      net=dist.wrap(model))
 
 
 def check_lengths(cfg: Config, task: Task) -> None:
@@ -141,27 +177,33 @@ def check_lengths(cfg: Config, task: Task) -> None:
         raise MinitfmError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
                            f"({cfg.task.max_len}): sequences need {longest} positions; raise "
                            f"model.max_len")
+    if cfg.model.random_positions is not None and longest > cfg.model.random_positions:
+        raise MinitfmError(f"model.random_positions ({cfg.model.random_positions}) is too small "
+                           f"for task.max_len ({cfg.task.max_len}): sequences need {longest} "
+                           f"positions; raise model.random_positions")
 
 
 def train_step(state: TrainState, batch) -> torch.Tensor:
     """One optimizer step on `batch`; returns the (detached) mean loss per target token."""
     model, cfg = state.model, state.cfg.train
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
-        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+        logits = state.net(batch.src, batch.tgt_in)  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
                            ignore_index=state.task.vocab.pad_id,
                            label_smoothing=cfg.label_smoothing)
-    if not torch.isfinite(loss):
-        raise RunFailed(f"loss became {loss.item()} at step {state.step + 1}: lower train.lr "
-                        f"({cfg.lr}) or set train.grad_clip; no checkpoint was written for it")
+    mean_loss = state.dist.average(loss.detach())  # over ranks: a NaN on one stops them all
+    if not torch.isfinite(mean_loss):
+        raise state.dist.shared(RunFailed(
+            f"loss became {mean_loss.item()} at step {state.step + 1}: lower train.lr "
+            f"({cfg.lr}) or set train.grad_clip; no checkpoint was written for it"))
     state.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss.backward()  # under torchrun DDP averages the gradients over ranks here
     clip = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     state.optimizer.step()
     state.scheduler.step()
     state.step += 1
-    return loss.detach(), grad_norm
+    return mean_loss, grad_norm
 
 
 class StopSignal:
@@ -187,6 +229,10 @@ class StopSignal:
         if self.signum is not None:  # a second Ctrl-C aborts at once
             raise KeyboardInterrupt
         self.signum = signum
+
+    def agreed(self, dist: Dist) -> int:
+        """The signal any rank got (0: none), so that all ranks stop after the same step."""
+        return dist.all_max(self.signum or 0)
 
 
 class NullReporter:
@@ -237,17 +283,17 @@ def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     return cfg
 
 
-def resume_state(checkpoint_path: Path, overrides: list[str],
-                 device: torch.device | None = None) -> TrainState:
-    """A TrainState continued from `checkpoint_path` (usually `last.pt`)."""
-    checkpoint = load_checkpoint(checkpoint_path)
-    cfg = resume_config(checkpoint, overrides)
-    if device is None:
-        device = pick_device(cfg.device)
-    state = init_state(cfg, device)
-    state.load_state_dict(checkpoint)
-    # The schedule's lambda reads cfg.train, so a raised train.steps stretches the decay.
-    return state
+def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
+                 held: ExitStack) -> Path:
+    """Pick, check, lock (until `held` closes) and prepare the run directory."""
+    if resume is not None:
+        run_dir = run_dir_of(resume)
+    else:
+        run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
+        check_fresh(run_dir, overwrite)
+    held.enter_context(RunLock(run_dir))
+    write_run_files(run_dir, cfg, fresh=resume is None)
+    return run_dir
 
 
 @dataclass
@@ -268,32 +314,37 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
     `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
-    continued later with `resume`.
+    continued later with `resume`. Under torchrun every rank calls this (see `distributed`):
+    rank 0 alone writes the run directory and reports.
     """
-    reporter = reporter or NullReporter()
-    if resume is not None:
-        state = resume_state(resume, overrides)
-        run_dir = run_dir_of(resume)
-    else:
-        state = init_state(cfg, pick_device(cfg.device))
-        run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
-        check_fresh(run_dir, overwrite)
-    try:
-        with RunLock(run_dir):
-            write_run_files(run_dir, state.cfg, fresh=resume is None)
+    checkpoint = load_checkpoint(resume) if resume is not None else None
+    if checkpoint is not None:
+        cfg = resume_config(checkpoint, overrides)
+    with distributed.session(cfg.device) as dist, ExitStack() as held:
+        device = dist.device if dist.world_size > 1 else pick_device(cfg.device)
+        state = init_state(cfg, device, dist)
+        if checkpoint is not None:
+            # The schedule's lambda reads cfg.train, so a raised train.steps stretches the decay.
+            state.load_state_dict(checkpoint)
+        # Under torchrun rank 0 alone shows progress, for every rank.
+        reporter = (reporter or NullReporter()) if dist.is_main else NullReporter()
+        try:  # rank 0 picks the run directory and tells the others (or its error)
+            run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held))
             return run(state, run_dir, reporter, stop_at)
-    except OSError as err:
-        raise RunFailed(f"cannot write to '{err.filename or run_dir}' ({err.strerror}); "
-                        f"checkpoints already written stay valid") from None
+        except OSError as err:
+            raise RunFailed(f"cannot write to '{err.filename or run_dir}' ({err.strerror}); "
+                            f"checkpoints already written stay valid") from None
 
 
 def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
-    from minitfm.tb import open_logger
+    from minitfm.tb import NullLogger, open_logger
 
     cfg = state.cfg
     eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
-    with StopSignal() as stop, open_logger(run_dir, cfg, state.task, eval_pairs) as logger:
+    logger = open_logger(run_dir, cfg, state.task, eval_pairs) if state.dist.is_main \
+        else NullLogger()
+    with StopSignal() as stop, logger:
         ctx = RunContext(run_dir, eval_pairs, reporter, logger, stop)
         reporter.start(run_dir, state, state.device)
         summary = run_loop(state, ctx, stop_at)
@@ -312,7 +363,7 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
         loss, grad_norm = train_step(state, batch.to(state.device))
         meter.add(loss.item(), batch.n_target_tokens)
         if state.step % cfg.log.log_every == 0:
-            log_train(state, ctx, meter.flush(), grad_norm)
+            log_train(state, ctx, meter.flush(state.dist), grad_norm)
         last_eval = None
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
             last_eval = run_eval(state, ctx)
@@ -321,9 +372,10 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
         if cfg.log.attention_every and state.step % cfg.log.attention_every == 0:
             ctx.logger.attention(state.step, state.model)
         if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-            save_checkpoint(state.state_dict(), ctx.run_dir / "checkpoints" / "last.pt")
-        if ctx.stop.signum is not None or state.step == stop_at:
-            return pause(state, ctx)
+            save(state, ctx, "last")
+        signum = ctx.stop.agreed(state.dist)
+        if signum or state.step == stop_at:
+            return pause(state, ctx, signum)
     return finish(state, ctx, last_eval)
 
 
@@ -332,15 +384,18 @@ def reached_target(state: TrainState, result: EvalResult) -> bool:
     return target is not None and result.exact_match >= target
 
 
-def pause(state: TrainState, ctx: RunContext) -> dict[str, Any]:
+def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
     """Save `last.pt` and stop: by a signal (raises Interrupted) or at `stop_at`."""
-    path = ctx.run_dir / "checkpoints" / "last.pt"
-    save_checkpoint(state.state_dict(), path)
-    if ctx.stop.signum is not None:
-        name = signal.Signals(ctx.stop.signum).name
+    save(state, ctx, "last")
+    if signum:
+        name = signal.Signals(signum).name
         ctx.logger.close()
-        raise Interrupted(f"{name} at step {state.step}: saved {path}; continue with "
-                          f"minitfm train --resume {ctx.run_dir}", 128 + ctx.stop.signum)
+        path = ctx.run_dir / "checkpoints" / "last.pt"
+        again = " (under torchrun again, with any number of processes)" \
+            if state.dist.world_size > 1 else ""
+        raise state.dist.shared(Interrupted(f"{name} at step {state.step}: saved {path}; "
+                                            f"continue with minitfm train --resume "
+                                            f"{ctx.run_dir}{again}", 128 + signum))
     return summarize(state, ctx, None, paused=True)
 
 
@@ -350,30 +405,54 @@ def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> 
         last_eval = run_eval(state, ctx)
     if state.cfg.log.attention_every:
         ctx.logger.attention(state.step, state.model)
-    save_checkpoint(state.state_dict(), ctx.run_dir / "checkpoints" / "last.pt")
+    save(state, ctx, "last")
     return summarize(state, ctx, last_eval, paused=False)
+
+
+def save(state: TrainState, ctx: RunContext, name: str) -> None:
+    """Write `checkpoints/<name>.pt`: every rank adds its RNG states, rank 0 writes the file."""
+    snapshot = state.state_dict()
+    if state.dist.is_main:
+        save_checkpoint(snapshot, ctx.run_dir / "checkpoints" / f"{name}.pt")
 
 
 def run_eval(state: TrainState, ctx: RunContext) -> EvalResult:
     """Greedy evaluation on the held-out set; keeps `best.pt` at the best exact match."""
-    result = evaluate(state.model, state.task, ctx.eval_pairs, state.device)
+    dist = state.dist
+    pairs = ctx.eval_pairs[dist.rank::dist.world_size]  # under torchrun each rank takes a shard
+    result = sum_over_ranks(evaluate(state.model, state.task, pairs, state.device), pairs, dist)
     record = {"step": state.step, "split": "eval", "loss": result.loss,
               "token_accuracy": result.token_accuracy, "exact_match": result.exact_match,
               "samples": result.total.count, "elapsed_s": time.perf_counter() - ctx.started}
-    append_metrics(ctx.run_dir, record)
-    ctx.logger.eval(state.step, record, ctx.eval_pairs, result.predictions)
+    if dist.is_main:
+        append_metrics(ctx.run_dir, record)
+    ctx.logger.eval(state.step, record, pairs, result.predictions)
     ctx.reporter.eval_line(record)
-    if result.exact_match > state.best_exact_match:
+    if result.exact_match > state.best_exact_match:  # the same on every rank, so is the save
         state.best_exact_match = result.exact_match
-        save_checkpoint(state.state_dict(), ctx.run_dir / "checkpoints" / "best.pt")
+        save(state, ctx, "best")
     return result
+
+
+def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:
+    """The whole held-out set's metrics from each rank's shard: counts summed over ranks."""
+    if dist.world_size == 1:
+        return result
+    tokens = sum(len(target) + 1 for _, target in pairs)  # the loss is a mean per token (+EOS)
+    own = result.total
+    sums = dist.all_sum([own.count, own.exact, own.correct_tokens, own.total_tokens,
+                         result.loss * tokens, tokens])
+    total = LengthStats(*(round(n) for n in sums[:4]))
+    # Per-length tables are for `minitfm eval`; the loop needs only the totals.
+    return EvalResult(sums[4] / max(sums[5], 1), total, {}, result.predictions)
 
 
 def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> None:
     record = {"step": state.step, "split": "train", **record,
               "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
               "elapsed_s": time.perf_counter() - ctx.started}
-    append_metrics(ctx.run_dir, record)
+    if state.dist.is_main:
+        append_metrics(ctx.run_dir, record)
     ctx.logger.train(state.step, record)
     ctx.reporter.train_line(record)
 
@@ -390,10 +469,11 @@ class ThroughputMeter:
         self.losses.append(loss)
         self.tokens += tokens
 
-    def flush(self) -> dict[str, float]:
+    def flush(self, dist: Dist = Dist()) -> dict[str, float]:
         now = time.perf_counter()
+        tokens = dist.all_sum([self.tokens])[0]  # under torchrun: all ranks' tokens
         record = {"loss": sum(self.losses) / max(len(self.losses), 1),
-                  "tokens_per_s": self.tokens / max(now - self.since, 1e-9)}
+                  "tokens_per_s": tokens / max(now - self.since, 1e-9)}
         self.losses, self.tokens, self.since = [], 0, now
         return record
 

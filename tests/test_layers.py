@@ -9,6 +9,7 @@ from torch import nn
 
 from minitfm.errors import MinitfmError
 from minitfm.layers import (
+    ALiBiPositions,
     Dropout,
     FeedForward,
     KVCache,
@@ -17,6 +18,7 @@ from minitfm.layers import (
     LearnedPositions,
     MultiHeadAttention,
     NoPositions,
+    RotaryPositions,
     SinusoidalPositions,
     make_positional,
     scaled_dot_product_attention,
@@ -296,9 +298,32 @@ def test_learned_positions_beyond_max_len_raise():
 def test_make_positional_kinds():
     assert isinstance(make_positional("sinusoidal", 8, 4), SinusoidalPositions)
     assert isinstance(make_positional("learned", 8, 4), LearnedPositions)
-    none = make_positional("none", 8, 4)
-    assert isinstance(none, NoPositions)
+    rope = make_positional("rope", 8, 8, n_heads=2)
+    assert isinstance(rope, RotaryPositions) and rope.inv_freq.shape == (2,)  # K/2 for K = 4
+    alibi = make_positional("alibi", 8, 8, n_heads=2)
+    assert isinstance(alibi, ALiBiPositions) and alibi.slopes.shape == (2,)
     x = torch.randn(1, 3, 4)
-    assert torch.equal(none(x, offset=2), x)
-    with pytest.raises(MinitfmError, match="rope"):
-        make_positional("rope", 8, 4)
+    for kind in ("none", "rope", "alibi"):  # nothing added to the embeddings
+        assert torch.equal(make_positional(kind, 8, 4)(x, offset=2), x)
+    assert isinstance(make_positional("none", 8, 4), NoPositions)
+    with pytest.raises(MinitfmError, match="rotary"):
+        make_positional("rotary", 8, 4)
+
+
+def test_positions_given_explicitly_index_the_table():
+    """Randomized positions hand (B, T) indices instead of an offset."""
+    for scheme in (SinusoidalPositions(16, 4), LearnedPositions(16, 4)):
+        x = torch.randn(2, 3, 4)
+        positions = torch.tensor([[0, 5, 9], [2, 3, 15]])
+        out = scheme(x, positions=positions)
+        table = scheme(torch.zeros(1, 16, 4))[0]  # (16, D): each position's vector
+        torch.testing.assert_close(out, x + table[positions])
+
+
+def test_attention_bias_is_added_to_the_scaled_scores():
+    q, k, v = leaf(1, 2, 3, 4), leaf(1, 2, 5, 4), leaf(1, 2, 5, 4)
+    bias = torch.randn(2, 3, 5, dtype=DTYPE)  # (H, T_q, T_k)
+    ours, weights = scaled_dot_product_attention(q, k, v, bias=bias)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # a float mask is added
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+    assert_all_close(grads(ours, (q, k, v)), grads(ref, (q, k, v)), atol=1e-12)

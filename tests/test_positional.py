@@ -1,0 +1,415 @@
+"""Positional schemes (sinusoidal, learned, RoPE, ALiBi, none) and randomized positions."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from minitfm.config import POSITIONALS, ModelConfig, load_config
+from minitfm.errors import ConfigError, MinitfmError
+from minitfm.layers import (
+    ALiBiPositions,
+    KVCache,
+    MultiHeadAttention,
+    RotaryPositions,
+    alibi_slopes,
+    make_positional,
+    sample_positions,
+)
+from minitfm.model import Seq2SeqTransformer, greedy_decode
+from minitfm.train import train
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+PAD, BOS, EOS = 0, 1, 2
+VOCAB = 11  # PAD, BOS, EOS and 8 data symbols (3..10)
+DTYPE = torch.float64
+
+# Every scheme, and randomized positions on top of each scheme that has positions.
+SETTINGS = [(kind, None) for kind in POSITIONALS] + [
+    (kind, 40) for kind in POSITIONALS if kind != "none"]
+IDS = [f"{kind}{'+random' if limit else ''}" for kind, limit in SETTINGS]
+
+
+def make_model(positional, random_positions=None, seed=0, **overrides):
+    settings = dict(d_model=16, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32,
+                    max_len=40, positional=positional, random_positions=random_positions)
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**(settings | overrides))
+    return Seq2SeqTransformer(cfg, VOCAB, PAD).to(DTYPE).eval()
+
+
+def symbols(*shape, seed=1):
+    return torch.randint(3, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def padded(rows, width=None):
+    width = width or max(map(len, rows))
+    return torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
+
+
+# Every scheme in the whole model
+
+
+@pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)
+def test_shapes_and_attention_rows(positional, limit):
+    model = make_model(positional, limit)
+    src, tgt = padded([[3, 4, 5, 6, 7], [8, 9]]), symbols(2, 4, seed=2)
+    for mode in (model.eval, model.train):  # training mode draws random positions
+        mode()
+        logits, maps = model(src, tgt, return_attention=True)
+        assert logits.shape == (2, 4, VOCAB)
+        assert [m.shape for m in maps.encoder] == [(2, 2, 5, 5)] * 2
+        assert [m.shape for m in maps.decoder] == [(2, 2, 4, 4)] * 2
+        assert [m.shape for m in maps.cross] == [(2, 2, 4, 5)] * 2
+        for m in maps.encoder + maps.decoder + maps.cross:
+            torch.testing.assert_close(m.sum(-1), torch.ones(m.shape[:-1], dtype=DTYPE))
+        for m in maps.decoder:
+            assert torch.all(m.triu(diagonal=1) == 0)
+        for m in maps.encoder + maps.cross:
+            assert torch.all(m[1, :, :, 2:] == 0)  # the second row's padding
+
+
+@pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_no_leakage_from_future_target_tokens(positional, limit, training):
+    model = make_model(positional, limit).train(training)
+    src, tgt = symbols(2, 5), symbols(2, 6, seed=2)
+    torch.manual_seed(7)  # the same random positions for every call below
+    logits = model(src, tgt)
+    for j in range(1, 6):
+        changed = tgt.clone()
+        changed[:, j:] = symbols(2, 6 - j, seed=10 + j)
+        torch.manual_seed(7)
+        torch.testing.assert_close(model(src, changed)[:, :j], logits[:, :j], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)
+def test_source_padding_does_not_change_outputs(positional, limit):
+    model = make_model(positional, limit)
+    short, long = [3, 4, 5], [6, 7, 8, 9, 10, 3]
+    tgt = symbols(1, 4, seed=2)
+    alone = model(torch.tensor([short]), tgt)
+    batched = model(padded([short, long]), tgt.expand(2, 4))
+    wider = model(padded([short, long], width=9), tgt.expand(2, 4))
+    torch.testing.assert_close(batched[:1], alone, rtol=0, atol=1e-12)
+    torch.testing.assert_close(wider, batched, rtol=0, atol=1e-12)
+
+
+def reference_decode(model, rows, max_len):
+    """Greedy decoding one unpadded row at a time, re-running the whole model each step."""
+    outputs = []
+    for row in rows:
+        src, tokens = torch.tensor([row]), [BOS]
+        for _ in range(max_len):
+            tokens.append(int(model(src, torch.tensor([tokens]))[0, -1].argmax()))
+            if tokens[-1] == EOS:
+                break
+        outputs.append(tokens[1:])
+    return padded(outputs)
+
+
+@pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)
+def test_greedy_decode_is_the_same_with_and_without_the_cache(positional, limit):
+    model = make_model(positional, limit, seed=3, tie_embeddings=False)
+    with torch.no_grad():  # EOS is likely but not certain, so rows stop at different steps
+        model.generator.weight[EOS] += 0.5
+    rows = [[3, 4, 5, 6, 7, 8], [9, 10], [5, 5, 5, 6], [7], [3, 10, 4]]
+    expected = reference_decode(model, rows, max_len=12)
+    cached = greedy_decode(model, padded(rows), BOS, EOS, max_len=12, use_cache=True)
+    uncached = greedy_decode(model, padded(rows), BOS, EOS, max_len=12, use_cache=False)
+    assert torch.equal(cached, expected)
+    assert torch.equal(uncached, expected)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_every_scheme_trains_a_step_with_dropout(positional):
+    model = make_model(positional, 40 if positional != "none" else None, dropout=0.1).train()
+    src, tgt = symbols(3, 5), symbols(3, 6, seed=2)
+    loss = torch.nn.functional.cross_entropy(model(src, tgt).flatten(0, 1), tgt.flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi", "none"])
+def test_schemes_inside_attention_add_no_parameters(positional):
+    count = sum(p.numel() for p in make_model(positional).parameters())
+    assert count == sum(p.numel() for p in make_model("sinusoidal").parameters())
+    assert make_model(positional).state_dict().keys() == make_model("none").state_dict().keys()
+
+
+def test_sinusoidal_and_learned_do_nothing_inside_attention():
+    positions = torch.arange(4)
+    for kind in ("sinusoidal", "learned", "none"):
+        scheme = make_positional(kind, 8, 4, 2)
+        assert not scheme.in_attention and scheme.attention(positions, positions) is None
+
+
+# RoPE
+
+
+def test_rope_matches_complex_multiplication():
+    """Su et al. 2021, eq. 34: pair (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^(i p θ_i)."""
+    K, positions = 8, torch.tensor([0, 1, 5, 11])
+    x = torch.randn(2, 3, 4, K, dtype=DTYPE)  # (B, H, T, K)
+    rotated = RotaryPositions(K).to(DTYPE).rotation(positions).rotate(x)
+    theta = 10000.0 ** (-torch.arange(0, K, 2, dtype=DTYPE) / K)  # (K/2,)
+    turn = torch.polar(torch.ones(4, K // 2, dtype=DTYPE), positions[:, None] * theta)  # (T, K/2)
+    expected = torch.view_as_real(torch.view_as_complex(x.reshape(2, 3, 4, K // 2, 2)) * turn)
+    # θ is stored in float32 (a buffer, like the sinusoid table), hence not 1e-12.
+    torch.testing.assert_close(rotated, expected.flatten(-2), rtol=0, atol=1e-6)
+    torch.testing.assert_close(rotated.norm(dim=-1), x.norm(dim=-1))  # a rotation
+    torch.testing.assert_close(rotated[:, :, 0], x[:, :, 0])  # position 0: unchanged
+
+
+def test_rope_scores_depend_only_on_position_differences():
+    rope = RotaryPositions(8).to(DTYPE)
+    q, k = torch.randn(1, 2, 5, 8, dtype=DTYPE), torch.randn(1, 2, 7, 8, dtype=DTYPE)
+    q_pos, k_pos = torch.tensor([0, 2, 3, 9, 10]), torch.arange(7)
+
+    def scores(shift):
+        return rope.rotation(q_pos + shift).rotate(q) @ rope.rotation(k_pos + shift).rotate(
+            k).transpose(-2, -1)  # (1, 2, 5, 7)
+
+    for shift in (1, 17, 250):
+        torch.testing.assert_close(scores(shift), scores(0), rtol=0, atol=1e-10)
+    assert not torch.allclose(scores(0), q @ k.transpose(-2, -1))  # positions do matter
+
+
+def test_rope_self_attention_cache_matches_the_full_pass():
+    attn, rope = MultiHeadAttention(8, 2).to(DTYPE), RotaryPositions(4).to(DTYPE)
+    x = torch.randn(2, 6, 8, dtype=DTYPE)
+    everything = rope.attention(torch.arange(6), torch.arange(6))
+    full, _ = attn(x, x, x, torch.ones(6, 6, dtype=torch.bool).tril(), positions=everything)
+    cache, steps = KVCache(grow=True), []
+    for t in range(6):  # queries at their absolute position, keys rotated once and cached
+        step = rope.attention(torch.tensor([t]), torch.arange(t + 1))
+        out, _ = attn(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], cache=cache, positions=step)
+        steps.append(out)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
+    k = attn.split_heads(attn.k_proj(x))  # (B, H, T, K)
+    torch.testing.assert_close(cache.k, everything.keys.rotate(k), rtol=0, atol=1e-12)
+
+
+def test_rope_cross_attention_turns_keys_by_source_position():
+    rope = RotaryPositions(4)
+    tgt, src = torch.arange(3), torch.arange(5)
+    cross = rope.attention(tgt, src, cross=True)
+    assert cross.queries.cos.shape == (3, 2) and cross.keys.cos.shape == (5, 2)
+    assert cross.bias is None
+
+
+def test_rope_needs_an_even_head_width():
+    with pytest.raises(MinitfmError, match="even d_head"):
+        RotaryPositions(5)
+    with pytest.raises(ConfigError, match=r"d_head .*\(3\) must be even"):
+        load_config(None, ["model.positional=rope", "model.d_model=12", "model.n_heads=4"])
+
+
+# ALiBi
+
+
+def test_alibi_slopes_follow_the_paper():
+    assert alibi_slopes(4).tolist() == [1 / 4, 1 / 16, 1 / 64, 1 / 256]  # 2^(-8h/4)
+    assert alibi_slopes(8).tolist() == [2.0 ** -h for h in range(1, 9)]
+    # 6 heads: the 4-head slopes, then the 1st and 3rd of the 8-head ones.
+    assert alibi_slopes(6).tolist() == [1 / 4, 1 / 16, 1 / 64, 1 / 256, 1 / 2, 1 / 8]
+
+
+def test_alibi_bias_by_hand():
+    alibi = ALiBiPositions(2).to(DTYPE)  # slopes 1/16 and 1/256
+    bias = alibi.bias(torch.arange(4), torch.arange(4))
+    distance = torch.tensor([[0, 1, 2, 3],
+                             [1, 0, 1, 2],
+                             [2, 1, 0, 1],
+                             [3, 2, 1, 0]], dtype=DTYPE)
+    expected = torch.stack([-distance / 16, -distance / 256])  # (H, T, T)
+    assert bias.shape == (2, 4, 4)
+    torch.testing.assert_close(bias, expected, rtol=0, atol=0)
+    # Decoding step 3 with a cache: query position 3 against keys 0..3 is the last row.
+    step = alibi.bias(torch.tensor([3]), torch.arange(4))
+    torch.testing.assert_close(step, torch.tensor([[[-3 / 16, -2 / 16, -1 / 16, 0]],
+                                                   [[-3 / 256, -2 / 256, -1 / 256, 0]]],
+                                                  dtype=DTYPE))
+    # Per-row positions (randomized training): distances between the drawn positions.
+    rows = alibi.bias(torch.tensor([[0, 4], [2, 3]]), torch.tensor([[0, 4], [2, 3]]))
+    assert rows.shape == (2, 2, 2, 2)
+    assert rows[0, 0, 0, 1] == -4 / 16 and rows[1, 1, 1, 0] == -1 / 256
+
+
+def test_alibi_decoder_weights_are_the_papers_causal_bias():
+    """Decoder self-attention: softmax(q·k/sqrt(K) - m (i - j)) over j <= i."""
+    attn, alibi = MultiHeadAttention(8, 2).to(DTYPE), ALiBiPositions(2).to(DTYPE)
+    x = torch.randn(1, 4, 8, dtype=DTYPE)
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    _, weights = attn(x, x, x, mask, positions=alibi.attention(torch.arange(4), torch.arange(4)))
+    q, k = attn.split_heads(attn.q_proj(x)), attn.split_heads(attn.k_proj(x))  # (1, H, T, K)
+    i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
+    scores = q @ k.transpose(-2, -1) / 2 - alibi.slopes[:, None, None] * (i - j)  # (1, H, T, T)
+    expected = scores.masked_fill(~mask, -math.inf).softmax(-1)
+    torch.testing.assert_close(weights, expected, rtol=0, atol=1e-12)
+
+
+def test_alibi_cross_attention_measures_target_to_source_distance():
+    cross = ALiBiPositions(2).attention(torch.arange(2), torch.arange(3), cross=True)
+    expected = -torch.tensor([[0, 1, 2], [1, 0, 1]]) * alibi_slopes(2)[:, None, None]  # (H, T, S)
+    torch.testing.assert_close(cross.bias, expected, rtol=0, atol=0)
+
+
+def test_without_positions_the_source_is_a_multiset():
+    """NoPE: the encoder is permutation-equivariant and cross-attention ignores key order."""
+    model = make_model("none")
+    src, tgt = symbols(2, 6), symbols(2, 4, seed=2)
+    shuffled = src[:, torch.randperm(6, generator=torch.Generator().manual_seed(0))]
+    torch.testing.assert_close(model(shuffled, tgt), model(src, tgt), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("positional", ["rope", "alibi"])
+def test_a_reversed_source_gives_other_outputs(positional):
+    """ALiBi's symmetric encoder bias alone would be blind to reading the source backwards."""
+    model = make_model(positional)
+    src, tgt = symbols(2, 6), symbols(2, 4, seed=2)
+    assert not torch.allclose(model(src, tgt), model(src.flip(1), tgt))
+
+
+# Randomized positions (Ruoss et al. 2023)
+
+
+def test_sampled_positions_are_sorted_distinct_and_in_range():
+    torch.manual_seed(0)
+    lengths = torch.tensor([1, 4, 6, 6, 3])
+    positions = sample_positions(lengths, width=6, limit=10)
+    assert positions.shape == (5, 6) and positions.dtype == torch.long
+    assert positions.min() >= 0 and positions.max() <= 9
+    for row, n in zip(positions, lengths.tolist()):
+        real = row[:n]
+        assert torch.all(real[1:] > real[:-1])  # sorted and distinct
+        assert torch.all(row[n:] == 9)  # padding: the last position, never attended to
+
+
+def test_sampled_positions_are_a_uniform_subset_for_each_row_length():
+    """A row of length 1 gets one uniform position, not the smallest of a wider draw."""
+    torch.manual_seed(0)
+    positions = sample_positions(torch.tensor([1] * 20000 + [16] * 20000), width=16, limit=64)
+    first = positions[:20000, 0].double()
+    assert abs(first.mean().item() - 31.5) < 0.5  # uniform on 0..63
+    assert torch.bincount(first.long(), minlength=64).min() > 200  # every position is drawn
+    full = positions[20000:].double()
+    assert abs(full.mean().item() - 31.5) < 0.5
+
+
+def test_sampled_positions_use_the_global_rng():
+    lengths = torch.tensor([3, 5])
+    torch.manual_seed(4)
+    a = sample_positions(lengths, 5, 32)
+    torch.manual_seed(4)
+    assert torch.equal(sample_positions(lengths, 5, 32), a)
+    assert not torch.equal(sample_positions(lengths, 5, 32), a)
+
+
+def test_sampling_more_positions_than_the_range_is_an_error():
+    with pytest.raises(MinitfmError, match=r"model.random_positions \(8\)"):
+        sample_positions(torch.tensor([9]), width=9, limit=8)
+
+
+def test_model_draws_one_subset_for_source_and_target_in_training_only():
+    model = make_model("rope", 40).train()
+    src, tgt = padded([[3, 4, 5], [6, 7, 8, 9, 10]]), padded([[BOS, 3, 4, 5], [BOS, 6, 7]])
+    src_pos, tgt_pos = model.draw_positions(src, tgt)
+    assert src_pos.shape == (2, 5) and tgt_pos.shape == (2, 4)
+    assert torch.equal(src_pos[:, :4], tgt_pos)  # source token i and target input i agree
+    assert torch.all(src_pos[0, 1:4] > src_pos[0, :3])  # row 0: 4 real tokens (BOS + 3)
+    assert torch.all(src_pos[1, 1:] > src_pos[1, :-1])  # row 1: 5 real source tokens
+    # Evaluation uses 0..n-1: the same logits as a model that never randomizes.
+    plain = make_model("rope", None)
+    plain.load_state_dict(model.state_dict())
+    model.eval()
+    torch.testing.assert_close(model(src, tgt), plain(src, tgt), rtol=0, atol=0)
+    model.train()
+    assert not torch.allclose(model(src, tgt), plain(src, tgt))  # training: other positions
+
+
+def test_sinusoidal_table_covers_the_random_range():
+    model = make_model("sinusoidal", 300, max_len=40)
+    assert model.positional.table.size(0) == 300
+    model.train()(symbols(2, 5), symbols(2, 6, seed=2))  # positions up to 299 index the table
+
+
+# Config
+
+
+BAD = [
+    (["model.random_positions=64", "model.positional=none"], "model.random_positions (64) needs"),
+    (["model.random_positions=300", "model.positional=learned"], "model.max_len (256)"),
+    (["model.random_positions=16"], "model.random_positions (16) must exceed task.max_len (16)"),
+    (["model.random_positions=1"], "model.random_positions"),
+    (["model.positional=rotary"], "did you mean 'rope'"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD)
+def test_bad_positional_settings_name_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value)
+
+
+def test_positional_settings_load():
+    assert POSITIONALS == ("sinusoidal", "learned", "rope", "alibi", "none")
+    cfg = load_config(None, ["model.positional=alibi", "model.random_positions=64"])
+    assert (cfg.model.positional, cfg.model.random_positions) == ("alibi", 64)
+    assert load_config().model.random_positions is None
+
+
+def test_train_refuses_a_range_shorter_than_the_sequences(tmp_path):
+    # duplicate: targets of 2 * 6 symbols plus BOS need 13 positions, more than 10.
+    result = run_cli("train", *TINY, "task.name=duplicate", "model.random_positions=10",
+                     "--run-dir", tmp_path / "run")
+    assert_clean_error(result, 2, "model.random_positions (10)", "13 positions")
+    assert not (tmp_path / "run").exists()
+
+
+# Training and evaluating beyond the trained lengths, through the CLI
+
+
+@pytest.mark.parametrize("positional, limit", [(kind, None) for kind in POSITIONALS]
+                         + [("rope", 24), ("learned", 24)])
+def test_eval_beyond_the_trained_lengths(tmp_path, positional, limit):
+    run_dir = tmp_path / "run"
+    result = run_cli("train", *TINY, "train.steps=20", "log.tensorboard=false",
+                     f"model.positional={positional}", f"model.random_positions={limit or 'null'}",
+                     "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    result = run_cli("eval", run_dir, "--min-len", "7", "--max-len", "10", "--samples", "40",
+                     "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report["per_length"]) == {"7", "8", "9", "10"}
+    assert report["trained_lengths"] == [1, 6]
+
+
+def test_learned_positions_beyond_max_len_say_so(tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config(None, [*TINY, "train.steps=5", "log.tensorboard=false",
+                             "model.positional=learned", "model.max_len=12",
+                             "model.random_positions=12"]), run_dir=run_dir)
+    assert run_cli("eval", run_dir, "--min-len", "7", "--max-len", "11").exit_code == 0
+    assert_clean_error(run_cli("eval", run_dir, "--max-len", "12"), 2, "model.max_len (12)")
+
+
+def test_resume_is_bit_exact_with_random_positions(tmp_path):
+    cfg = load_config(None, [*TINY, "model.positional=alibi", "model.random_positions=24",
+                             "model.dropout=0.1", "train.steps=40", "log.log_every=1",
+                             "train.eval_every=20", "train.target_exact_match=null",
+                             "log.tensorboard=false"])
+    train(cfg, run_dir=tmp_path / "straight")
+    train(cfg, run_dir=tmp_path / "split", stop_at=20)
+    train(None, resume=tmp_path / "split" / "checkpoints" / "last.pt")
+
+    def losses(run_dir):
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["split"] == "train"]
+
+    assert len(losses(tmp_path / "straight")) == 40
+    assert losses(tmp_path / "straight") == losses(tmp_path / "split")

@@ -63,8 +63,8 @@ class ModelConfig(Section):
         "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} (sinusoidal: "
         f"Vaswani et al. 2017; rope: Su et al. 2021; alibi: Press et al. 2022; none: NoPE)")
     random_positions: int | None = Field(
-        None, ge=2, description="randomized positions (Ruoss et al. 2023): in training, positions "
-        "are a sorted random subset of [0, this); null = off (positions 0..n-1)")
+        None, ge=2, description="randomized positions (after Ruoss et al. 2023): in training, "
+        "positions are a sorted random subset of [0, this); evaluation uses 0..n-1; null = off")
     tie_embeddings: bool = Field(True, description="share input embedding and output projection")
     max_len: int = Field(256, ge=2, description="longest sequence (tokens) the model can take")
 

@@ -73,7 +73,7 @@ class KVCache:
 
 @dataclass(frozen=True)
 class Rotation:
-    """RoPE angles of a run of positions (Su et al. 2021, eq. 34): cos and sin per feature pair."""
+    """RoPE angles of a run of positions (Su et al. 2021, §3.4.2): cos and sin per feature pair."""
 
     cos: Tensor  # (T, K/2), or (B, 1, T, K/2) for per-row positions
     sin: Tensor  # same shape as cos
@@ -324,10 +324,12 @@ class RotaryPositions(PositionalEncoding):
     """Rotary position embedding (RoPE), Su et al. 2021: q·k depends on positions only via i - j.
 
     Each pair of features (2i, 2i+1) of a query or key at position p turns by the angle
-    p θ_i, θ_i = 10000^(-2i/K) (§3.2.2, eq. 15). A dot product of two turned vectors depends on
+    p θ_i, θ_i = 10000^(-2i/K) (§3.2.2). A dot product of two turned vectors depends on
     the difference of their angles, so scores see relative positions only. RoPE acts in every
     attention: in cross-attention queries turn by their target position and keys by their
     source position, so target i attending to source i (copy) is the relative offset 0.
+    Decoding with a KV cache stores keys already turned; each new query and key turns by its
+    absolute position (the cache length), so cached and fresh keys agree.
     """
 
     in_attention = True
@@ -422,18 +424,26 @@ def make_positional(kind: str, max_len: int, d_model: int, n_heads: int = 1) -> 
 
 
 def sample_positions(lengths: Tensor, width: int, limit: int) -> Tensor:
-    """Randomized positions, Ruoss et al. 2023: per row, a sorted random subset of [0, limit).
+    """Randomized positions, after Ruoss et al. 2023: per row, a sorted random subset of [0, limit).
 
-    Row b's first lengths[b] slots get distinct positions drawn uniformly from [0, limit) and
-    sorted; its padding slots get limit - 1 (never attended to). Drawn from torch's global RNG,
-    which checkpoints save, so a resumed run draws what a straight run would. Returns (B, width).
+    Row b's first n = lengths[b] slots get n distinct positions, sorted, drawn uniformly from
+    [0, span) where the span itself is uniform in [n, limit]: span n gives exactly 0..n-1, the
+    positions of evaluation, span `limit` the paper's draw from the whole range. (The paper
+    draws from the whole range only, and at test time too; evaluated at 0..n-1 instead, such
+    models did worse on the trained lengths, as 0..n-1 never came up in training; see README.)
+    Padding slots get limit - 1 (never attended to). Drawn from torch's global RNG, which
+    checkpoints save, so a resumed run draws what a straight run would. Returns (B, width).
     """
     if width > limit:
         raise MinitfmError(f"model.random_positions ({limit}) is smaller than the {width} "
                            f"positions of a training sequence: raise it above the longest one")
-    order = torch.rand(lengths.size(0), limit, device=lengths.device).argsort(dim=-1)  # (B, L)
-    # The first n entries of a random permutation are a uniform random n-subset of [0, L).
-    chosen = order[:, :width]  # (B, width)
-    padding = torch.arange(width, device=lengths.device) >= lengths[:, None]  # (B, width)
+    B, device = lengths.size(0), lengths.device
+    span = lengths + (torch.rand(B, device=device) * (limit - lengths + 1)).long()  # (B,)
+    # Random keys, those past the span made the largest: sorting them puts a random
+    # permutation of [0, span) first, and its first n entries are a uniform n-subset.
+    keys = torch.rand(B, limit, device=device)  # (B, L)
+    keys = keys.masked_fill(torch.arange(limit, device=device) >= span[:, None], 2.0)
+    chosen = keys.argsort(dim=-1)[:, :width]  # (B, width): distinct, in random order
+    padding = torch.arange(width, device=device) >= lengths[:, None]  # (B, width)
     # Padding takes the largest value, so after sorting the real tokens come first, in order.
     return chosen.masked_fill(padding, limit - 1).sort(dim=-1).values  # (B, width)

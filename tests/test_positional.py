@@ -2,6 +2,8 @@
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +20,7 @@ from minitfm.layers import (
     sample_positions,
 )
 from minitfm.model import Seq2SeqTransformer, greedy_decode
+from minitfm.tasks import make_task
 from minitfm.train import train
 from tests.helpers import TINY, assert_clean_error, run_cli
 
@@ -150,7 +153,7 @@ def test_sinusoidal_and_learned_do_nothing_inside_attention():
 
 
 def test_rope_matches_complex_multiplication():
-    """Su et al. 2021, eq. 34: pair (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^(i p θ_i)."""
+    """Su et al. 2021, §3.2.1: pair (x_2i, x_2i+1) as x_2i + i x_2i+1, times e^(i p θ_i)."""
     K, positions = 8, torch.tensor([0, 1, 5, 11])
     x = torch.randn(2, 3, 4, K, dtype=DTYPE)  # (B, H, T, K)
     rotated = RotaryPositions(K).to(DTYPE).rotation(positions).rotate(x)
@@ -288,15 +291,21 @@ def test_sampled_positions_are_sorted_distinct_and_in_range():
         assert torch.all(row[n:] == 9)  # padding: the last position, never attended to
 
 
-def test_sampled_positions_are_a_uniform_subset_for_each_row_length():
-    """A row of length 1 gets one uniform position, not the smallest of a wider draw."""
+def test_sampled_positions_span_from_0_to_n_up_to_the_whole_range():
+    """Each row draws from [0, span), span uniform in [n, limit]: 0..n-1 itself now and then."""
     torch.manual_seed(0)
-    positions = sample_positions(torch.tensor([1] * 20000 + [16] * 20000), width=16, limit=64)
-    first = positions[:20000, 0].double()
-    assert abs(first.mean().item() - 31.5) < 0.5  # uniform on 0..63
-    assert torch.bincount(first.long(), minlength=64).min() > 200  # every position is drawn
-    full = positions[20000:].double()
-    assert abs(full.mean().item() - 31.5) < 0.5
+    short = sample_positions(torch.tensor([3] * 31000), width=3, limit=64)  # 62 spans: 3..64
+    exactly_0_to_n = (short == torch.arange(3)).all(dim=1).double().mean().item()
+    # Span s (1 in 62) draws 0, 1, 2 with chance 1 / C(s, 3): certainly for s = 3.
+    expected = sum(1 / math.comb(span, 3) for span in range(3, 65)) / 62
+    assert abs(exactly_0_to_n - expected) < 0.004
+    assert short.max() == 63 and short.min() == 0
+    # A row of length 1 is at a uniform position of [0, span): mean (E[span] - 1) / 2 = 15.75.
+    single = sample_positions(torch.ones(20000, dtype=torch.long), width=1, limit=64)
+    assert abs(single.double().mean().item() - 15.75) < 0.5
+    # Padding does not matter: a length-1 row padded to 16 draws like one of width 1.
+    padded_rows = sample_positions(torch.ones(20000, dtype=torch.long), width=16, limit=64)
+    assert abs(padded_rows[:, 0].double().mean().item() - 15.75) < 0.5
 
 
 def test_sampled_positions_use_the_global_rng():
@@ -360,6 +369,29 @@ def test_positional_settings_load():
     cfg = load_config(None, ["model.positional=alibi", "model.random_positions=64"])
     assert (cfg.model.positional, cfg.model.random_positions) == ("alibi", 64)
     assert load_config().model.random_positions is None
+
+
+ROOT = Path(__file__).parent.parent
+
+
+def readme_settings() -> list[list[str]]:
+    """The overrides of each row of README's length generalisation tables."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Length generalisation")[1].split("\n## ")[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| ")]
+    settings = [" ".join(re.findall(r"`([^`]*=[^`]*)`", cell)).split() for cell in rows]
+    return [s for s, cell in zip(settings, rows) if s or cell.strip().startswith("(none")]
+
+
+@pytest.mark.parametrize("task", ["copy", "reverse", "sort"])
+def test_lengthgen_configs_take_every_setting_of_the_readme(task):
+    settings = readme_settings()
+    assert len(settings) >= 10 and [] in settings
+    for overrides in settings:
+        cfg = load_config(ROOT / "configs" / f"lengthgen-{task}.yaml", overrides)
+        assert (cfg.task.name, cfg.task.min_len, cfg.task.max_len) == (task, 1, 16)
+        # Learned positions must reach the 17..32 evaluation.
+        assert cfg.model.max_len >= make_task(cfg.task).positions_needed(32)
 
 
 def test_train_refuses_a_range_shorter_than_the_sequences(tmp_path):

@@ -23,9 +23,8 @@ from minitfm.model import Seq2SeqTransformer, greedy_decode
 from minitfm.tasks import make_task
 from minitfm.train import train
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.test_model import BOS, EOS, PAD, VOCAB, padded, reference_decode, symbols
 
-PAD, BOS, EOS = 0, 1, 2
-VOCAB = 11  # PAD, BOS, EOS and 8 data symbols (3..10)
 DTYPE = torch.float64
 
 # Every scheme, and randomized positions on top of each scheme that has positions.
@@ -40,15 +39,6 @@ def make_model(positional, random_positions=None, seed=0, **overrides):
     torch.manual_seed(seed)
     cfg = ModelConfig(**(settings | overrides))
     return Seq2SeqTransformer(cfg, VOCAB, PAD).to(DTYPE).eval()
-
-
-def symbols(*shape, seed=1):
-    return torch.randint(3, VOCAB, shape, generator=torch.Generator().manual_seed(seed))
-
-
-def padded(rows, width=None):
-    width = width or max(map(len, rows))
-    return torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
 
 
 # Every scheme in the whole model
@@ -97,19 +87,6 @@ def test_source_padding_does_not_change_outputs(positional, limit):
     wider = model(padded([short, long], width=9), tgt.expand(2, 4))
     torch.testing.assert_close(batched[:1], alone, rtol=0, atol=1e-12)
     torch.testing.assert_close(wider, batched, rtol=0, atol=1e-12)
-
-
-def reference_decode(model, rows, max_len):
-    """Greedy decoding one unpadded row at a time, re-running the whole model each step."""
-    outputs = []
-    for row in rows:
-        src, tokens = torch.tensor([row]), [BOS]
-        for _ in range(max_len):
-            tokens.append(int(model(src, torch.tensor([tokens]))[0, -1].argmax()))
-            if tokens[-1] == EOS:
-                break
-        outputs.append(tokens[1:])
-    return padded(outputs)
 
 
 @pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)

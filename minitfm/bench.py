@@ -13,14 +13,12 @@
 from __future__ import annotations
 
 import math
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import median
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +28,7 @@ from minitfm.config import Config, ModelConfig, load_config
 from minitfm.layers import sinusoids
 from minitfm.model import Seq2SeqTransformer, greedy_decode
 from minitfm.tasks import eval_set, make_batch, make_task
-from minitfm.train import make_optimizer
+from minitfm.train import make_optimizer, peak_rss_mb
 
 # The two sizes compared: the default config, and a larger model on longer sequences.
 SETUPS = {
@@ -104,18 +102,17 @@ def build(kind: str, setup: Setup, device, compile_: bool = False):
     return step_model, optimizer, task.vocab.pad_id
 
 
-def run_steps(model, optimizer, pad_id: int, batches, device) -> float:
-    """Seconds for one training step on each batch."""
+def train_step(model, optimizer, pad_id: int, batch, device) -> float:
+    """Seconds for one training step (forward, backward, AdamW) on `batch`."""
     sync(device)
     start = time.perf_counter()
-    for batch in batches:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                               ignore_index=pad_id)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
+                           ignore_index=pad_id)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
     sync(device)
     return time.perf_counter() - start
 
@@ -126,16 +123,25 @@ def sync(device) -> None:
 
 
 def throughput(setup: Setup, device, reps: int, compile_: bool = False) -> dict:
-    """Median target tokens/s of both models, repetitions alternated."""
+    """Target tokens/s of both models, alternated step by step on the same batches.
+
+    A shared machine's speed drifts over seconds; taking turns every step (and swapping who
+    goes first each batch) exposes both models to the same drift, so the ratio stays honest.
+    """
     runs = {kind: build(kind, setup, device, compile_) for kind in ("minitfm", "torch")}
-    for model, optimizer, pad_id in runs.values():  # warm-up: allocator, compile
-        run_steps(model, optimizer, pad_id, setup.batches[:3], device)
-    seconds = {kind: [] for kind in runs}
+    for _ in range(2):  # warm-up: allocator, caches, oneDNN kernels, compilation
+        for model, optimizer, pad_id in runs.values():
+            for batch in setup.batches:
+                train_step(model, optimizer, pad_id, batch, device)
+    seconds = dict.fromkeys(runs, 0.0)
+    order = list(runs)
     for _ in range(reps):
-        for kind, (model, optimizer, pad_id) in runs.items():
-            seconds[kind].append(run_steps(model, optimizer, pad_id, setup.batches, device))
-    rates = {kind: setup.tokens / median(s) for kind, s in seconds.items()}
-    flops = training_flops(setup) / median(seconds["minitfm"])
+        for batch in setup.batches:
+            for kind in order:
+                seconds[kind] += train_step(*runs[kind], batch, device)
+            order.reverse()
+    rates = {kind: reps * setup.tokens / s for kind, s in seconds.items()}
+    flops = reps * training_flops(setup) / seconds["minitfm"]
     return {"setup": setup.name + (" compiled" if compile_ else ""),
             "minitfm_tokens_per_s": rates["minitfm"], "torch_tokens_per_s": rates["torch"],
             "ratio": rates["minitfm"] / rates["torch"], "minitfm_flops_per_s": flops}
@@ -212,19 +218,26 @@ def eval_speed(device) -> dict:
 
 
 def train_subprocess(overrides: list[str]) -> dict:
-    """Run `minitfm train` in a fresh process: wall seconds, peak RSS, steps to 99%."""
+    """Run `minitfm train` in a fresh process: wall seconds, peak RSS, steps to 99%.
+
+    The peak is the child's own VmHWM, read while it runs (the last reading before it exits);
+    getrusage's peak for children would include this bench process's memory from the fork.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         cmd = [sys.executable, "-m", "minitfm", "train", *overrides, "--run-dir", str(run_dir)]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         start = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        peak = None
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) as proc:
+            while proc.poll() is None:
+                peak = peak_rss_mb(proc.pid) or peak
+                time.sleep(0.02)
+            stderr = proc.stderr.read()
         wall = time.perf_counter() - start
         if proc.returncode != 0:
-            raise RuntimeError(f"training subprocess failed: {proc.stderr.strip()[-300:]}")
-        peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        return {"wall_s": wall, "peak_rss_mb": max(peak_kb, before) / 1024,
-                **solve_step(run_dir / "metrics.jsonl")}
+            raise RuntimeError(f"training subprocess failed: {stderr.strip()[-300:]}")
+        return {"wall_s": wall, "peak_rss_mb": peak, **solve_step(run_dir / "metrics.jsonl")}
 
 
 def solve_step(metrics: Path, target: float = 0.99) -> dict:
@@ -288,7 +301,8 @@ def bench_tables(report: dict) -> list:
     other = Table(title="end to end", show_header=False)
     other.add_row("eval of 1000 sequences (default)", f"{report['eval']['seconds']:.2f} s")
     run = report.get("solve") or report.get("memory")
-    other.add_row("peak RSS of a training run", f"{run['peak_rss_mb']:.0f} MB")
+    peak = run["peak_rss_mb"]  # None where the OS has no /proc to read it from
+    other.add_row("peak RSS of a training run", f"{peak:.0f} MB" if peak else "n/a (no /proc)")
     if "solve" in report:
         solved = run["steps_to_99"]
         other.add_row("default config: wall time", f"{run['wall_s']:.1f} s")

@@ -99,27 +99,39 @@ def strip_eos(row: list[int], eos_id: int) -> list[int]:
     return row[:row.index(eos_id)] if eos_id in row else row
 
 
+# Sequences decoded at once. On a CPU 250 is as fast as 1000 (the matmuls are already large)
+# and needs a quarter of the memory: a batch of 1000 added ~120 MB to a training run's peak.
+EVAL_BATCH_SIZE = 250
+
+
+def length_chunks(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped by length into chunks of `batch_size`: similar lengths pad less, and a
+    chunk of short inputs stops decoding early."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+
+
 @torch.no_grad()
-def predict(model, task: Task, sources: list[list[int]], device, batch_size: int = 1000,
-            use_cache: bool = True) -> list[list[int]]:
-    """Greedy-decode each source; the target is never looked at."""
-    vocab, out = task.vocab, []
-    for i in range(0, len(sources), batch_size):
-        chunk = sources[i:i + batch_size]
-        src = make_batch([(s, []) for s in chunk], vocab).src.to(device)
-        cap = max(task.max_target_len(len(s)) for s in chunk) + 1  # + EOS
+def predict(model, task: Task, sources: list[list[int]], device,
+            batch_size: int = EVAL_BATCH_SIZE, use_cache: bool = True) -> list[list[int]]:
+    """Greedy-decode each source; the target is never looked at. Outputs keep the input order."""
+    vocab, out = task.vocab, [[] for _ in sources]
+    for chunk in length_chunks([len(s) for s in sources], batch_size):
+        src = make_batch([(sources[i], []) for i in chunk], vocab).src.to(device)
+        cap = max(task.max_target_len(len(sources[i])) for i in chunk) + 1  # + EOS
         tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache=use_cache)
-        out.extend(strip_eos(row, vocab.eos_id) for row in tokens.tolist())
+        for i, row in zip(chunk, tokens.tolist()):
+            out[i] = strip_eos(row, vocab.eos_id)
     return out
 
 
 @torch.no_grad()
 def teacher_forced_loss(model, task: Task, pairs: list[Pair], device,
-                        batch_size: int = 1000) -> float:
+                        batch_size: int = EVAL_BATCH_SIZE) -> float:
     """Mean cross-entropy per target token with the true previous tokens fed in."""
     total, count = 0.0, 0
-    for i in range(0, len(pairs), batch_size):
-        batch = make_batch(pairs[i:i + batch_size], task.vocab).to(device)
+    for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
+        batch = make_batch([pairs[i] for i in chunk], task.vocab).to(device)
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
         total += F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
                                  ignore_index=task.vocab.pad_id, reduction="sum").item()
@@ -128,7 +140,8 @@ def teacher_forced_loss(model, task: Task, pairs: list[Pair], device,
 
 
 @torch.no_grad()
-def evaluate(model, task: Task, pairs: list[Pair], device, batch_size: int = 1000) -> EvalResult:
+def evaluate(model, task: Task, pairs: list[Pair], device,
+             batch_size: int = EVAL_BATCH_SIZE) -> EvalResult:
     """Loss, token accuracy and exact match of `model` on `pairs` (eval mode, restored after)."""
     was_training = model.training
     model.eval()
@@ -152,7 +165,7 @@ def check_representable(cfg, task: Task, max_len: int) -> None:
 
 def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: int | None = None,
                  max_len: int | None = None, seed: int | None = None,
-                 batch_size: int = 1000) -> dict:
+                 batch_size: int = EVAL_BATCH_SIZE) -> dict:
     """`minitfm eval`: decode held-out data with a run's checkpoint; a JSON-ready report."""
     from minitfm.checkpoint import load_model, resolve_checkpoint
 

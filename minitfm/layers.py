@@ -45,12 +45,22 @@ def scaled_dot_product_attention(
     if bias is not None:
         scores = scores + bias  # (B, H, T_q, T_k)
     if mask is not None:
-        # The dtype's lowest value rather than -inf: a masked key still gets exp(min - max) = 0
-        # exactly, but a row with every key masked becomes uniform instead of 0/0 = NaN.
-        scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)  # (B, H, T_q, T_k)
+        scores = scores + additive_mask(mask, scores.dtype)  # (B, H, T_q, T_k)
     weights = scores.softmax(dim=-1)  # (B, H, T_q, T_k), rows sum to 1
     dropped = dropout(weights) if dropout is not None else weights
     return dropped @ v, weights  # (B, H, T_q, K), (B, H, T_q, T_k)
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean mask (True = may attend) -> 0 where allowed, the dtype's lowest value elsewhere.
+
+    Added to the scores, the lowest value swamps any score, so a masked key gets exp(min - max)
+    = 0 exactly; unlike -inf, a row with every key masked becomes uniform instead of 0/0 = NaN.
+    Adding costs one pass over the scores and nothing in backward (torch.where costs one each
+    way), and the mask itself is small: (B, 1, 1, T_k) or (T_q, T_k).
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min)
 
 
 @dataclass

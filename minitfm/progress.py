@@ -78,4 +78,6 @@ class ConsoleReporter:
                 table.add_row(key.replace("_", " "), f"{value:.4f}" if key == "loss"
                               else f"{value:.2%}")
         table.add_row("best exact match", f"{max(summary['best_exact_match'], 0):.2%}")
+        if summary.get("peak_rss_mb"):
+            table.add_row("peak memory (RSS)", f"{summary['peak_rss_mb']:.0f} MB")
         self.console.print(table)

@@ -9,7 +9,9 @@ generator), so N straight steps and N/2 + resume give bit-identical losses.
 from __future__ import annotations
 
 import math
+import resource
 import signal
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -482,8 +484,27 @@ def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
               paused: bool) -> dict[str, Any]:
     summary = {"run_dir": str(ctx.run_dir), "step": state.step, "paused": paused,
                "best_exact_match": state.best_exact_match,
-               "wall_s": time.perf_counter() - ctx.started}
+               "wall_s": time.perf_counter() - ctx.started, "peak_rss_mb": peak_rss_mb()}
     if result is not None:
         summary.update(exact_match=result.exact_match, token_accuracy=result.token_accuracy,
                        loss=result.loss)
     return summary
+
+
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """Peak resident memory of a process in MB (None once it has gone).
+
+    Linux's VmHWM counts only since the process's exec. getrusage's ru_maxrss, the fallback
+    for this process elsewhere, also counts the parent's pages a child held before its exec.
+    """
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB -> MB
+    except OSError:
+        pass
+    if pid != "self":
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024

@@ -4,10 +4,11 @@ import json
 
 import torch
 
-from minitfm.bench import ReferenceTransformer, solve_step, training_flops
+from minitfm.bench import ReferenceTransformer, solve_step, train_subprocess, training_flops
 from minitfm.config import load_config
 from minitfm.model import Seq2SeqTransformer
-from tests.helpers import run_cli
+from minitfm.train import peak_rss_mb
+from tests.helpers import TINY, run_cli
 
 
 def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
@@ -56,3 +57,17 @@ def test_bench_quick_json():
     assert all(d["speedup"] > 0 for d in report["decoding"])
     assert report["eval"]["sequences"] == 1000
     assert report["memory"]["peak_rss_mb"] > 0
+
+
+def test_peak_rss_is_the_childs_own_not_this_process():
+    # getrusage's peak for children counts the parent's pages from the fork: with 1 GB held
+    # here, it would report over 1 GB for a child that never needs it.
+    ballast = torch.ones(2**28)  # 1 GiB, touched
+    assert peak_rss_mb() > 1024
+    run = train_subprocess([*TINY, "train.steps=5", "train.eval_every=0"])
+    assert 50 < run["peak_rss_mb"] < 1024
+    del ballast
+
+
+def test_peak_rss_of_a_process_that_is_gone_is_none():
+    assert peak_rss_mb(2**22 + 12345) is None

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from minitfm.config import load_config
-from minitfm.evaluate import score, strip_eos
+from minitfm.evaluate import length_chunks, predict, score, strip_eos
 from minitfm.tasks import make_task
 from minitfm.train import train
 from tests.helpers import TINY, assert_clean_error, run_cli
@@ -54,6 +54,20 @@ def test_eval_beyond_trained_lengths_is_marked(run):
     report = json.loads(run_cli("eval", run, "--min-len", "7", "--max-len", "9", "--json",
                                 "--samples", "200").stdout)
     assert set(report["per_length"]) == {"7", "8", "9"}
+
+
+def test_length_chunks_group_similar_lengths():
+    assert length_chunks([3, 1, 2, 1, 3], 2) == [[1, 3], [2, 0], [4]]
+    assert length_chunks([], 4) == []
+
+
+def test_predict_keeps_input_order_across_length_chunks(run):
+    from minitfm.checkpoint import load_model
+
+    _, task, model, _ = load_model(run / "checkpoints" / "best.pt", "cpu")
+    sources = [[1, 2, 3, 4, 0, 1], [4], [2, 2, 3], [0, 1], [3, 3, 3, 3], [1]]
+    alone = [predict(model, task, [src], "cpu")[0] for src in sources]
+    assert predict(model, task, sources, "cpu", batch_size=2) == alone
 
 
 def test_eval_and_predict_agree(run):

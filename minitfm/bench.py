@@ -19,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,10 @@ from torch import nn
 
 from minitfm.config import Config, ModelConfig, load_config
 from minitfm.layers import sinusoids
+from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer, greedy_decode
 from minitfm.tasks import eval_set, make_batch, make_task
-from minitfm.train import make_optimizer, peak_rss_mb
+from minitfm.train import make_optimizer
 
 # The two sizes compared: the default config, and a larger model on longer sequences.
 SETUPS = {
@@ -123,28 +125,32 @@ def sync(device) -> None:
 
 
 def throughput(setup: Setup, device, reps: int, compile_: bool = False) -> dict:
-    """Target tokens/s of both models, alternated step by step on the same batches.
+    """Median target tokens/s of both models over `reps` passes through the batches.
 
-    A shared machine's speed drifts over seconds; taking turns every step (and swapping who
-    goes first each batch) exposes both models to the same drift, so the ratio stays honest.
+    The models take turns pass by pass, and swap who goes first each time, so that the drift
+    of a shared machine's speed hits both alike. A pass of several steps keeps each model's
+    own rhythm of allocations, as in a real run (turns every step mix them up and slow both).
     """
     runs = {kind: build(kind, setup, device, compile_) for kind in ("minitfm", "torch")}
     for _ in range(2):  # warm-up: allocator, caches, oneDNN kernels, compilation
-        for model, optimizer, pad_id in runs.values():
-            for batch in setup.batches:
-                train_step(model, optimizer, pad_id, batch, device)
-    seconds = dict.fromkeys(runs, 0.0)
+        for run in runs.values():
+            run_pass(*run, setup.batches, device)
+    seconds = {kind: [] for kind in runs}
     order = list(runs)
     for _ in range(reps):
-        for batch in setup.batches:
-            for kind in order:
-                seconds[kind] += train_step(*runs[kind], batch, device)
-            order.reverse()
-    rates = {kind: reps * setup.tokens / s for kind, s in seconds.items()}
-    flops = reps * training_flops(setup) / seconds["minitfm"]
+        for kind in order:
+            seconds[kind].append(run_pass(*runs[kind], setup.batches, device))
+        order.reverse()
+    rates = {kind: setup.tokens / median(s) for kind, s in seconds.items()}
+    flops = training_flops(setup) / median(seconds["minitfm"])
     return {"setup": setup.name + (" compiled" if compile_ else ""),
             "minitfm_tokens_per_s": rates["minitfm"], "torch_tokens_per_s": rates["torch"],
             "ratio": rates["minitfm"] / rates["torch"], "minitfm_flops_per_s": flops}
+
+
+def run_pass(model, optimizer, pad_id: int, batches, device) -> float:
+    """Seconds for one training step on each batch."""
+    return sum(train_step(model, optimizer, pad_id, batch, device) for batch in batches)
 
 
 def training_flops(setup: Setup) -> float:

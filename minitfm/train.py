@@ -9,9 +9,7 @@ generator), so N straight steps and N/2 + resume give bit-identical losses.
 from __future__ import annotations
 
 import math
-import resource
 import signal
-import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -34,6 +32,7 @@ from minitfm.config import Config, TrainConfig, to_yaml, validate
 from minitfm.distributed import Dist
 from minitfm.errors import MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
+from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer
 from minitfm.tasks import Task, eval_set, make_batch, make_task
 
@@ -80,7 +79,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98))
+    # fused: one C++ kernel per tensor instead of ~10 Python-dispatched ops (4x faster here)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), fused=True)
 
 
 @dataclass
@@ -490,21 +490,3 @@ def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
                        loss=result.loss)
     return summary
 
-
-def peak_rss_mb(pid: int | str = "self") -> float | None:
-    """Peak resident memory of a process in MB (None once it has gone).
-
-    Linux's VmHWM counts only since the process's exec. getrusage's ru_maxrss, the fallback
-    for this process elsewhere, also counts the parent's pages a child held before its exec.
-    """
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB -> MB
-    except OSError:
-        pass
-    if pid != "self":
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024

@@ -103,7 +103,7 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
 
-    steps: int = Field(600, ge=1, description="optimizer steps in total")
+    steps: int = Field(400, ge=1, description="optimizer steps in total")
     batch_size: int = Field(128, ge=1, description="sequences per step")
     lr: float = Field(3e-3, gt=0.0, description="peak learning rate")
     warmup_steps: int = Field(100, ge=0, description="linear warmup steps")
@@ -112,7 +112,7 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing in [0, 1)")
     grad_clip: float | None = Field(1.0, gt=0.0, description="max gradient norm (null = off)")
-    eval_every: int = Field(100, ge=0, description="steps between evaluations (0 = off)")
+    eval_every: int = Field(50, ge=0, description="steps between evaluations (0 = off)")
     eval_samples: int = Field(1000, ge=1, description="held-out sequences per evaluation")
     target_exact_match: float | None = Field(
         0.99, gt=0.0, le=1.0, description="stop early at this exact match (null = never)")

@@ -104,7 +104,7 @@ def build(kind: str, setup: Setup, device, compile_: bool = False):
     return step_model, optimizer, task.vocab.pad_id
 
 
-def train_step(model, optimizer, pad_id: int, batch, device) -> float:
+def timed_step(model, optimizer, pad_id: int, batch, device) -> float:
     """Seconds for one training step (forward, backward, AdamW) on `batch`."""
     sync(device)
     start = time.perf_counter()
@@ -150,7 +150,7 @@ def throughput(setup: Setup, device, reps: int, compile_: bool = False) -> dict:
 
 def run_pass(model, optimizer, pad_id: int, batches, device) -> float:
     """Seconds for one training step on each batch."""
-    return sum(train_step(model, optimizer, pad_id, batch, device) for batch in batches)
+    return sum(timed_step(model, optimizer, pad_id, batch, device) for batch in batches)
 
 
 def training_flops(setup: Setup) -> float:

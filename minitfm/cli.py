@@ -170,6 +170,7 @@ def eval_command(
                                           "beyond the trained range (default: task.max_len)."),
     seed: int | None = typer.Option(None, help="Seed of the held-out set "
                                        "(default: task.eval_seed)."),
+    # 250 is evaluate.EVAL_BATCH_SIZE, written out so that --help need not import torch.
     batch_size: int = typer.Option(250, min=1, help="Sequences decoded at once; "
                                     "lower it to save memory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "

@@ -9,6 +9,7 @@ Checkpoints hold only tensors, state dicts and plain containers, so they load wi
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import pickle
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from minitfm.errors import CheckpointError
+from minitfm.limits import check_fits, model_parts
 
 FORMAT = "minitfm-checkpoint/1"
 CHECKPOINTS = ("best", "last")
@@ -108,12 +110,22 @@ class RunLock:
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
-    """Write `state` atomically: a temp file in the same folder, fsync, then os.replace."""
+    """Write `state` atomically (see `write_atomic`)."""
+    buffer = io.BytesIO()  # serialised first: torch.save turns a full disk into a RuntimeError
+    torch.save({"format": FORMAT, **state}, buffer)
+    write_atomic(path, buffer.getbuffer())
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """A temp file in the same folder, fsync, then os.replace: the old file or the new, whole.
+
+    A full disk or a kill midway leaves the previous file as it was (never an empty one).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format": FORMAT, **state}, f)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -165,6 +177,7 @@ def load_model(path: Path, device: torch.device | str = "cpu"):
         if list(task.vocab.tokens) != list(state["vocab"]):
             raise CheckpointError(f"checkpoint '{path}' was made with another vocabulary "
                                   f"than task {cfg.task.name!r} has in this minitfm version")
+        check_fits(model_parts(cfg), "the model")
         model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, TypeError) as err:

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
+import unicodedata
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from typer._click.exceptions import ClickException  # Typer bundles its own Click
+from typer._click.exceptions import ClickException, NoArgsIsHelpError  # Typer's own Click
 from typer.core import TyperGroup
 
 from minitfm import __version__
-from minitfm.errors import MinitfmError
+from minitfm.errors import Interrupted, MinitfmError, quote
 
 console = Console()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -30,6 +33,10 @@ class OneLineErrors(TyperGroup):
              **extra):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as err:  # bare `minitfm`: the help, which is no error
+            if err.format_message().strip():
+                console.print(err.format_message(), markup=False, highlight=False)
+            code = 0
         except ClickException as err:
             command = f"minitfm {err.ctx.info_name} --help" if getattr(err, "ctx", None) \
                 and err.ctx.parent else "minitfm --help"
@@ -56,10 +63,46 @@ RUN_HELP = "Run directory or checkpoint file; default: the most recent run under
 CHECKPOINT_HELP = "Which checkpoint of the run: best (highest exact match) or last."
 
 
+MAX_ERROR_CHARS = 500  # one line, however long the user's input was
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, so a file name cannot drive the terminal."""
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch for ch in text)
+
+
 def fail(message: str, code: int = 2):
     """Print one clean error line on stderr and exit with `code`."""
-    err_console.print(f"error: {message}", markup=False)
+    line = printable(message)
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[:MAX_ERROR_CHARS - 1] + "…"
+    err_console.print(f"error: {line}", markup=False)
     raise typer.Exit(code)
+
+
+@contextmanager
+def signals_held():
+    """Hold Ctrl-C and SIGTERM while torch is imported, then act on them.
+
+    torch's C++ start-up swallows a KeyboardInterrupt raised inside it, and the command would
+    then run to the end as if nothing happened.
+    """
+    got: list[int] = []
+    previous = {signum: signal.signal(signum, lambda n, _: got.append(n))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if got:
+        raise Interrupted("interrupted" if got[0] == signal.SIGINT else "terminated",
+                          128 + got[0])
+
+
+def out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "can't allocate memory" in str(err) \
+        or "out of memory" in str(err)
 
 
 def clean_errors(command):
@@ -68,13 +111,33 @@ def clean_errors(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            with signals_held():
+                import torch  # noqa: F401  (every command needs it; see signals_held)
             return command(*args, **kwargs)
         except MinitfmError as err:
             fail(str(err), err.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", 130)
+        except BrokenPipeError:  # `minitfm ... | head`: the reader has gone, nothing to say
+            silence_stdout()
+            raise typer.Exit(1) from None
+        except OSError as err:  # stdout on a full disk, a vanished file: no traceback
+            silence_stdout()
+            where = f" {quote(str(err.filename))}" if err.filename else ""
+            fail(f"cannot read or write{where} ({err.strerror or err})", 1)
+        except (MemoryError, RuntimeError) as err:
+            if not out_of_memory(err):
+                raise
+            fail("out of memory: lower the sizes (model.d_model, train.batch_size, "
+                 "task.max_len, --samples, --batch-size) and try again", 1)
 
     return wrapper
+
+
+def silence_stdout() -> None:
+    from minitfm.progress import silence
+
+    silence(sys.stdout)
 
 
 def version_callback(value: bool) -> None:
@@ -134,10 +197,15 @@ def train(
 
 
 def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, list[str]]:
-    """`[CONFIG] [KEY=VALUE]...` -> (config path or None, overrides)."""
-    if args and "=" not in args[0]:
+    """`[CONFIG] [KEY=VALUE]...` -> (config path or None, overrides).
+
+    The first argument is the config when it has no `=`, names a file or ends in .yaml/.yml
+    (a folder such as `sweep/lr=0.001/config.yaml` may hold one)."""
+    first = args[0] if args else ""
+    if args and ("=" not in first or Path(first).is_file()
+                 or first.endswith((".yaml", ".yml"))):
         if not allow_config:
-            raise MinitfmError(f"'{args[0]}': with --resume the config comes from the run; "
+            raise MinitfmError(f"{quote(first)}: with --resume the config comes from the run; "
                                f"give only KEY=VALUE overrides")
         return args[0], args[1:]
     return None, args
@@ -163,15 +231,15 @@ def run_training(cfg, **kwargs) -> None:
 def eval_command(
     run: Path | None = typer.Argument(None, help=RUN_HELP),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
-    samples: int = typer.Option(1000, min=1, help="Held-out sequences to decode."),
-    min_len: int | None = typer.Option(None, min=1, help="Shortest input length "
+    samples: int = typer.Option(1000, min=1, max=1_000_000, help="Held-out sequences to decode."),
+    min_len: int | None = typer.Option(None, min=1, max=65_536, help="Shortest input length "
                                           "(default: the trained task.min_len)."),
-    max_len: int | None = typer.Option(None, min=1, help="Longest input length; may go "
-                                          "beyond the trained range (default: task.max_len)."),
-    seed: int | None = typer.Option(None, help="Seed of the held-out set "
-                                       "(default: task.eval_seed)."),
+    max_len: int | None = typer.Option(None, min=1, max=65_536, help="Longest input length; may "
+                                          "go beyond the trained range (default: task.max_len)."),
+    seed: int | None = typer.Option(None, min=-(2**63), max=2**63 - 1, help="Seed of the "
+                                       "held-out set (default: task.eval_seed)."),
     # 250 is evaluate.EVAL_BATCH_SIZE, written out so that --help need not import torch.
-    batch_size: int = typer.Option(250, min=1, help="Sequences decoded at once; "
+    batch_size: int = typer.Option(250, min=1, max=100_000, help="Sequences decoded at once; "
                                     "lower it to save memory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
@@ -204,6 +272,9 @@ def predict(
     run, inputs = split_run_and_inputs(run, inputs or [])
     if inputs:
         lines, where = inputs, "input"
+    elif sys.stdin is None or sys.stdin.closed:
+        raise MinitfmError("no input: stdin is closed; give INPUT arguments or pipe one input "
+                           "per line")
     else:
         lines, where = sys.stdin.read().splitlines(), "line"
     for row in predict_texts(run, checkpoint, lines, where):
@@ -211,8 +282,12 @@ def predict(
 
 
 def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | None, list[str]]:
-    """`predict 3 1 4` has no RUN: a first word that is no existing path is an input."""
+    """`predict 3 1 4` has no RUN: a first word that is no existing path is an input, unless
+    it looks like a path (holds a '/' or ends in .pt): then it is a mistyped RUN."""
     if run is not None and not run.exists():
+        if "/" in str(run) or run.suffix == ".pt":
+            raise MinitfmError(f"run {quote(str(run))} not found: give a run directory or a "
+                               f".pt file")
         return None, [str(run), *inputs]
     return run, inputs
 
@@ -286,7 +361,9 @@ def bench(
 ) -> None:
     """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
     from minitfm.bench import bench_tables, run_bench
+    from minitfm.config import check_device
 
+    check_device(device)
     report = run_bench(quick=quick, solve=solve, compile_=compile_, device=device)
     if as_json:
         print(json.dumps(report))

@@ -15,58 +15,77 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from minitfm.errors import ConfigError
+from minitfm.errors import ConfigError, quote
+from minitfm.limits import check_fits, training_parts
 
 # The names `minitfm.tasks` registers; kept here so validation needs no torch.
 TASK_NAMES = ("copy", "reverse", "sort", "duplicate", "shift", "add")
 POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
-class Section(BaseModel):
-    """A config section: unknown keys are errors, assignments are validated."""
+SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
+FINITE = {"allow_inf_nan": False}
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
+MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, assignments are validated.
+
+    Strict: a YAML `true` is no integer and `5` no string (no silent coercions).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class TaskConfig(Section):
     """Which synthetic task to learn, and on which sequence lengths."""
 
     name: str = Field("reverse", description=f"task name: {', '.join(TASK_NAMES)}")
-    n_symbols: int = Field(10, ge=2, description="number of data symbols (digits 0..n_symbols-1)")
-    min_len: int = Field(1, ge=1, description="shortest input length in training")
-    max_len: int = Field(16, ge=1, description="longest input length in training")
-    eval_seed: int = Field(1234, description="seed of the held-out evaluation set")
+    n_symbols: int = Field(10, ge=2, le=100_000,
+                           description="number of data symbols (digits 0..n_symbols-1)")
+    min_len: int = Field(1, ge=1, le=65_536, description="shortest input length in training")
+    max_len: int = Field(16, ge=1, le=65_536, description="longest input length in training")
+    eval_seed: int = Field(1234, **SEED_RANGE, description="seed of the held-out evaluation set")
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
         if self.name not in TASK_NAMES:
             hint = _did_you_mean(self.name, TASK_NAMES)
-            raise ValueError(f"task.name ({self.name!r}) is not a task; choose one of "
+            raise ValueError(f"task.name ({quote(self.name)}) is not a task; choose one of "
                              f"{', '.join(TASK_NAMES)}{hint}")
         if self.min_len > self.max_len:
             raise ValueError(f"task.min_len ({self.min_len}) must be <= task.max_len "
                              f"({self.max_len})")
+        if self.name == "add" and self.n_symbols > 10:
+            raise ValueError(f"task.n_symbols ({self.n_symbols}) must be at most 10 for task "
+                             f"'add': its symbols are the digits of base n_symbols")
         return self
 
 
 class ModelConfig(Section):
     """The encoder-decoder transformer (names from Vaswani et al. 2017)."""
 
-    d_model: int = Field(64, ge=1, description="width of the residual stream")
-    n_heads: int = Field(4, ge=1, description="attention heads (d_head = d_model / n_heads)")
-    n_encoder_layers: int = Field(2, ge=1, description="encoder layers")
-    n_decoder_layers: int = Field(2, ge=1, description="decoder layers")
-    d_ff: int = Field(256, ge=1, description="hidden width of the feed-forward block")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability in [0, 1)")
+    d_model: int = Field(64, ge=1, le=65_536, description="width of the residual stream")
+    n_heads: int = Field(4, ge=1, le=1024,
+                         description="attention heads (d_head = d_model / n_heads)")
+    n_encoder_layers: int = Field(2, ge=1, le=256, description="encoder layers")
+    n_decoder_layers: int = Field(2, ge=1, le=256, description="decoder layers")
+    d_ff: int = Field(256, ge=1, le=262_144, description="hidden width of the feed-forward block")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, **FINITE,
+                           description="dropout probability in [0, 1)")
     norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
     positional: str = Field(
         "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} (sinusoidal: "
         f"Vaswani et al. 2017; rope: Su et al. 2021; alibi: Press et al. 2022; none: NoPE)")
     random_positions: int | None = Field(
-        None, ge=2, description="randomized positions (after Ruoss et al. 2023): in training, "
-        "positions are a sorted random subset of [0, this); evaluation uses 0..n-1; null = off")
+        None, ge=2, le=65_536, description="randomized positions (after Ruoss et al. 2023): in "
+        "training, positions are a sorted random subset of [0, this); evaluation uses 0..n-1; "
+        "null = off")
     tie_embeddings: bool = Field(True, description="share input embedding and output projection")
-    max_len: int = Field(256, ge=2, description="longest sequence (tokens) the model can take")
+    max_len: int = Field(256, ge=2, le=65_536,
+                         description="longest sequence (tokens) the model can take")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -75,7 +94,7 @@ class ModelConfig(Section):
             alias = {"rotary": "rope", "nope": "none"}.get(str(self.positional).lower())
             hint = f" (did you mean '{alias}'?)" if alias else _did_you_mean(self.positional,
                                                                               POSITIONALS)
-            raise ValueError(f"model.positional ({self.positional!r}) must be one of "
+            raise ValueError(f"model.positional ({quote(self.positional)}) must be one of "
                              f"{', '.join(POSITIONALS)}{hint}")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by "
@@ -103,36 +122,41 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
 
-    steps: int = Field(400, ge=1, description="optimizer steps in total")
-    batch_size: int = Field(128, ge=1, description="sequences per step")
-    lr: float = Field(3e-3, gt=0.0, description="peak learning rate")
-    warmup_steps: int = Field(100, ge=0, description="linear warmup steps")
+    steps: int = Field(400, ge=1, le=10**9, description="optimizer steps in total")
+    batch_size: int = Field(128, ge=1, le=1_048_576, description="sequences per step")
+    lr: float = Field(3e-3, gt=0.0, **FINITE, description="peak learning rate")
+    warmup_steps: int = Field(100, ge=0, le=10**9, description="linear warmup steps")
     schedule: Literal["cosine", "constant", "inverse_sqrt"] = Field(
         "cosine", description="lr after warmup: cosine, constant or inverse_sqrt")
-    weight_decay: float = Field(0.01, ge=0.0, description="AdamW weight decay")
-    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing in [0, 1)")
-    grad_clip: float | None = Field(1.0, gt=0.0, description="max gradient norm (null = off)")
-    eval_every: int = Field(50, ge=0, description="steps between evaluations (0 = off)")
-    eval_samples: int = Field(1000, ge=1, description="held-out sequences per evaluation")
+    weight_decay: float = Field(0.01, ge=0.0, **FINITE, description="AdamW weight decay")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, **FINITE,
+                                   description="label smoothing in [0, 1)")
+    grad_clip: float | None = Field(1.0, gt=0.0, **FINITE,
+                                    description="max gradient norm (null = off)")
+    eval_every: int = Field(50, ge=0, le=10**9, description="steps between evaluations (0 = off)")
+    eval_samples: int = Field(1000, ge=1, le=1_000_000,
+                              description="held-out sequences per evaluation")
     target_exact_match: float | None = Field(
-        0.99, gt=0.0, le=1.0, description="stop early at this exact match (null = never)")
-    checkpoint_every: int = Field(500, ge=0, description="steps between checkpoints (0 = end only)")
+        0.99, gt=0.0, le=1.0, **FINITE, description="stop early at this exact match (null = never)")
+    checkpoint_every: int = Field(500, ge=0, le=10**9,
+                                  description="steps between checkpoints (0 = end only)")
 
 
 class LogConfig(Section):
     """Where runs go and what they log."""
 
     dir: str = Field("runs", description="folder that holds the run directories")
-    log_every: int = Field(25, ge=1, description="steps between train log lines")
+    log_every: int = Field(25, ge=1, le=10**9, description="steps between train log lines")
     tensorboard: bool = Field(True, description="write TensorBoard event files")
-    attention_every: int = Field(500, ge=0, description="steps between attention images (0 = off)")
+    attention_every: int = Field(500, ge=0, le=10**9,
+                                 description="steps between attention images (0 = off)")
 
 
 class Config(Section):
     """A whole minitfm run."""
 
     name: str = Field("reverse", description="run name, prefix of the run directory")
-    seed: int = Field(0, description="seed of model initialisation and training data")
+    seed: int = Field(0, **SEED_RANGE, description="seed of model initialisation and training data")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
@@ -141,10 +165,10 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"device ({self.device!r}) must be auto, cpu, cuda or cuda:N")
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.name):
-            raise ValueError(f"name ({self.name!r}) may hold only letters, digits, '_', '-', '.'")
+        check_device(self.device, ValueError)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", self.name):
+            raise ValueError(f"name ({quote(self.name)}) may hold only letters, digits, '_', "
+                             f"'-', '.' (at most 100)")
         n = self.model.random_positions
         if n is not None and n <= self.task.max_len:
             # Sampling n positions from [0, n) is no randomization; training on longer inputs
@@ -155,54 +179,153 @@ class Config(Section):
         return self
 
 
+def check_device(name: str, error=ConfigError) -> str:
+    """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
+    if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
+        raise error(f"device ({quote(name)}) must be auto, cpu, cuda or cuda:N")
+    return name
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`safe_load` with YAML 1.2 scalars, no duplicate keys and a bound on aliases.
+
+    YAML 1.1 (PyYAML's default) reads `017` as 15, `yes` as true and `3e-4` as a string; the
+    1.2 core schema reads them as 17, 'yes' and 0.0003. A chain of aliases can stand for
+    billions of nodes in a few hundred bytes ("billion laughs"): refused before it is built.
+    """
+
+    def construct_document(self, node):
+        if expanded_size(node, {}) > ALIAS_BUDGET:
+            raise yaml.YAMLError(f"its aliases (*name) expand to more than {ALIAS_BUDGET:,} "
+                                 f"values; write the values out")
+        return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                if key in seen and key != "<<":
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {quote(key)}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+    def construct_decimal_int(self, node) -> int:
+        text = self.construct_scalar(node).replace("_", "")
+        base = {"0x": 16, "0o": 8}.get(text[:2].lower(), 10)
+        return int(text[2:] if base != 10 else text, base)
+
+
+_YAML_11 = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_11]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"))
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_decimal_int)
+
+
+def expanded_size(node, memo: dict[int, int]) -> int:
+    """Nodes in `node` once every alias is written out (aliases share node objects)."""
+    if id(node) not in memo:
+        memo[id(node)] = 1  # a recursive alias counts once
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            children = []
+        memo[id(node)] = 1 + sum(expanded_size(child, memo) for child in children)
+    return memo[id(node)]
+
+
+def load_yaml(text: str):
+    """One YAML document read with `StrictLoader` (safe: no tags that run code)."""
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Read a YAML file (or the built-in default when `path` is None) and apply overrides."""
     data = read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
         key, value = parse_override(item)
         set_path(data, key, value)
-    return validate(data)
+    cfg = validate(data)
+    check_fits(training_parts(cfg), "training")
+    return cfg
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML file, read with `safe_load`; every mistake is a ConfigError."""
+    """The mapping in a YAML file, read with `StrictLoader`; every mistake is a ConfigError."""
+    shown = quote(str(path))
     if path.is_dir():
-        raise ConfigError(f"config '{path}' is a directory: give a YAML file such as "
+        raise ConfigError(f"config {shown} is a directory: give a YAML file such as "
                           f"configs/reverse.yaml")
-    if not path.is_file():
-        raise ConfigError(f"config file '{path}' not found: check the path (shipped configs are "
+    if not path.exists():
+        raise ConfigError(f"config file {shown} not found: check the path (shipped configs are "
                           f"in configs/)")
+    if not path.is_file():
+        raise ConfigError(f"config {shown} is not a regular file: give a YAML file such as "
+                          f"configs/reverse.yaml")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {shown} is {path.stat().st_size:,} bytes; a config is "
+                          f"a few lines (at most {MAX_CONFIG_BYTES:,} bytes)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.MarkedYAMLError as err:
         line = err.problem_mark.line + 1 if err.problem_mark else "?"
-        raise ConfigError(f"config file '{path}' is not valid YAML at line {line}: "
+        raise ConfigError(f"config file {shown} is not valid YAML at line {line}: "
                           f"{err.problem}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from None
+        raise ConfigError(f"config file {shown} is not valid YAML: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {shown} ({err.strerror})") from None
     if data is None:
-        raise ConfigError(f"config file '{path}' is empty: state at least one key, e.g. "
+        raise ConfigError(f"config file {shown} is empty: state at least one key, e.g. "
                           f"'task: {{name: copy}}', or leave the config out for the default")
     if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must be a mapping of sections "
+        raise ConfigError(f"config file {shown} must be a mapping of sections "
                           f"(task:, model:, train:, log:), not a {type(data).__name__}")
     return data
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """Split `key=value`; the value is a YAML scalar (`null` is None, `3e-4` a number)."""
+    """Split `key=value`; the value is a YAML 1.2 scalar (`null` is None, `3e-4` a number),
+    except for text keys such as `name`, which take the text as written (`name=2024`)."""
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"override '{item}' must look like key=value, e.g. train.steps=500")
+        raise ConfigError(f"override {quote(item)} must look like key=value, e.g. "
+                          f"train.steps=500")
+    if field_type(key) is str:
+        return key, text.strip()
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = load_yaml(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
     if isinstance(value, (dict, list)):
-        raise ConfigError(f"override '{item}' must set a single value, not a "
+        raise ConfigError(f"override {quote(item)} must set a single value, not a "
                           f"{type(value).__name__}")
     return key, value
+
+
+def field_type(key: str):
+    """The annotation of the dotted config `key`, or None if there is no such key."""
+    model: Any = Config
+    for part in key.split("."):
+        fields = getattr(model, "model_fields", {})
+        if part not in fields:
+            return None
+        model = fields[part].annotation
+    return model
 
 
 def set_path(data: dict[str, Any], key: str, value: Any) -> None:
@@ -256,9 +379,9 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> str:
         elif e["type"] == "value_error":
             messages.append(str(e["ctx"]["error"]))
         elif e["type"] == "model_type":
-            messages.append(f"'{loc}' must be a mapping of keys, got {e['input']!r}")
+            messages.append(f"'{loc}' must be a mapping of keys, got {quote(e['input'])}")
         else:
-            messages.append(f"{loc} ({e['input']!r}): {e['msg'].lower()}")
+            messages.append(f"{loc} ({quote(e['input'])}): {e['msg'].lower()}")
     more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
     return messages[0] + more
 

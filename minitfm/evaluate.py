@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, quote
+from minitfm.limits import check_fits, decoding_parts
 from minitfm.model import greedy_decode
 from minitfm.tasks import Task, eval_set, make_batch
 
@@ -177,6 +178,7 @@ def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: in
     if lo > hi:
         raise MinitfmError(f"--min-len ({lo}) must be <= --max-len ({hi})")
     check_representable(cfg, task, hi)
+    check_fits(decoding_parts(cfg, samples, hi, batch_size), "evaluation")
     pairs = eval_set(task, samples, cfg.task.eval_seed if seed is None else seed, lo, hi)
     result = evaluate(model, task, pairs, device, batch_size)
     return {**result.as_dict(), "checkpoint": str(path), "step": step, "task": cfg.task.name,
@@ -219,7 +221,10 @@ def predict_texts(run, checkpoint: str, lines: list[str], where: str = "input") 
         try:
             sources.append(task.parse(text, max_tokens=input_limit(cfg, task)))
         except MinitfmError as err:
-            raise type(err)(f"{where} {number} ({text!r}): {err}") from None
+            raise type(err)(f"{where} {number} ({quote(text)}): {err}") from None
+    longest = max(len(src) for src in sources)
+    check_fits(decoding_parts(cfg, len(sources), longest, EVAL_BATCH_SIZE,
+                              names=("the number of inputs", "the longest input")), "decoding")
     outputs = predict(model, task, sources, device)
     rows = []
     for text, src, out in zip(lines, sources, outputs):

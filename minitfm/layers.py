@@ -304,8 +304,10 @@ class SinusoidalPositions(PositionalEncoding):
         if positions is not None:  # (B, T), below the table's length (the model sizes it)
             return x + self.table[positions]  # (B, T, D)
         end = offset + x.size(1)
-        if end > self.table.size(0):  # longer than ever seen: grow the cache
-            self.table = sinusoids(end, self.d_model).to(self.table)
+        if end > self.table.size(0):  # longer than ever seen: grow the cache, doubling (so
+            # decoding n tokens past it rebuilds the table log(n) times, not n times)
+            size = max(end, 2 * self.table.size(0))
+            self.table = sinusoids(size, self.d_model).to(self.table)
         return x + self.table[offset:end]  # (B, T, D)
 
 

@@ -252,8 +252,10 @@ class Seq2SeqTransformer(nn.Module):
     def subsequent(self, offset: int, length: int) -> Tensor:
         """Rows offset..offset+length-1 of the causal mask: (length, offset + length)."""
         end = offset + length
-        if end > self.causal_mask.size(0):  # longer than max_len (sinusoidal): grow the cache
-            self.causal_mask = subsequent_mask(end, self.causal_mask.device)
+        if end > self.causal_mask.size(0):  # longer than max_len (sinusoidal): grow the cache,
+            # doubling, so that decoding n tokens past it rebuilds it log(n) times, not n times
+            size = max(end, 2 * self.causal_mask.size(0))
+            self.causal_mask = subsequent_mask(size, self.causal_mask.device)
         return self.causal_mask[offset:end, :end]
 
     def new_cache(self) -> list[DecoderLayerCache]:

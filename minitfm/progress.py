@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+
+def silence(stream) -> None:
+    """Point a stream whose reader has gone at /dev/null, so later writes and the flush at
+    exit stay quiet instead of printing "Exception ignored ... BrokenPipeError"."""
+    try:
+        stream.flush()
+    except OSError:
+        pass
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (AttributeError, ValueError, OSError):  # not a real file (a test's buffer)
+        pass
 
 
 class ConsoleReporter:
@@ -18,17 +32,28 @@ class ConsoleReporter:
         self.progress: Progress | None = None
         self.task_id = None
         self.exact_match: float | None = None
+        self.output_lost = False
+
+    def _print(self, *args, **kwargs) -> None:
+        """Print, unless the output has gone (`minitfm train | head`): training goes on."""
+        if self.output_lost:
+            return
+        try:
+            self.console.print(*args, **kwargs)
+        except OSError:  # a closed pipe or a full disk: stop printing, keep training
+            self.output_lost = True
+            silence(self.console.file)
 
     def start(self, run_dir: Path, state, device) -> None:
         cfg = state.cfg
-        self.console.print(f"run directory: {run_dir}")
+        self._print(f"run directory: {run_dir}")
         params = sum(p.numel() for p in state.model.parameters())
-        self.console.print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
+        self._print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
                            f" {cfg.task.n_symbols} symbols), {params:,} parameters, device "
                            f"{device}, steps {state.step}/{cfg.train.steps}", highlight=False)
         ranks = state.dist.world_size  # under torchrun only rank 0 reports, for all of them
         if ranks > 1:
-            self.console.print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "
+            self._print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "
                                f"global batch {ranks * cfg.train.batch_size} sequences per step",
                                highlight=False)
         if self.live:
@@ -47,19 +72,19 @@ class ConsoleReporter:
         if self.progress is not None:
             self.progress.update(self.task_id, completed=record["step"], info=info)
         else:
-            self.console.print(f"step {record['step']:>6}  {info}", highlight=False)
+            self._print(f"step {record['step']:>6}  {info}", highlight=False)
 
     def eval_line(self, record: dict) -> None:
         self.exact_match = record["exact_match"]
         line = (f"eval step {record['step']:>6}  loss {record['loss']:.4f}  token acc "
                 f"{record['token_accuracy']:.2%}  exact match {record['exact_match']:.2%}")
         if self.progress is not None:
-            self.progress.console.print(line, highlight=False)
+            self._print(line, highlight=False)
         else:
-            self.console.print(line, highlight=False)
+            self._print(line, highlight=False)
 
     def message(self, text: str) -> None:
-        self.console.print(text, highlight=False)
+        self._print(text, highlight=False)
 
     def stop(self) -> None:
         if self.progress is not None:
@@ -80,4 +105,4 @@ class ConsoleReporter:
         table.add_row("best exact match", f"{max(summary['best_exact_match'], 0):.2%}")
         if summary.get("peak_rss_mb"):
             table.add_row("peak memory (RSS)", f"{summary['peak_rss_mb']:.0f} MB")
-        self.console.print(table)
+        self._print(table)

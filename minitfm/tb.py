@@ -10,6 +10,7 @@ alignment, scalars `alignment/layer<L>/head<H>` and `alignment/best`.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ class TensorBoardLogger(NullLogger):
         from minitfm.viz import ALIGNMENT_SAMPLES, pick_probe
 
         self.writer = SummaryWriter(log_dir=str(run_dir))
+        self.previous_hook = threading.excepthook
+        threading.excepthook = self._quiet_write_errors
         self.cfg, self.task = cfg, task
         # The same probe at every step, so the images show how one example's maps evolve.
         self.probe_src = pick_probe(eval_pairs)[0] if eval_pairs else None
@@ -55,6 +58,12 @@ class TensorBoardLogger(NullLogger):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _quiet_write_errors(self, args) -> None:
+        """The event writer's thread on a full disk: training reports the failure in one line
+        (its next write raises the same error), so no thread traceback."""
+        if not issubclass(args.exc_type, OSError):
+            self.previous_hook(args)
 
     def train(self, step: int, record: dict) -> None:
         for key in TRAIN_SCALARS:
@@ -119,7 +128,10 @@ class TensorBoardLogger(NullLogger):
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        finally:
+            threading.excepthook = self.previous_hook
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

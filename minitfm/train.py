@@ -9,6 +9,7 @@ generator), so N straight steps and N/2 + resume give bit-identical losses.
 from __future__ import annotations
 
 import math
+import shutil
 import signal
 import time
 from contextlib import ExitStack
@@ -27,22 +28,16 @@ from minitfm.checkpoint import (
     new_run_dir,
     run_dir_of,
     save_checkpoint,
+    write_atomic,
 )
 from minitfm.config import Config, TrainConfig, to_yaml, validate
 from minitfm.distributed import Dist
-from minitfm.errors import MinitfmError, RunFailed
+from minitfm.errors import Interrupted, MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
+from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer
 from minitfm.tasks import Task, eval_set, make_batch, make_task
-
-
-class Interrupted(MinitfmError):
-    """Training stopped by SIGINT (exit 130) or SIGTERM (exit 143) after saving `last.pt`."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 def pick_device(name: str) -> torch.device:
@@ -195,9 +190,10 @@ def train_step(state: TrainState, batch) -> torch.Tensor:
                            label_smoothing=cfg.label_smoothing)
     mean_loss = state.dist.average(loss.detach())  # over ranks: a NaN on one stops them all
     if not torch.isfinite(mean_loss):
+        clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
         raise state.dist.shared(RunFailed(
             f"loss became {mean_loss.item()} at step {state.step + 1}: lower train.lr "
-            f"({cfg.lr}) or set train.grad_clip; no checkpoint was written for it"))
+            f"({cfg.lr}){clip}; no checkpoint was written for it"))
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()  # under torchrun DDP averages the gradients over ranks here
     clip = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
@@ -228,8 +224,10 @@ class StopSignal:
             signal.signal(signum, handler)
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second Ctrl-C aborts at once
-            raise KeyboardInterrupt
+        if self.signum is not None:  # a second Ctrl-C aborts at once, even mid-save
+            raise Interrupted(f"{signal.Signals(signum).name} again: stopped at once; "
+                              f"checkpoints/last.pt is the last one completed (an interrupted "
+                              f"save leaves the previous one intact)", 128 + signum)
         self.signum = signum
 
     def agreed(self, dist: Dist) -> int:
@@ -263,7 +261,7 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
         for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
             old.unlink()
     (run_dir / "checkpoints").mkdir(exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg).encode("utf-8"))
 
 
 def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
@@ -275,6 +273,7 @@ def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     for item in overrides:
         set_path(data, *parse_override(item))
     cfg = validate(data)
+    check_fits(training_parts(cfg), "training")
     for section in ("task", "model"):
         before, after = saved[section], getattr(cfg, section).model_dump()
         for key in before:
@@ -293,8 +292,14 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
     else:
         run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
         check_fresh(run_dir, overwrite)
+    created = not run_dir.exists()
     held.enter_context(RunLock(run_dir))
-    write_run_files(run_dir, cfg, fresh=resume is None)
+    try:
+        write_run_files(run_dir, cfg, fresh=resume is None)
+    except OSError as err:
+        if created:  # a disk full from the start: leave nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise RunFailed(write_failure(err, run_dir)) from None
     return run_dir
 
 
@@ -330,12 +335,21 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
             state.load_state_dict(checkpoint)
         # Under torchrun rank 0 alone shows progress, for every rank.
         reporter = (reporter or NullReporter()) if dist.is_main else NullReporter()
-        try:  # rank 0 picks the run directory and tells the others (or its error)
-            run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held))
+        # rank 0 picks the run directory and tells the others (or its error)
+        run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held))
+        try:
             return run(state, run_dir, reporter, stop_at)
         except OSError as err:
-            raise RunFailed(f"cannot write to '{err.filename or run_dir}' ({err.strerror}); "
-                            f"checkpoints already written stay valid") from None
+            raise RunFailed(write_failure(err, run_dir)) from None
+
+
+def write_failure(err: OSError, run_dir: Path) -> str:
+    """One line for a failed write (a full disk, say): what failed, and what is still safe."""
+    where = err.filename or run_dir
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
+    kept = (f"; {', '.join(saved)} in {run_dir / 'checkpoints'} stay valid" if saved
+            else "; no checkpoint was written yet")
+    return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
 def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, quote
 from minitfm.evaluate import strip_eos
 from minitfm.model import AttentionMaps, greedy_decode
 from minitfm.tasks import EOS_ID, Pair, Task, make_batch
@@ -35,6 +35,7 @@ KIND_TITLES = {
     "cross": "cross-attention (query: decoder input, key: source)",
 }
 PROBE_MAX_TOKENS = 16  # longer probes make unreadable axis labels
+MAX_DRAWN_TOKENS = 64  # --input: a map of 64 x 130 cells per head is already a poster
 ALIGNMENT_SAMPLES = 200  # held-out pairs the alignment score is averaged over
 GAMMA = 0.5  # colour ∝ weight**GAMMA: diffuse rows (~1/S each) stay visible next to sharp ones
 PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, dark to light
@@ -218,6 +219,8 @@ def save_figure(fig, path: Path) -> None:
 
 def level(weight: float) -> int:
     """Palette index of an attention weight, on the figures' scale (colour ∝ weight**GAMMA)."""
+    if not np.isfinite(weight):  # a diverged model's NaN: the blank end of the scale
+        return 0
     return min(int(max(weight, 0.0) ** GAMMA * len(PALETTE)), len(PALETTE) - 1)
 
 
@@ -352,10 +355,11 @@ def read_input(cfg, task: Task, text: str | None, held_out: list[Pair]) -> list[
 
     if text is None:
         return pick_probe(held_out)[0]
+    limit = input_limit(cfg, task)
     try:
-        return task.parse(text, max_tokens=input_limit(cfg, task))
+        return task.parse(text, max_tokens=min(limit or MAX_DRAWN_TOKENS, MAX_DRAWN_TOKENS))
     except MinitfmError as err:
-        raise type(err)(f"--input ({text!r}): {err}") from None
+        raise type(err)(f"--input ({quote(text)}): {err}") from None
 
 
 def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,

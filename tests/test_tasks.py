@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm.config import TASK_NAMES, TaskConfig
+from minitfm.config import TASK_NAMES, TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
 from minitfm.tasks import (
     BOS_ID,
@@ -82,8 +82,9 @@ def test_vocab_errors():
 
 
 def test_add_rejects_more_than_ten_symbols():
-    with pytest.raises(ConfigError, match=r"task.n_symbols \(11\)"):
-        task("add", n_symbols=11)
+    # The config refuses it, so --print-config and train agree (adversarial report L14).
+    with pytest.raises(ConfigError, match=r"task.n_symbols \(11\) must be at most 10"):
+        load_config(None, ["task.name=add", "task.n_symbols=11"])
 
 
 # --- targets against independent computations ---

@@ -1,0 +1,113 @@
+"""What fits this machine: rough memory estimates, checked before anything is written.
+
+A config that cannot fit is refused with one line naming the key that makes it large, its
+value and the estimate, instead of an allocator traceback minutes later (or a machine
+swapping). The estimates count float32 tensors the way `layers.py` keeps them for backward;
+they are meant to be right within a factor of about two, which is enough to tell "fits" from
+"needs a terabyte". No torch here, so `--print-config` refuses the same configs as `train`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from minitfm.errors import MinitfmError
+
+FLOAT = 4  # bytes of a float32
+PYTHON_INT = 8  # bytes per token of a Python list of small ints (a pointer; the ints are shared)
+ADAMW_COPIES = 4  # weights, gradients, and AdamW's two moments
+
+
+def available_bytes() -> int:
+    """Memory this process may still use: MemAvailable, and the address-space limit (ulimit -v)."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return min(available, soft) if soft != resource.RLIM_INFINITY else available
+
+
+def human(n: float) -> str:
+    """Bytes as `1.2 GB`."""
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def longest_sequence(task_max_len: int) -> int:
+    """An upper bound on source and target tokens for inputs of `task_max_len` (add: 2n+1)."""
+    return 2 * task_max_len + 2
+
+
+def parameter_count(model, vocab_size: int) -> int:
+    """Weights of the encoder-decoder (embeddings, attention, feed-forward; norms ignored)."""
+    d, f = model.d_model, model.d_ff
+    encoder = model.n_encoder_layers * (4 * d * d + 2 * d * f)
+    decoder = model.n_decoder_layers * (8 * d * d + 2 * d * f)  # self- and cross-attention
+    positions = model.max_len * d if model.positional == "learned" else 0
+    return vocab_size * d + encoder + decoder + positions
+
+
+def activation_bytes(model, batch: int, src: int, tgt: int, vocab_size: int) -> int:
+    """Tensors one forward keeps for backward: per layer, projections and (B, H, Q, K) maps."""
+    d, f, h = model.d_model, model.d_ff, model.n_heads
+    encoder = model.n_encoder_layers * ((10 * d + 2 * f) * src + 2 * h * src * src)
+    decoder = model.n_decoder_layers * ((16 * d + 2 * f) * tgt + 2 * h * tgt * (tgt + src))
+    logits = 3 * tgt * vocab_size  # logits, softmax, gradient
+    return FLOAT * batch * (encoder + decoder + logits)
+
+
+def model_parts(cfg) -> list[tuple[str, int, int]]:
+    """(key, value, bytes) of what a model of `cfg` holds however it is used."""
+    vocab = cfg.task.n_symbols + 4
+    n = cfg.model.max_len
+    return [
+        ("model.d_model", cfg.model.d_model,
+         ADAMW_COPIES * FLOAT * parameter_count(cfg.model, vocab)),
+        ("model.max_len", n, n * n + FLOAT * n * cfg.model.d_model),  # causal mask, positions
+        ("task.n_symbols", cfg.task.n_symbols, 100 * vocab),  # the vocabulary's strings
+    ]
+
+
+def training_parts(cfg) -> list[tuple[str, int, int]]:
+    """(key, value, bytes) of a training run of `cfg`: model, one batch, the held-out set."""
+    length = longest_sequence(cfg.task.max_len)
+    batch = activation_bytes(cfg.model, cfg.train.batch_size, length, length,
+                             cfg.task.n_symbols + 4)
+    # The batch grows with its size and (quadratically) with the length: blame the one further
+    # from its default.
+    by_length = cfg.task.max_len / 16 >= cfg.train.batch_size / 128
+    key, value = ("task.max_len", cfg.task.max_len) if by_length else \
+        ("train.batch_size", cfg.train.batch_size)
+    held_out = PYTHON_INT * cfg.train.eval_samples * 2 * length
+    return [*model_parts(cfg), (key, value, batch),
+            ("train.eval_samples", cfg.train.eval_samples, held_out)]
+
+
+def decoding_parts(cfg, samples: int, max_len: int, batch_size: int,
+                   names: tuple[str, str] = ("--samples", "--max-len")) -> list:
+    """(key, value, bytes) of decoding `samples` inputs of up to `max_len` tokens."""
+    length = longest_sequence(max_len)
+    chunk = activation_bytes(cfg.model, min(batch_size, samples), length, length,
+                             cfg.task.n_symbols + 4) // 2  # no backward: about half
+    return [*model_parts(cfg), (names[1], max_len, chunk),
+            (names[0], samples, PYTHON_INT * samples * 2 * length)]
+
+
+def check_fits(parts: list[tuple[str, int, int]], what: str) -> None:
+    """Refuse when the parts together clearly exceed the memory this process can use."""
+    total = sum(size for _, _, size in parts)
+    available = available_bytes()
+    if total <= available:
+        return
+    key, value, size = max(parts, key=lambda part: part[2])
+    raise MinitfmError(f"{key} ({value}) needs ~{human(size)} for {what} (~{human(total)} in "
+                       f"all); this machine has {human(available)} available: lower {key}")

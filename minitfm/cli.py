@@ -202,13 +202,19 @@ def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, 
     The first argument is the config when it has no `=`, names a file or ends in .yaml/.yml
     (a folder such as `sweep/lr=0.001/config.yaml` may hold one)."""
     first = args[0] if args else ""
-    if args and ("=" not in first or Path(first).is_file()
-                 or first.endswith((".yaml", ".yml"))):
+    if args and ("=" not in first or is_file(first) or first.endswith((".yaml", ".yml"))):
         if not allow_config:
             raise MinitfmError(f"{quote(first)}: with --resume the config comes from the run; "
                                f"give only KEY=VALUE overrides")
         return args[0], args[1:]
     return None, args
+
+
+def is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # a name too long to be a path is no file
+        return False
 
 
 def run_training(cfg, **kwargs) -> None:

@@ -33,6 +33,9 @@ class ConsoleReporter:
         self.task_id = None
         self.exact_match: float | None = None
         self.output_lost = False
+        # rich exits the program when the reader of stdout goes away (`minitfm train | head`);
+        # a training run should rather go on quietly and save its checkpoints.
+        self.console.on_broken_pipe = self._output_gone
 
     def _print(self, *args, **kwargs) -> None:
         """Print, unless the output has gone (`minitfm train | head`): training goes on."""
@@ -40,9 +43,12 @@ class ConsoleReporter:
             return
         try:
             self.console.print(*args, **kwargs)
-        except OSError:  # a closed pipe or a full disk: stop printing, keep training
-            self.output_lost = True
-            silence(self.console.file)
+        except OSError:  # a full disk: stop printing, keep training
+            self._output_gone()
+
+    def _output_gone(self) -> None:
+        self.output_lost = self.console.quiet = True
+        silence(self.console.file)
 
     def start(self, run_dir: Path, state, device) -> None:
         cfg = state.cfg

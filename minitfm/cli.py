@@ -53,13 +53,24 @@ app = typer.Typer(
 )
 
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
-CHECKPOINT_HELP = "Which checkpoint of the run: best (highest exact match) or last."
+CHECKPOINT_HELP = ("Which checkpoint of the run: best (highest exact match; last.pt while the "
+                   "run has none) or last.")
 
 
 def fail(message: str, code: int = 2):
     """Print one clean error line on stderr and exit with `code`."""
     err_console.print(f"error: {message}", markup=False)
     raise typer.Exit(code)
+
+
+def chosen_checkpoint(run: Path | None, which: str) -> Path:
+    """The checkpoint file RUN means; a fallback from best.pt to last.pt is a note on stderr."""
+    from minitfm.checkpoint import pick_checkpoint
+
+    path, note = pick_checkpoint(run, which)
+    if note:
+        err_console.print(f"note: {note}", markup=False)
+    return path
 
 
 def clean_errors(command):
@@ -125,7 +136,8 @@ def train(
             console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides)), end="",
                           markup=False, highlight=False)
             return
-        return run_training(None, resume=ckpt, overrides=overrides)
+        return run_training(None, resume=ckpt, overrides=overrides, run_dir=run_dir,
+                            overwrite=overwrite)
     cfg = load_config(config_path, overrides)
     if print_config:
         console.print(to_yaml(cfg), end="", markup=False, highlight=False)
@@ -179,7 +191,8 @@ def eval_command(
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
     from minitfm.evaluate import eval_tables, evaluate_run
 
-    report = evaluate_run(run, checkpoint, samples, min_len, max_len, seed, batch_size)
+    report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
+                          max_len, seed, batch_size)
     if as_json:
         print(json.dumps(report))
     else:
@@ -206,7 +219,7 @@ def predict(
         lines, where = inputs, "input"
     else:
         lines, where = sys.stdin.read().splitlines(), "line"
-    for row in predict_texts(run, checkpoint, lines, where):
+    for row in predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where):
         print(json.dumps(row) if as_json else row["output"])
 
 
@@ -227,7 +240,8 @@ def visualize_attention(
     layer: int | None = typer.Option(None, help="Only this layer (from 0)."),
     head: int | None = typer.Option(None, help="Only this head (from 0)."),
     out: Path | None = typer.Option(None, help="PNG path (default: <run>/attention/"
-                                    "<checkpoint>-step<N>.png)."),
+                                    "<checkpoint>-step<N>.png; for a .pt outside a run, "
+                                    "<name>-attention-step<N>.png beside it)."),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
                                   help="Also draw the heatmaps in the terminal; a bare --kind "
                                        "all draws only cross-attention there (the PNG has "
@@ -237,7 +251,8 @@ def visualize_attention(
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
     from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
 
-    report = visualize(run, checkpoint, input_text, kind, layer, head, out)
+    report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind, layer,
+                       head, out)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
     console.print(f"{report.task.name} · {report.checkpoint} · step {report.step}", **plain)

@@ -138,7 +138,7 @@ class RunLock:
 
     def __enter__(self) -> RunLock:
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.run_dir)
         except OSError as err:
             raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
                                   f"({err.strerror}): check log.dir or --run-dir") from None
@@ -160,6 +160,20 @@ class RunLock:
     def __exit__(self, *exc) -> None:
         fcntl.flock(self.file, fcntl.LOCK_UN)
         self.file.close()
+
+
+def make_dirs(path: Path) -> None:
+    """`mkdir -p` that removes the folders it made when a later one fails (a name too long)."""
+    created: list[Path] = []
+    try:
+        for folder in reversed([path, *path.parents]):
+            if not os.path.isdir(folder):
+                folder.mkdir()
+                created.append(folder)
+    except OSError:
+        for folder in reversed(created):
+            folder.rmdir()
+        raise
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:

@@ -50,7 +50,10 @@ def new_run_dir(log_dir: str | Path, name: str) -> Path:
 
 def is_run_dir(path: Path) -> bool:
     """Whether `path` holds a minitfm run: a config.yaml or metrics.jsonl that minitfm wrote."""
-    return is_run_config(path / "config.yaml") or is_run_metrics(path / "metrics.jsonl")
+    config, metrics = path / "config.yaml", path / "metrics.jsonl"
+    # is_file first: opening a FIFO named config.yaml would block
+    return (config.is_file() and is_run_config(config)) or \
+        (metrics.is_file() and is_run_metrics(metrics))
 
 
 def is_run_config(path: Path) -> bool:

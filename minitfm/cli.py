@@ -117,9 +117,10 @@ def train(
         help="Continue this run (directory or checkpoint) from its last checkpoint; "
              "KEY=VALUE may change train.* and log.* keys."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Write the run here "
-                                           "instead of log.dir/<name>-<timestamp>."),
+                                           "instead of log.dir/<name>-<timestamp>; with "
+                                           "--resume, only for a .pt outside any run."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow --run-dir to be an "
-                                   "existing run directory (its files are replaced)."),
+                                   "existing minitfm run directory (its files are replaced)."),
     print_config: bool = typer.Option(False, "--print-config",
                                       help="Print the resolved config as YAML and exit."),
 ) -> None:

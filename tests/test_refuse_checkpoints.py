@@ -77,6 +77,12 @@ def test_a_loose_checkpoint_continues_in_the_run_dir_given(outside, tmp_path):
     assert snapshot(home) == before
 
 
+def test_a_loose_checkpoint_may_continue_in_a_minitfm_run(outside, run_copy):
+    result = run_cli("train", "--resume", outside, "--run-dir", run_copy, "train.steps=22")
+    assert result.exit_code == 0, result.stderr
+    assert load_checkpoint(run_copy / "checkpoints" / "last.pt")["step"] == 22
+
+
 def test_a_loose_checkpoint_never_goes_into_a_foreign_directory(outside, tmp_path):
     home = outside.parent.parent
     before = snapshot(home)
@@ -292,6 +298,7 @@ def test_overwrite_of_a_directory_that_is_no_run_is_refused(tmp_path):
 
 def test_a_hand_written_config_is_no_run(tmp_path, base):
     (tmp_path / "config.yaml").write_text("name: copy\ntask:\n  name: copy\n")
+    os.mkfifo(tmp_path / "metrics.jsonl")  # must not block
     assert not is_run_dir(tmp_path)
     assert is_run_dir(base)
 

@@ -263,21 +263,23 @@ def check_archive(path: Path) -> None:
 
 
 def foreign_callable(path: Path) -> str | None:
-    """The first callable outside torch that the pickle in `path` would run (read, not run),
-    or "code" when the pickle cannot even be read that far."""
+    """The first callable outside torch that the pickle in `path` names (read, never run)."""
+    head = 2**24  # a callable comes early; bytes in memory keep genops from preallocating
     try:
         if zipfile.is_zipfile(path):
             with zipfile.ZipFile(path) as archive:
                 name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-                return first_foreign_global(archive.read(name))
+                with archive.open(name) as f:
+                    return first_foreign_global(f.read(head))
         with open(path, "rb") as f:
-            return first_foreign_global(f.read())
+            return first_foreign_global(f.read(head))
     except (StopIteration, OSError, zipfile.BadZipFile):
         return None
 
 
 def first_foreign_global(data: bytes) -> str | None:
-    """Walk the pickle opcodes (nothing is executed) for GLOBAL and STACK_GLOBAL names."""
+    """Walk the pickle opcodes (nothing is executed) for GLOBAL and STACK_GLOBAL names;
+    "code" when a STACK_GLOBAL's name cannot be told."""
     strings: list[str] = []
     try:
         for op, arg, _ in pickletools.genops(data):

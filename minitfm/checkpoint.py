@@ -13,9 +13,11 @@ import io
 import json
 import os
 import pickle
+import pickletools
 import re
 import tempfile
 import time
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,14 @@ from minitfm.limits import check_fits, model_parts
 
 FORMAT = "minitfm-checkpoint/1"
 CHECKPOINTS = ("best", "last")
+SAFE_MODULES = ("torch.", "collections.OrderedDict", "_codecs.encode")  # what torch.save writes
+# What each use of a checkpoint reads: key -> (accepted types, their name in messages).
+EVAL_KEYS = {"step": (int, "an integer"), "config": (dict, "a mapping"),
+             "vocab": (list, "a list"), "model": (dict, "a mapping")}
+RESUME_KEYS = {"optimizer": (dict, "a mapping"), "scheduler": (dict, "a mapping"),
+               "best_exact_match": ((int, float), "a number"), "rng": (dict, "a mapping")}
+RNG_KEYS = {"torch": (torch.Tensor, "a tensor"), "data": (torch.Tensor, "a tensor"),
+            "cuda": (list, "a list")}
 
 
 def new_run_dir(log_dir: str | Path, name: str) -> Path:
@@ -40,36 +50,84 @@ def new_run_dir(log_dir: str | Path, name: str) -> Path:
     return path
 
 
-def latest_run(log_dir: str | Path = "runs") -> Path:
-    """The most recently modified run directory under `log_dir` that has checkpoints."""
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a minitfm run: a config.yaml or metrics.jsonl that minitfm wrote."""
+    config, metrics = path / "config.yaml", path / "metrics.jsonl"
+    # is_file first: opening a FIFO named config.yaml would block
+    return (config.is_file() and is_run_config(config)) or \
+        (metrics.is_file() and is_run_metrics(metrics))
+
+
+def is_run_config(path: Path) -> bool:
+    """A resolved config.yaml: exactly the top-level keys of `Config`, as `to_yaml` writes."""
+    from minitfm.config import Config
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(65536)
+    except (OSError, UnicodeDecodeError):
+        return False
+    keys = set(re.findall(r"^([A-Za-z_]\w*):", text, re.MULTILINE))
+    return keys == set(Config.model_fields)
+
+
+def is_run_metrics(path: Path) -> bool:
+    """A metrics.jsonl whose first line is a record minitfm writes (`step` and `split`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.loads(f.readline(4096))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and {"step", "split"} <= record.keys()
+
+
+def latest_run(log_dir: str | Path = "runs", which: str = "best") -> Path:
+    """The most recent run under `log_dir` that has `which`.pt (for "best": or last.pt)."""
     root = Path(log_dir)
-    runs = [p for p in root.glob("*/checkpoints") if p.is_dir()] if root.is_dir() else []
+    names = ("best.pt", "last.pt") if which == "best" else (f"{which}.pt",)
+    runs = [p.parent for p in root.glob("*/checkpoints") if p.is_dir()
+            and any((p / name).is_file() for name in names)] if root.is_dir() else []
     if not runs:
-        raise CheckpointError(f"no runs with checkpoints under '{root}/': train one first "
-                              f"(minitfm train) or give a run directory")
-    return max(runs, key=lambda p: p.stat().st_mtime).parent
+        raise CheckpointError(f"no runs with a {' or '.join(names)} checkpoint under '{root}/': "
+                              f"train one first (minitfm train) or give a run directory")
+    return max(runs, key=lambda p: (p / "checkpoints").stat().st_mtime)
 
 
-def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
-    """The checkpoint file meant by a RUN argument: a run directory, a .pt file, or None."""
+def pick_checkpoint(run: str | Path | None, which: str = "best") -> tuple[Path, str | None]:
+    """The checkpoint meant by a RUN argument (run directory, .pt file or None), and a note
+    when "best" falls back to last.pt because the run has not been evaluated yet."""
     if which not in CHECKPOINTS:
         raise CheckpointError(f"--checkpoint ({which!r}) must be one of {', '.join(CHECKPOINTS)}")
-    path = latest_run() if run is None else Path(run)
+    path = latest_run(which=which) if run is None else Path(run)
     if path.is_file():
-        return path
+        return path, None
     if not path.exists():
         raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
-    ckpt = path / "checkpoints" / f"{which}.pt"
+    if not path.is_dir():
+        raise CheckpointError(f"'{path}' is not a file: give a run directory or a .pt file")
+    ckpt, last = path / "checkpoints" / f"{which}.pt", path / "checkpoints" / "last.pt"
+    if which == "best" and not ckpt.exists() and last.is_file():
+        return last, f"run '{path}' has no best.pt yet (not evaluated so far): using last.pt"
+    if ckpt.exists() and not ckpt.is_file():
+        raise CheckpointError(f"'{ckpt}' is not a file")
     if not ckpt.is_file():
         other = [p.name for p in (path / "checkpoints").glob("*.pt")]
         hint = f" (it has {', '.join(sorted(other))})" if other else " (it has no checkpoints yet)"
         raise CheckpointError(f"run '{path}' has no {which} checkpoint{hint}")
-    return ckpt
+    return ckpt, None
 
 
-def run_dir_of(checkpoint: Path) -> Path:
-    """The run directory a checkpoint file lives in (its parent's parent)."""
-    return checkpoint.resolve().parent.parent
+def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
+    """The checkpoint file meant by a RUN argument (see `pick_checkpoint`), without the note."""
+    return pick_checkpoint(run, which)[0]
+
+
+def find_run_dir(checkpoint: Path) -> Path | None:
+    """The run directory holding `checkpoint` in its checkpoints/; None for a loose file."""
+    parent = checkpoint.resolve().parent
+    if parent.name == "checkpoints" and is_run_dir(parent.parent):
+        return parent.parent
+    return None
 
 
 class RunLock:
@@ -85,7 +143,7 @@ class RunLock:
 
     def __enter__(self) -> RunLock:
         try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.run_dir)
         except OSError as err:
             raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
                                   f"({err.strerror}): check log.dir or --run-dir") from None
@@ -109,6 +167,20 @@ class RunLock:
         self.file.close()
 
 
+def make_dirs(path: Path) -> None:
+    """`mkdir -p` that removes the folders it made when a later one fails (a name too long)."""
+    created: list[Path] = []
+    try:
+        for folder in reversed([path, *path.parents]):
+            if not os.path.isdir(folder):
+                folder.mkdir()
+                created.append(folder)
+    except OSError:
+        for folder in reversed(created):
+            folder.rmdir()
+        raise
+
+
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` atomically (see `write_atomic`)."""
     buffer = io.BytesIO()  # serialised first: torch.save turns a full disk into a RuntimeError
@@ -124,6 +196,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from TensorBoard
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -134,18 +207,39 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a minitfm checkpoint on the CPU with `weights_only=True`; errors are clear."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint '{path}' not found")
+def current_umask() -> int:
+    """The process umask, read from /proc where possible (setting it is process-wide)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def load_checkpoint(path: str | Path, resume: bool = False) -> dict[str, Any]:
+    """Load a minitfm checkpoint on the CPU with `weights_only=True`, after checking that its
+    archive is no bomb; the result has every key eval (or, with `resume`, training) needs."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint '{path}' not found")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint '{path}' is not a file")
+    check_archive(path)
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols on stderr
+            warnings.simplefilter("ignore")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         found = re.search(r"GLOBAL (\S+)", str(err))  # the pickle names a callable to run
-        if found:
+        callable_ = found.group(1) if found else foreign_callable(path)
+        if callable_:
             raise CheckpointError(f"checkpoint '{path}' was refused: it asks to run "
-                                  f"{found.group(1)}, which plain weights never do; only load "
+                                  f"{callable_}, which plain weights never do; only load "
                                   f"checkpoints you trust") from None
         raise CheckpointError(f"checkpoint '{path}' is corrupt, truncated or not a torch "
                               f"file; use the other checkpoint of the run or retrain") from None
@@ -155,7 +249,96 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
                               f"use the other checkpoint of the run or retrain") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a minitfm checkpoint (no '{FORMAT}' marker)")
+    check_state(state, path, resume)
     return state
+
+
+def check_archive(path: Path) -> None:
+    """Refuse a zip whose entries torch would inflate: torch writes them stored, and a stored
+    entry cannot be larger than the file (a zip bomb declares gigabytes in a few MB)."""
+    if not zipfile.is_zipfile(path):
+        return  # a legacy (pre-1.6) torch file: a plain pickle, no larger than the file
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint '{path}' is corrupt or truncated ({err}); "
+                              f"use the other checkpoint of the run or retrain") from None
+    for entry in entries:
+        if entry.compress_type != zipfile.ZIP_STORED:
+            raise CheckpointError(f"checkpoint '{path}' was refused: its entry "
+                                  f"'{entry.filename}' is compressed, which torch never writes")
+    declared, size = sum(entry.file_size for entry in entries), path.stat().st_size
+    if declared > size:
+        raise CheckpointError(f"checkpoint '{path}' was refused: its entries declare {declared} "
+                              f"bytes but the file has {size}")
+
+
+def foreign_callable(path: Path) -> str | None:
+    """The first callable outside torch that the pickle in `path` names (read, never run)."""
+    head = 2**24  # a callable comes early; bytes in memory keep genops from preallocating
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+                with archive.open(name) as f:
+                    return first_foreign_global(f.read(head))
+        with open(path, "rb") as f:
+            return first_foreign_global(f.read(head))
+    except (StopIteration, OSError, zipfile.BadZipFile):
+        return None
+
+
+def first_foreign_global(data: bytes) -> str | None:
+    """Walk the pickle opcodes (nothing is executed) for GLOBAL and STACK_GLOBAL names;
+    "code" when a STACK_GLOBAL's name cannot be told."""
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":
+                name = str(arg).replace(" ", ".")
+            elif op.name == "STACK_GLOBAL":
+                name = ".".join(strings[-2:]) if len(strings) >= 2 else "code"
+            else:
+                if isinstance(arg, str):
+                    strings.append(arg)
+                continue
+            if not name.startswith(SAFE_MODULES):
+                return name
+    except Exception:  # noqa: BLE001 - a damaged pickle: whatever genops raises
+        return None
+    return None
+
+
+def check_state(state: dict[str, Any], path: Path, resume: bool = False) -> None:
+    """Every key eval (and with `resume`, training) reads, of the right type; a valid config."""
+    from minitfm.config import validate
+    from minitfm.errors import ConfigError
+
+    check_keys(state, EVAL_KEYS, path)
+    if resume:
+        check_keys(state, RESUME_KEYS, path)
+        check_keys(state["rng"], RNG_KEYS, path, "rng.")
+    if not all(isinstance(token, str) for token in state["vocab"]):
+        raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                              f"('vocab' must be a list of strings)")
+    try:
+        validate(state["config"])
+    except ConfigError as err:
+        raise CheckpointError(f"checkpoint '{path}' has an invalid config: {err}") from None
+
+
+def check_keys(state: dict[str, Any], keys: dict[str, tuple], path: Path, prefix: str = "") -> None:
+    """Each of `keys` present in `state` with one of its types (a bool is no integer)."""
+    for key, (types, what) in keys.items():
+        if key not in state:
+            raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                                  f"(missing '{prefix}{key}')")
+        value = state[key]
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                                  f"('{prefix}{key}' must be {what}, got "
+                                  f"{type(value).__name__})")
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
@@ -174,13 +357,18 @@ def load_model(path: Path, device: torch.device | str = "cpu"):
     try:
         cfg = validate(state["config"])
         task = make_task(cfg.task)
-        if list(task.vocab.tokens) != list(state["vocab"]):
-            raise CheckpointError(f"checkpoint '{path}' was made with another vocabulary "
-                                  f"than task {cfg.task.name!r} has in this minitfm version")
+        check_vocab(state, task, path)
         check_fits(model_parts(cfg), "the model")
         model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id)
         model.load_state_dict(state["model"])
-    except (KeyError, RuntimeError, TypeError) as err:
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
                               f"({type(err).__name__}: {str(err).splitlines()[0][:100]})") from None
     return cfg, task, model.to(device).eval(), state["step"]
+
+
+def check_vocab(state: dict[str, Any], task, path: Path) -> None:
+    """The checkpoint's vocabulary must be the one `task` has in this minitfm version."""
+    if list(task.vocab.tokens) != list(state["vocab"]):
+        raise CheckpointError(f"checkpoint '{path}' was made with another vocabulary "
+                              f"than task {task.cfg.name!r} has in this minitfm version")

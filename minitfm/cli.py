@@ -60,7 +60,8 @@ app = typer.Typer(
 )
 
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
-CHECKPOINT_HELP = "Which checkpoint of the run: best (highest exact match) or last."
+CHECKPOINT_HELP = ("Which checkpoint of the run: best (highest exact match; last.pt while the "
+                   "run has none) or last.")
 
 
 MAX_ERROR_CHARS = 500  # one line, however long the user's input was
@@ -103,6 +104,16 @@ def signals_held():
 def out_of_memory(err: BaseException) -> bool:
     return isinstance(err, MemoryError) or "can't allocate memory" in str(err) \
         or "out of memory" in str(err)
+
+
+def chosen_checkpoint(run: Path | None, which: str) -> Path:
+    """The checkpoint file RUN means; a fallback from best.pt to last.pt is a note on stderr."""
+    from minitfm.checkpoint import pick_checkpoint
+
+    path, note = pick_checkpoint(run, which)
+    if note:
+        err_console.print(f"note: {note}", markup=False)
+    return path
 
 
 def clean_errors(command):
@@ -169,9 +180,10 @@ def train(
         help="Continue this run (directory or checkpoint) from its last checkpoint; "
              "KEY=VALUE may change train.* and log.* keys."),
     run_dir: Path | None = typer.Option(None, "--run-dir", help="Write the run here "
-                                           "instead of log.dir/<name>-<timestamp>."),
+                                           "instead of log.dir/<name>-<timestamp>; with "
+                                           "--resume, only for a .pt outside any run."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Allow --run-dir to be an "
-                                   "existing run directory (its files are replaced)."),
+                                   "existing minitfm run directory (its files are replaced)."),
     print_config: bool = typer.Option(False, "--print-config",
                                       help="Print the resolved config as YAML and exit."),
 ) -> None:
@@ -188,7 +200,8 @@ def train(
             console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides)), end="",
                           markup=False, highlight=False)
             return
-        return run_training(None, resume=ckpt, overrides=overrides)
+        return run_training(None, resume=ckpt, overrides=overrides, run_dir=run_dir,
+                            overwrite=overwrite)
     cfg = load_config(config_path, overrides)
     if print_config:
         console.print(to_yaml(cfg), end="", markup=False, highlight=False)
@@ -253,7 +266,8 @@ def eval_command(
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
     from minitfm.evaluate import eval_tables, evaluate_run
 
-    report = evaluate_run(run, checkpoint, samples, min_len, max_len, seed, batch_size)
+    report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
+                          max_len, seed, batch_size)
     if as_json:
         print(json.dumps(report))
     else:
@@ -283,7 +297,7 @@ def predict(
                            "per line")
     else:
         lines, where = sys.stdin.read().splitlines(), "line"
-    for row in predict_texts(run, checkpoint, lines, where):
+    for row in predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where):
         print(json.dumps(row) if as_json else row["output"])
 
 
@@ -308,7 +322,8 @@ def visualize_attention(
     layer: int | None = typer.Option(None, help="Only this layer (from 0)."),
     head: int | None = typer.Option(None, help="Only this head (from 0)."),
     out: Path | None = typer.Option(None, help="PNG path (default: <run>/attention/"
-                                    "<checkpoint>-step<N>.png)."),
+                                    "<checkpoint>-step<N>.png; for a .pt outside a run, "
+                                    "<name>-attention-step<N>.png beside it)."),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
                                   help="Also draw the heatmaps in the terminal; a bare --kind "
                                        "all draws only cross-attention there (the PNG has "
@@ -318,7 +333,8 @@ def visualize_attention(
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
     from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
 
-    report = visualize(run, checkpoint, input_text, kind, layer, head, out)
+    report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind, layer,
+                       head, out)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
     console.print(f"{report.task.name} · {report.checkpoint} · step {report.step}", **plain)

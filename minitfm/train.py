@@ -24,15 +24,17 @@ from minitfm import distributed
 from minitfm.checkpoint import (
     RunLock,
     append_metrics,
+    check_vocab,
+    find_run_dir,
+    is_run_dir,
     load_checkpoint,
     new_run_dir,
-    run_dir_of,
     save_checkpoint,
     write_atomic,
 )
 from minitfm.config import Config, TrainConfig, to_yaml, validate
 from minitfm.distributed import Dist
-from minitfm.errors import Interrupted, MinitfmError, RunFailed
+from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
@@ -246,10 +248,36 @@ class NullReporter:
 
 
 def check_fresh(run_dir: Path, overwrite: bool) -> None:
-    """A new run may not silently reuse a run directory that already holds a run."""
-    if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+    """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"cannot create the run directory '{run_dir}' (a file of that "
+                              f"name exists): check log.dir or --run-dir")
+    if not run_dir.exists() or all(p.name == ".lock" for p in run_dir.iterdir()):
+        return
+    if not is_run_dir(run_dir):
+        raise MinitfmError(f"directory '{run_dir}' is not empty and holds no minitfm run (no "
+                           f"config.yaml or metrics.jsonl written by minitfm): pick another "
+                           f"--run-dir; --overwrite replaces only minitfm runs")
+    if not overwrite:
         raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
                            f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
+
+
+def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
+    """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
+    own = find_run_dir(checkpoint)
+    if own is not None:
+        if run_dir is not None and run_dir.resolve() != own:
+            raise MinitfmError(f"--run-dir ('{run_dir}') cannot be combined with --resume of "
+                               f"run '{own}': a run goes on in its own directory; --run-dir is "
+                               f"for a checkpoint kept outside any run")
+        return own
+    if run_dir is None:
+        raise MinitfmError(f"checkpoint '{checkpoint}' is not inside a minitfm run "
+                           f"(<run>/checkpoints/): to continue it, give --run-dir (a new or "
+                           f"empty directory, or a minitfm run directory)")
+    check_fresh(run_dir, overwrite=True)  # a minitfm run, new or empty: nothing else
+    return run_dir
 
 
 def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
@@ -275,7 +303,7 @@ def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     cfg = validate(data)
     check_fits(training_parts(cfg), "training")
     for section in ("task", "model"):
-        before, after = saved[section], getattr(cfg, section).model_dump()
+        before, after = saved.get(section) or {}, getattr(cfg, section).model_dump()
         for key in before:
             if before[key] != after[key]:
                 raise MinitfmError(f"{section}.{key} cannot change on --resume ({before[key]!r} "
@@ -287,13 +315,21 @@ def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
 def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
                  held: ExitStack) -> Path:
     """Pick, check, lock (until `held` closes) and prepare the run directory."""
-    if resume is not None:
-        run_dir = run_dir_of(resume)
-    else:
-        run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
-        check_fresh(run_dir, overwrite)
-    created = not run_dir.exists()
-    held.enter_context(RunLock(run_dir))
+    try:
+        if resume is not None:
+            if overwrite:
+                raise MinitfmError("--overwrite cannot be combined with --resume: a resumed run "
+                                   "keeps its files")
+            run_dir = resume_run_dir(resume, run_dir)
+        else:
+            run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
+            check_fresh(run_dir, overwrite)
+        created = not run_dir.exists()
+        held.enter_context(RunLock(run_dir))
+    except OSError as err:  # a name too long, a path through a file, no permission
+        where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
+        raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
+                              f"check log.dir, name or --run-dir") from None
     try:
         write_run_files(run_dir, cfg, fresh=resume is None)
     except OSError as err:
@@ -301,6 +337,16 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
             shutil.rmtree(run_dir, ignore_errors=True)
         raise RunFailed(write_failure(err, run_dir)) from None
     return run_dir
+
+
+def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint into a fresh state; a mismatch is the checkpoint's fault, not a bug."""
+    check_vocab(checkpoint, state.task, path)
+    try:
+        state.load_state_dict(checkpoint)
+    except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                              f"({type(err).__name__}: {str(err).splitlines()[0][:100]})") from None
 
 
 @dataclass
@@ -324,7 +370,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
     continued later with `resume`. Under torchrun every rank calls this (see `distributed`):
     rank 0 alone writes the run directory and reports.
     """
-    checkpoint = load_checkpoint(resume) if resume is not None else None
+    checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
     if checkpoint is not None:
         cfg = resume_config(checkpoint, overrides)
     with distributed.session(cfg.device) as dist, ExitStack() as held:
@@ -332,7 +378,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         state = init_state(cfg, device, dist)
         if checkpoint is not None:
             # The schedule's lambda reads cfg.train, so a raised train.steps stretches the decay.
-            state.load_state_dict(checkpoint)
+            restore(state, checkpoint, resume)
         # Under torchrun rank 0 alone shows progress, for every rank.
         reporter = (reporter or NullReporter()) if dist.is_main else NullReporter()
         # rank 0 picks the run directory and tells the others (or its error)

@@ -364,14 +364,18 @@ def read_input(cfg, task: Task, text: str | None, held_out: list[Pair]) -> list[
 
 def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,
                 head: int | None) -> Path:
-    """`<run>/attention/<checkpoint>-step<N>[-<kind>][-layer<L>][-head<H>].png`."""
-    from minitfm.checkpoint import run_dir_of
+    """`<run>/attention/<checkpoint>-step<N>[-<kind>][-layer<L>][-head<H>].png`; for a
+    checkpoint outside any run, `<checkpoint>-attention-step<N>....png` beside the file."""
+    from minitfm.checkpoint import find_run_dir
 
-    name = f"{checkpoint.stem}-step{step}"
-    name += "" if kind == "all" else f"-{kind}"
-    name += "" if layer is None else f"-layer{layer}"
-    name += "" if head is None else f"-head{head}"
-    return run_dir_of(checkpoint) / "attention" / f"{name}.png"
+    suffix = f"step{step}"
+    suffix += "" if kind == "all" else f"-{kind}"
+    suffix += "" if layer is None else f"-layer{layer}"
+    suffix += "" if head is None else f"-head{head}"
+    run_dir = find_run_dir(checkpoint)
+    if run_dir is None:  # never write into a directory that is not ours
+        return checkpoint.with_name(f"{checkpoint.stem}-attention-{suffix}.png")
+    return run_dir / "attention" / f"{checkpoint.stem}-{suffix}.png"
 
 
 def figure_title(task: Task, checkpoint: Path, step: int, probe: Probe, target: list[int]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +55,8 @@ app = typer.Typer(
 
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
 CHECKPOINT_HELP = "Which checkpoint of the run: best (highest exact match) or last."
+THREADS_HELP = ("CPU threads: auto (the fastest alone, shared with other minitfm processes) "
+                "or a fixed count N.")
 
 
 def fail(message: str, code: int = 2):
@@ -144,18 +147,33 @@ def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, 
 
 
 def run_training(cfg, **kwargs) -> None:
-    from minitfm.progress import ConsoleReporter
-    from minitfm.train import train as train_run
+    from minitfm.threads import ThreadClaim
 
-    reporter = ConsoleReporter(console)
+    # Registered before torch loads, so that other minitfm processes see this one at once;
+    # a resumed run's `threads` is known once its checkpoint is read (train updates it).
+    with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
+        from minitfm.progress import ConsoleReporter
+        from minitfm.train import train as train_run
+
+        reporter = ConsoleReporter(console)
+        try:
+            train_run(cfg, reporter=reporter, threads=claim, **kwargs)
+        except MinitfmError as err:
+            if getattr(err, "echo", False):  # under torchrun rank 0 prints every rank's error
+                raise typer.Exit(err.exit_code) from None
+            raise
+        finally:
+            reporter.stop()
+
+
+def claim_threads(value: str):
+    """This process's thread registration for `--threads` (see minitfm.threads)."""
+    from minitfm.threads import ThreadClaim, parse_threads
+
     try:
-        train_run(cfg, reporter=reporter, **kwargs)
-    except MinitfmError as err:
-        if getattr(err, "echo", False):  # under torchrun rank 0 prints what every rank raised
-            raise typer.Exit(err.exit_code) from None
-        raise
-    finally:
-        reporter.stop()
+        return ThreadClaim(parse_threads(value))
+    except ValueError as err:
+        raise MinitfmError(f"--{err}") from None
 
 
 @app.command("eval")
@@ -175,11 +193,14 @@ def eval_command(
                                     "lower it to save memory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
-    from minitfm.evaluate import eval_tables, evaluate_run
+    with claim_threads(threads) as claim:
+        from minitfm.evaluate import eval_tables, evaluate_run
 
-    report = evaluate_run(run, checkpoint, samples, min_len, max_len, seed, batch_size)
+        claim.apply()
+        report = evaluate_run(run, checkpoint, samples, min_len, max_len, seed, batch_size)
     if as_json:
         print(json.dumps(report))
     else:
@@ -197,16 +218,20 @@ def predict(
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, with the "
                                  "expected output and whether it matches."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Decode your own inputs with a trained model, one output line per input."""
-    from minitfm.evaluate import predict_texts
-
     run, inputs = split_run_and_inputs(run, inputs or [])
     if inputs:
         lines, where = inputs, "input"
     else:
         lines, where = sys.stdin.read().splitlines(), "line"
-    for row in predict_texts(run, checkpoint, lines, where):
+    with claim_threads(threads) as claim:
+        from minitfm.evaluate import predict_texts
+
+        claim.apply()
+        rows = predict_texts(run, checkpoint, lines, where)
+    for row in rows:
         print(json.dumps(row) if as_json else row["output"])
 
 
@@ -233,11 +258,14 @@ def visualize_attention(
                                        "all draws only cross-attention there (the PNG has "
                                        "all kinds)."),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
-    from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
+    with claim_threads(threads) as claim:
+        from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
 
-    report = visualize(run, checkpoint, input_text, kind, layer, head, out)
+        claim.apply()
+        report = visualize(run, checkpoint, input_text, kind, layer, head, out)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
     console.print(f"{report.task.name} · {report.checkpoint} · step {report.step}", **plain)
@@ -283,11 +311,22 @@ def bench(
                                "scratch: wall seconds and steps to 99% exact match."),
     compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
-    from minitfm.bench import bench_tables, run_bench
+    from minitfm.threads import cores
 
-    report = run_bench(quick=quick, solve=solve, compile_=compile_, device=device)
+    load = {"load_average": os.getloadavg()[0], "cores": cores()}
+    if load["load_average"] > load["cores"]:
+        err_console.print(f"warning: load average {load['load_average']:.1f} on "
+                          f"{load['cores']} cores: other work is running, so these figures are "
+                          f"not meaningful", markup=False)
+    with claim_threads(threads) as claim:
+        from minitfm.bench import bench_tables, run_bench
+
+        claim.apply()
+        report = {**load, **run_bench(quick=quick, solve=solve, compile_=compile_,
+                                      device=device)}
     if as_json:
         print(json.dumps(report))
     else:

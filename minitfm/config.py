@@ -13,9 +13,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from minitfm.errors import ConfigError
+from minitfm.threads import parse_threads
 
 # The names `minitfm.tasks` registers; kept here so validation needs no torch.
 TASK_NAMES = ("copy", "reverse", "sort", "duplicate", "shift", "add")
@@ -134,10 +142,18 @@ class Config(Section):
     name: str = Field("reverse", description="run name, prefix of the run directory")
     seed: int = Field(0, description="seed of model initialisation and training data")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    threads: int | str = Field(
+        "auto", description="CPU threads: auto (fastest alone, shared with other minitfm "
+        "processes; may change during a run) or a fixed count (bit-exact CPU results)")
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     log: LogConfig = LogConfig()
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> int | str:
+        return parse_threads(value)
 
     @model_validator(mode="after")
     def _check(self) -> Config:

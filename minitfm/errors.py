@@ -26,3 +26,11 @@ class RunFailed(MinitfmError):
     """Training or evaluation failed while running (e.g. the loss diverged): exit code 1."""
 
     exit_code = 1
+
+
+class Interrupted(MinitfmError):
+    """Stopped by SIGINT (exit 130) or SIGTERM (exit 143), after saving what can be resumed."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code

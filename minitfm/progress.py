@@ -19,13 +19,15 @@ class ConsoleReporter:
         self.task_id = None
         self.exact_match: float | None = None
 
-    def start(self, run_dir: Path, state, device) -> None:
+    def start(self, run_dir: Path, state, device, threads: str = "") -> None:
         cfg = state.cfg
         self.console.print(f"run directory: {run_dir}")
         params = sum(p.numel() for p in state.model.parameters())
+        threads = f", {threads}" if threads and device.type == "cpu" else ""
         self.console.print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
                            f" {cfg.task.n_symbols} symbols), {params:,} parameters, device "
-                           f"{device}, steps {state.step}/{cfg.train.steps}", highlight=False)
+                           f"{device}{threads}, steps {state.step}/{cfg.train.steps}",
+                           highlight=False)
         ranks = state.dist.world_size  # under torchrun only rank 0 reports, for all of them
         if ranks > 1:
             self.console.print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "

@@ -25,7 +25,6 @@ from minitfm.errors import CheckpointError
 
 FORMAT = "minitfm-checkpoint/1"
 CHECKPOINTS = ("best", "last")
-SUMMARY = "summary.json"  # how a run ended; see write_summary
 
 
 def new_run_dir(log_dir: str | Path, name: str) -> Path:
@@ -145,29 +144,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a minitfm checkpoint (no '{FORMAT}' marker)")
     return state
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
-    """Write `summary.json` atomically; `wall_s` adds up over resumes. Returns that total.
-
-    `status` is finished, stopped at target, interrupted, paused or failed; a run that has
-    none is still running, or was killed before it could write one.
-    """
-    previous = read_summary(run_dir) or {}
-    total = summary["wall_s"] + previous.get("wall_s", 0.0)
-    record = {**summary, "wall_s": total, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = run_dir / f".{SUMMARY}.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / SUMMARY)
-    return total
-
-
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `summary.json`, or None when it has none (or an unreadable one)."""
-    try:
-        return json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:

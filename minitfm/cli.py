@@ -334,6 +334,25 @@ def bench(
             console.print(table)
 
 
+@app.command("runs")
+@clean_errors
+def runs_command(
+    folder: Path = typer.Argument(Path("runs"), metavar="[DIR]",
+                                  help="A folder of runs (and sweep folders), or a sweep folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+) -> None:
+    """List the runs: task, changes from the defaults, steps, best exact match, status."""
+    from minitfm.runs import list_runs, runs_table
+
+    rows = list_runs(folder)
+    if as_json:
+        print(json.dumps(rows))
+    elif rows:
+        console.print(runs_table(rows, f"runs under {folder}"))
+    else:
+        console.print(f"no runs under {folder}", markup=False, highlight=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -284,6 +284,18 @@ def _did_you_mean(word: str, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"d_model": 64}} -> {"model.d_model": 64}; None becomes "null"."""
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = "null" if value is None else value
+    return flat
+
+
 def to_yaml(cfg: Config) -> str:
     """The resolved config as YAML, in schema order."""
     return yaml.safe_dump(cfg.model_dump(), sort_keys=False)

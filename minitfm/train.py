@@ -21,14 +21,12 @@ import torch.nn.functional as F
 
 from minitfm import distributed
 from minitfm.checkpoint import (
-    SUMMARY,
     RunLock,
     append_metrics,
     load_checkpoint,
     new_run_dir,
     run_dir_of,
     save_checkpoint,
-    write_summary,
 )
 from minitfm.config import Config, TrainConfig, to_yaml, validate
 from minitfm.distributed import Dist
@@ -36,6 +34,7 @@ from minitfm.errors import Interrupted, MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer
+from minitfm.runs import SUMMARY, write_summary
 from minitfm.tasks import Task, eval_set, make_batch, make_task
 from minitfm.threads import ThreadClaim, ThreadPacer
 
@@ -504,7 +503,7 @@ def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
 
 def record_status(state: TrainState, ctx: RunContext, status: str,
                   result: EvalResult | None = None, **extra: Any) -> dict[str, Any]:
-    """The summary, written to `summary.json` by rank 0 (see `checkpoint.write_summary`)."""
+    """The summary, written to `summary.json` by rank 0 (see `runs.write_summary`)."""
     summary = summarize(state, ctx, result, paused=status not in ("finished", "stopped at target"))
     summary.update(status=status, steps=state.cfg.train.steps, **extra)
     if state.dist.is_main:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from minitfm import threads
-from minitfm.checkpoint import read_summary
 from minitfm.config import load_config
 from minitfm.errors import ConfigError
+from minitfm.runs import read_summary
 from minitfm.threads import ThreadClaim, ThreadPacer, resolve
 from tests.helpers import TINY, assert_clean_error, run_cli
 

@@ -334,6 +334,48 @@ def bench(
             console.print(table)
 
 
+@app.command()
+@clean_errors
+def sweep(
+    args: list[str] = typer.Argument(
+        ..., metavar="CONFIG [KEY=V1,V2,...]...",
+        help="A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in every run "
+             "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64)."),
+    seeds: str | None = typer.Option(None, help="Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2)."),
+    jobs: int | None = typer.Option(None, min=1, help="Runs at once (default: as many as "
+                                    "the cores hold at one thread each)."),
+    threads: int | None = typer.Option(None, min=1, help="Threads per job (default: cores "
+                                       "// jobs); jobs x threads may not exceed the cores."),
+    eval_lengths: list[str] | None = typer.Option(
+        None, "--eval-lengths", metavar="A..B", help="Also evaluate on these input lengths "
+        "(repeatable); the trained range always is."),
+    eval_samples: int = typer.Option(1000, min=1, help="Held-out sequences per evaluation."),
+    name: str | None = typer.Option(None, help="Sweep name (default: the config's file name)."),
+    out: Path | None = typer.Option(None, help="Sweep folder (default: log.dir/sweep-<name>-"
+                                    "<timestamp>, or the one that holds this same grid)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
+                                 "run that still has work, and exit."),
+) -> None:
+    """Train a grid of configs in parallel, evaluate each, and compare them in one table."""
+    from minitfm.sweep import dry_run_lines, parse_lengths, prepare, results_table, run_sweep
+
+    config, items = split_config_args(args, allow_config=True)
+    ranges = [parse_lengths(text) for text in eval_lengths or []]
+    grid, runs, folder, parallel, per_job = prepare(config, items, seeds, name, out, jobs,
+                                                    threads)
+    if dry_run:
+        for line in dry_run_lines(grid, runs, ranges, per_job, eval_samples):
+            print(line)
+        return
+    say = functools.partial(console.print, markup=False, highlight=False)
+    result = run_sweep(grid, runs, folder, parallel, per_job, ranges, eval_samples, say)
+    console.print(results_table(result.rows, result.keys, f"sweep {folder}"))
+    say(f"wrote {folder / 'results.jsonl'}, results.csv and results.png")
+    if result.failed:
+        fail(f"{len(result.failed)} of {len(runs)} runs failed ({', '.join(result.failed)}): "
+             f"see their train.log under {folder}", 1)
+
+
 @app.command("runs")
 @clean_errors
 def runs_command(

@@ -145,7 +145,8 @@ def runs_table(rows: list[dict[str, Any]], title: str):
     table = Table(title=title)
     for column in ("name", "task", "changes from the defaults", "steps", "best exact match",
                    "wall s", "status"):
-        table.add_column(column, justify="right" if column in ("steps", "wall s") else "left")
+        table.add_column(column, justify="right" if column in ("steps", "wall s") else "left",
+                         no_wrap=column in ("name", "status"))
     for row in rows:
         best = row["best_exact_match"]
         changes = " ".join(f"{key}={value}" for key, value in row["changes"].items()

@@ -68,21 +68,23 @@ class RunSpec:
 
 def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     """`KEY=V1,V2` items (and `--seeds`) -> (swept keys with their values, fixed overrides)."""
-    swept, fixed, seen = [], [], set()
+    swept, fixed = [], []
     for item in [*items, *([f"seed={seeds}"] if seeds is not None else [])]:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")
-        if key in seen:
-            raise ConfigError(f"grid key '{key}' is given twice: list all its values in one "
-                              f"item, {key}=A,B")
-        seen.add(key)
+        if key == "threads":
+            raise ConfigError(f"grid item '{item}': sweep sets threads per job; use --threads N "
+                              f"(and --jobs N)")
         values = [v.strip() for v in text.split(",")]
         if not any(values) or (len(values) > 1 and not all(values)):
             raise ConfigError(f"grid item '{item}' has an empty value: give {key}=V1,V2,... "
                               f"(null for None)")
+        if key in dict(swept):  # a fixed value given again is overridden, as in `train`
+            raise ConfigError(f"grid key '{key}' is swept twice: list all its values in one "
+                              f"item, {key}=A,B")
         if len(values) == 1:
             fixed.append(f"{key}={values[0]}")
         else:

@@ -344,8 +344,9 @@ def sweep(
     seeds: str | None = typer.Option(None, help="Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2)."),
     jobs: int | None = typer.Option(None, min=1, help="Runs at once (default: as many as "
                                     "the cores hold at one thread each)."),
-    threads: int | None = typer.Option(None, min=1, help="Threads per job (default: cores "
-                                       "// jobs); jobs x threads may not exceed the cores."),
+    threads: int | None = typer.Option(None, min=1, help="Threads per job (default: 1, or "
+                                       "cores // --jobs); jobs x threads may not exceed the "
+                                       "cores."),
     eval_lengths: list[str] | None = typer.Option(
         None, "--eval-lengths", metavar="A..B", help="Also evaluate on these input lengths "
         "(repeatable); the trained range always is."),

@@ -294,8 +294,12 @@ class Scheduler:
     def advance(self, code: int, job: Job, stopping: bool) -> None:
         """After a command ended: keep its result, then start the next one or report."""
         step = job.steps.pop(0)
-        if step.out is not None and code == 0:
-            os.replace(step.out.with_name(f".{step.out.name}.tmp"), step.out)
+        if step.out is not None:  # an evaluation's JSON, kept only when it succeeded
+            tmp = step.out.with_name(f".{step.out.name}.tmp")
+            if code == 0:
+                os.replace(tmp, step.out)
+            else:
+                tmp.unlink(missing_ok=True)
         if code != 0:
             if not stopping:
                 self.failed.append(job)

@@ -354,27 +354,31 @@ def sweep(
     name: str | None = typer.Option(None, help="Sweep name (default: the config's file name)."),
     out: Path | None = typer.Option(None, help="Sweep folder (default: log.dir/sweep-<name>-"
                                     "<timestamp>, or the one that holds this same grid)."),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Leave out the "
+                                      "combinations that fail validation instead of refusing "
+                                      "the grid (e.g. model.positional=none with "
+                                      "model.random_positions=64)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
                                  "run that still has work, and exit."),
 ) -> None:
     """Train a grid of configs in parallel, evaluate each, and compare them in one table."""
-    from minitfm.sweep import dry_run_lines, parse_lengths, prepare, results_table, run_sweep
+    from minitfm.sweep import dry_run_lines, prepare, results_table, run_sweep
 
     config, items = split_config_args(args, allow_config=True)
-    ranges = [parse_lengths(text) for text in eval_lengths or []]
-    grid, runs, folder, parallel, per_job = prepare(config, items, seeds, name, out, jobs,
-                                                    threads)
+    plan = prepare(config, items, seeds=seeds, name=name, out=out, jobs=jobs, threads=threads,
+                   eval_lengths=eval_lengths or [], samples=eval_samples,
+                   skip_invalid=skip_invalid)
     if dry_run:
-        for line in dry_run_lines(grid, runs, ranges, per_job, eval_samples):
+        for line in dry_run_lines(plan):
             print(line)
         return
     say = functools.partial(console.print, markup=False, highlight=False)
-    result = run_sweep(grid, runs, folder, parallel, per_job, ranges, eval_samples, say)
-    console.print(results_table(result.rows, result.keys, f"sweep {folder}"))
-    say(f"wrote {folder / 'results.jsonl'}, results.csv and results.png")
+    result = run_sweep(plan, say)
+    console.print(results_table(result.rows, result.keys, f"sweep {plan.folder}"))
+    say(f"wrote {plan.folder / 'results.jsonl'}, results.csv and results.png")
     if result.failed:
-        fail(f"{len(result.failed)} of {len(runs)} runs failed ({', '.join(result.failed)}): "
-             f"see their train.log under {folder}", 1)
+        fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
+             f"({', '.join(result.failed)}): see their train.log under {plan.folder}", 1)
 
 
 @app.command("runs")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -105,20 +106,27 @@ def run_id(choice: dict[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
 
 
-def plan_runs(grid: Grid, folder: Path, threads: int) -> list[RunSpec]:
-    """Every run of the grid, each config validated: one bad value refuses the whole grid."""
+def plan_runs(grid: Grid, folder: Path, threads: int,
+              skip_invalid: bool = False) -> tuple[list[RunSpec], list[str]]:
+    """Every run of the grid, each config validated: one bad value refuses the whole grid,
+    unless `skip_invalid` (then the second list says which were left out, and why)."""
     keys = [key for key, _ in grid.swept]
-    runs = []
+    runs, skipped = [], []
     for values in itertools.product(*(v for _, v in grid.swept)):
         choice = dict(zip(keys, values))
         overrides = [*grid.fixed, *(f"{k}={v}" for k, v in choice.items())]
         try:
             cfg = load_config(grid.config, [*overrides, f"threads={threads}"])
         except ConfigError as err:
-            where = f" (in the run {run_id(choice)})" if choice else ""
-            raise ConfigError(f"{err}{where}") from None
+            if not skip_invalid or not choice:
+                where = f" (in the run {run_id(choice)})" if choice else ""
+                raise ConfigError(f"{err}{where}") from None
+            skipped.append(f"{run_id(choice)}: {err}")
+            continue
         runs.append(RunSpec(run_id(choice), choice, overrides, cfg, folder / run_id(choice)))
-    return runs
+    if not runs:
+        raise ConfigError(f"no valid run in the grid: {skipped[0]}")
+    return runs, skipped
 
 
 def sweep_folder(grid: Grid, name: str, out: Path | None) -> Path:
@@ -479,45 +487,63 @@ def job_shape(runs: int, jobs: int | None, threads: int | None) -> tuple[int, in
     return jobs, threads
 
 
-def prepare(config: str | None, items: list[str], seeds: str | None, name: str | None,
-            out: Path | None, jobs: int | None, threads: int | None):
+@dataclass
+class Plan:
+    """A validated sweep: its runs, where they go, how many at once, what to evaluate."""
+
+    grid: Grid
+    runs: list[RunSpec]
+    skipped: list[str]  # invalid combinations left out (--skip-invalid), with the reason
+    folder: Path
+    parallel: int
+    threads: int  # per job
+    ranges: list[tuple[int, int]]  # --eval-lengths
+    samples: int
+
+    def jobs(self) -> list[Job]:
+        return [plan_job(self.grid, spec, self.ranges, self.threads, self.samples)
+                for spec in self.runs]
+
+
+def prepare(config: str | None, items: list[str], *, seeds: str | None = None,
+            name: str | None = None, out: Path | None = None, jobs: int | None = None,
+            threads: int | None = None, eval_lengths: list[str] = (), samples: int = 1000,
+            skip_invalid: bool = False) -> Plan:
     """Parse and validate the whole grid before anything is written."""
     swept, fixed = parse_grid(items, seeds)
     grid = Grid(config, swept, fixed)
-    n_runs = 1
-    for _, values in swept:
-        n_runs *= len(values)
-    parallel, per_job = job_shape(n_runs, jobs, threads)
+    ranges = [parse_lengths(text) for text in eval_lengths]
     name = name or (Path(config).stem if config else "default")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise MinitfmError(f"--name ({name!r}) may hold only letters, digits, '_', '-', '.'")
+    parallel, per_job = job_shape(math.prod(len(v) for _, v in swept), jobs, threads)
     folder = sweep_folder(grid, name, out)
-    return grid, plan_runs(grid, folder, per_job), folder, parallel, per_job
+    runs, skipped = plan_runs(grid, folder, per_job, skip_invalid)
+    return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples)
 
 
-def dry_run_lines(grid: Grid, runs: list[RunSpec], ranges: list, threads: int,
-                  samples: int) -> list[str]:
+def dry_run_lines(plan: Plan) -> list[str]:
     """One line of shell per run that still has work: its commands joined by &&."""
-    jobs = [plan_job(grid, spec, ranges, threads, samples) for spec in runs]
-    return [" && ".join(step.shell() for step in job.steps) for job in jobs if job.steps]
+    return [" && ".join(step.shell() for step in job.steps) for job in plan.jobs() if job.steps]
 
 
-def run_sweep(grid: Grid, runs: list[RunSpec], folder: Path, parallel: int, threads: int,
-              ranges: list, samples: int, say: Callable[[str], None]) -> SweepResult:
+def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / SWEEP_FILE).write_text(json.dumps({"grid": grid.spec()}, indent=1) + "\n",
-                                     encoding="utf-8")
-    jobs = [plan_job(grid, spec, ranges, threads, samples) for spec in runs]
-    skipped = sum(1 for job in jobs if not job.steps)
-    say(f"sweep folder: {folder}")
-    say(f"{len(runs)} runs ({skipped} already done), {min(parallel, len(runs))} at a time, "
-        f"{threads} thread{'s' if threads > 1 else ''} each")
-    failed = Scheduler(jobs, parallel, say).run()
-    keys = [key for key, _ in grid.swept]
-    rows = [result_row(spec, ranges) for spec in runs]
-    write_results(folder, rows, keys)
-    return SweepResult(folder, rows, keys, [job.spec.id for job in failed])
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    (plan.folder / SWEEP_FILE).write_text(json.dumps({"grid": plan.grid.spec()}, indent=1)
+                                          + "\n", encoding="utf-8")
+    jobs = plan.jobs()
+    done = sum(1 for job in jobs if not job.steps)
+    say(f"sweep folder: {plan.folder}")
+    for reason in plan.skipped:
+        say(f"skipped (invalid) {reason}")
+    say(f"{len(jobs)} runs ({done} already done), {min(plan.parallel, len(jobs))} at a time, "
+        f"{plan.threads} thread{'s' if plan.threads > 1 else ''} each")
+    failed = Scheduler(jobs, plan.parallel, say).run()
+    keys = [key for key, _ in plan.grid.swept]
+    rows = [result_row(spec, plan.ranges) for spec in plan.runs]
+    write_results(plan.folder, rows, keys)
+    return SweepResult(plan.folder, rows, keys, [job.spec.id for job in failed])
 
 
 def parse_lengths(text: str) -> tuple[int, int]:

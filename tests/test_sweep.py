@@ -146,3 +146,12 @@ def test_runs_lists_finished_interrupted_and_swept_runs(tmp_path):
     inside = json.loads(run_cli("runs", root / "sweep-x", "--json").stdout)
     assert [row["name"] for row in inside] == ["seed=0"]
     assert_clean_error(run_cli("runs", tmp_path / "nowhere"), 2, "nowhere")
+
+
+def test_skip_invalid_leaves_out_the_impossible_combinations(tmp_path):
+    grid = ["model.positional=none,rope", "model.random_positions=null,64"]
+    assert_clean_error(sweep(tmp_path / "sw", *grid, "--dry-run"), 2, "model.random_positions")
+    result = sweep(tmp_path / "sw", *grid, "--dry-run", "--skip-invalid")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and not any("positional=none,random_positions=64" in x for x in lines)

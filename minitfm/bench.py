@@ -276,11 +276,14 @@ def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
             report["throughput"].append(row)
     report["decoding"] = [decoding(n, dev, 200 if quick else 1000) for n in (16, 32)]
     report["eval"] = eval_speed(dev)
+    # The child trains with this process's threads: on `auto` it would count this (idle,
+    # waiting) process as a neighbour and take half the cores.
+    same = f"threads={report['threads']}"
     if solve:
-        report["solve"] = train_subprocess([])
+        report["solve"] = train_subprocess([same])
     else:
         steps = "train.steps=20" if quick else "train.steps=200"
-        report["memory"] = train_subprocess([steps, "train.eval_every=0"])
+        report["memory"] = train_subprocess([steps, "train.eval_every=0", same])
     return report
 
 
@@ -288,7 +291,9 @@ def bench_tables(report: dict) -> list:
     """Rich tables of a bench report."""
     from rich.table import Table
 
-    title = (f"minitfm bench · {report['device']} · {report['threads']} threads · torch "
+    load = (f" · load {report['load_average']:.1f} on {report['cores']} cores"
+            if "load_average" in report else "")
+    title = (f"minitfm bench · {report['device']} · {report['threads']} threads{load} · torch "
              f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
     train = Table(title=title)
     for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU"):

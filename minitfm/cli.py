@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import sys
 import unicodedata
@@ -62,6 +63,8 @@ app = typer.Typer(
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
 CHECKPOINT_HELP = ("Which checkpoint of the run: best (highest exact match; last.pt while the "
                    "run has none) or last.")
+THREADS_HELP = ("CPU threads: auto (the fastest alone, shared with other minitfm processes) "
+                "or a fixed count N.")
 
 
 MAX_ERROR_CHARS = 500  # one line, however long the user's input was
@@ -231,18 +234,33 @@ def is_file(text: str) -> bool:
 
 
 def run_training(cfg, **kwargs) -> None:
-    from minitfm.progress import ConsoleReporter
-    from minitfm.train import train as train_run
+    from minitfm.threads import ThreadClaim
 
-    reporter = ConsoleReporter(console)
+    # Registered before torch loads, so that other minitfm processes see this one at once;
+    # a resumed run's `threads` is known once its checkpoint is read (train updates it).
+    with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
+        from minitfm.progress import ConsoleReporter
+        from minitfm.train import train as train_run
+
+        reporter = ConsoleReporter(console)
+        try:
+            train_run(cfg, reporter=reporter, threads=claim, **kwargs)
+        except MinitfmError as err:
+            if getattr(err, "echo", False):  # under torchrun rank 0 prints every rank's error
+                raise typer.Exit(err.exit_code) from None
+            raise
+        finally:
+            reporter.stop()
+
+
+def claim_threads(value: str):
+    """This process's thread registration for `--threads` (see minitfm.threads)."""
+    from minitfm.threads import ThreadClaim, parse_threads
+
     try:
-        train_run(cfg, reporter=reporter, **kwargs)
-    except MinitfmError as err:
-        if getattr(err, "echo", False):  # under torchrun rank 0 prints what every rank raised
-            raise typer.Exit(err.exit_code) from None
-        raise
-    finally:
-        reporter.stop()
+        return ThreadClaim(parse_threads(value))
+    except ValueError as err:
+        raise MinitfmError(f"--{err}") from None
 
 
 @app.command("eval")
@@ -262,12 +280,15 @@ def eval_command(
                                     "lower it to save memory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
-    from minitfm.evaluate import eval_tables, evaluate_run
+    with claim_threads(threads) as claim:
+        from minitfm.evaluate import eval_tables, evaluate_run
 
-    report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
-                          max_len, seed, batch_size)
+        claim.apply()
+        report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
+                              max_len, seed, batch_size)
     if as_json:
         print(json.dumps(report))
     else:
@@ -285,10 +306,9 @@ def predict(
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, with the "
                                  "expected output and whether it matches."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Decode your own inputs with a trained model, one output line per input."""
-    from minitfm.evaluate import predict_texts
-
     run, inputs = split_run_and_inputs(run, inputs or [])
     if inputs:
         lines, where = inputs, "input"
@@ -297,7 +317,12 @@ def predict(
                            "per line")
     else:
         lines, where = sys.stdin.read().splitlines(), "line"
-    for row in predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where):
+    with claim_threads(threads) as claim:
+        from minitfm.evaluate import predict_texts
+
+        claim.apply()
+        rows = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
+    for row in rows:
         print(json.dumps(row) if as_json else row["output"])
 
 
@@ -329,12 +354,15 @@ def visualize_attention(
                                        "all draws only cross-attention there (the PNG has "
                                        "all kinds)."),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
-    from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
+    with claim_threads(threads) as claim:
+        from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
 
-    report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind, layer,
-                       head, out)
+        claim.apply()
+        report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind,
+                           layer, head, out)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
     console.print(f"{report.task.name} · {report.checkpoint} · step {report.step}", **plain)
@@ -380,18 +408,95 @@ def bench(
                                "scratch: wall seconds and steps to 99% exact match."),
     compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
     """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
-    from minitfm.bench import bench_tables, run_bench
     from minitfm.config import check_device
+    from minitfm.threads import cores
 
     check_device(device)
-    report = run_bench(quick=quick, solve=solve, compile_=compile_, device=device)
+    load = {"load_average": os.getloadavg()[0], "cores": cores()}
+    if load["load_average"] > load["cores"]:
+        err_console.print(f"warning: load average {load['load_average']:.1f} on "
+                          f"{load['cores']} cores: other work is running, so these figures are "
+                          f"not meaningful", markup=False)
+    with claim_threads(threads) as claim:
+        from minitfm.bench import bench_tables, run_bench
+
+        claim.apply()
+        report = {**load, **run_bench(quick=quick, solve=solve, compile_=compile_,
+                                      device=device)}
     if as_json:
         print(json.dumps(report))
     else:
         for table in bench_tables(report):
             console.print(table)
+
+
+@app.command()
+@clean_errors
+def sweep(
+    args: list[str] = typer.Argument(
+        ..., metavar="CONFIG [KEY=V1,V2,...]...",
+        help="A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in every run "
+             "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64)."),
+    seeds: str | None = typer.Option(None, help="Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2)."),
+    jobs: int | None = typer.Option(None, min=1, help="Runs at once (default: as many as "
+                                    "the cores hold at one thread each)."),
+    threads: int | None = typer.Option(None, min=1, help="Threads per job (default: 1, or "
+                                       "cores // --jobs); jobs x threads may not exceed the "
+                                       "cores."),
+    eval_lengths: list[str] | None = typer.Option(
+        None, "--eval-lengths", metavar="A..B", help="Also evaluate on these input lengths "
+        "(repeatable); the trained range always is."),
+    eval_samples: int = typer.Option(1000, min=1, help="Held-out sequences per evaluation."),
+    name: str | None = typer.Option(None, help="Sweep name (default: the config's file name)."),
+    out: Path | None = typer.Option(None, help="Sweep folder (default: log.dir/sweep-<name>-"
+                                    "<timestamp>, or the one that holds this same grid)."),
+    skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Leave out the "
+                                      "combinations that fail validation instead of refusing "
+                                      "the grid (e.g. model.positional=none with "
+                                      "model.random_positions=64)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
+                                 "run that still has work, and exit."),
+) -> None:
+    """Train a grid of configs in parallel, evaluate each, and compare them in one table."""
+    from minitfm.sweep import dry_run_lines, prepare, results_table, run_sweep
+
+    config, items = split_config_args(args, allow_config=True)
+    plan = prepare(config, items, seeds=seeds, name=name, out=out, jobs=jobs, threads=threads,
+                   eval_lengths=eval_lengths or [], samples=eval_samples,
+                   skip_invalid=skip_invalid)
+    if dry_run:
+        for line in dry_run_lines(plan):
+            print(line)
+        return
+    say = functools.partial(console.print, markup=False, highlight=False)
+    result = run_sweep(plan, say)
+    console.print(results_table(result.rows, result.keys, f"sweep {plan.folder}"))
+    say(f"wrote {plan.folder / 'results.jsonl'}, results.csv and results.png")
+    if result.failed:
+        fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
+             f"({', '.join(result.failed)}): see their .log files in {plan.folder}", 1)
+
+
+@app.command("runs")
+@clean_errors
+def runs_command(
+    folder: Path = typer.Argument(Path("runs"), metavar="[DIR]",
+                                  help="A folder of runs (and sweep folders), or a sweep folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
+) -> None:
+    """List the runs: task, changes from the defaults, steps, best exact match, status."""
+    from minitfm.runs import list_runs, runs_table
+
+    rows = list_runs(folder)
+    if as_json:
+        print(json.dumps(rows))
+    elif rows:
+        console.print(runs_table(rows, f"runs under {folder}"))
+    else:
+        console.print(f"no runs under {folder}", markup=False, highlight=False)
 
 
 def main() -> None:

@@ -13,10 +13,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from minitfm.errors import ConfigError, quote
 from minitfm.limits import check_fits, training_parts
+from minitfm.threads import parse_threads
 
 # The names `minitfm.tasks` registers; kept here so validation needs no torch.
 TASK_NAMES = ("copy", "reverse", "sort", "duplicate", "shift", "add")
@@ -158,10 +166,18 @@ class Config(Section):
     name: str = Field("reverse", description="run name, prefix of the run directory")
     seed: int = Field(0, **SEED_RANGE, description="seed of model initialisation and training data")
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    threads: int | str = Field(
+        "auto", description="CPU threads: auto (fastest alone, shared with other minitfm "
+        "processes; may change during a run) or a fixed count (bit-exact CPU results)")
     task: TaskConfig = TaskConfig()
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     log: LogConfig = LogConfig()
+
+    @field_validator("threads", mode="before")
+    @classmethod
+    def _threads(cls, value: Any) -> int | str:
+        return parse_threads(value)
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -389,6 +405,18 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> str:
 def _did_you_mean(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"model": {"d_model": 64}} -> {"model.d_model": 64}; None becomes "null"."""
+    flat = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = "null" if value is None else value
+    return flat
 
 
 def to_yaml(cfg: Config) -> str:

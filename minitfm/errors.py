@@ -46,7 +46,7 @@ class RunFailed(MinitfmError):
 
 
 class Interrupted(MinitfmError):
-    """Stopped by SIGINT (exit 130) or SIGTERM (exit 143); training saves `last.pt` first."""
+    """Stopped by SIGINT (exit 130) or SIGTERM (exit 143), after saving what can be resumed."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)

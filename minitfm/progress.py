@@ -50,18 +50,19 @@ class ConsoleReporter:
         self.output_lost = self.console.quiet = True
         silence(self.console.file)
 
-    def start(self, run_dir: Path, state, device) -> None:
+    def start(self, run_dir: Path, state, device, threads: str = "") -> None:
         cfg = state.cfg
         self._print(f"run directory: {run_dir}")
         params = sum(p.numel() for p in state.model.parameters())
+        threads = f", {threads}" if threads and device.type == "cpu" else ""
         self._print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
-                           f" {cfg.task.n_symbols} symbols), {params:,} parameters, device "
-                           f"{device}, steps {state.step}/{cfg.train.steps}", highlight=False)
+                    f" {cfg.task.n_symbols} symbols), {params:,} parameters, device "
+                    f"{device}{threads}, steps {state.step}/{cfg.train.steps}", highlight=False)
         ranks = state.dist.world_size  # under torchrun only rank 0 reports, for all of them
         if ranks > 1:
             self._print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "
-                               f"global batch {ranks * cfg.train.batch_size} sequences per step",
-                               highlight=False)
+                        f"global batch {ranks * cfg.train.batch_size} sequences per step",
+                        highlight=False)
         if self.live:
             self.progress = Progress(
                 TextColumn("step {task.completed:>5.0f}/{task.total:.0f}"), BarColumn(),

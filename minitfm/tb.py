@@ -13,11 +13,10 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from minitfm.config import Config, to_yaml
+from minitfm.config import Config, flatten, to_yaml
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
 EVAL_SCALARS = ("loss", "token_accuracy", "exact_match")
@@ -132,18 +131,6 @@ class TensorBoardLogger(NullLogger):
             self.writer.close()
         finally:
             threading.excepthook = self.previous_hook
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"model": {"d_model": 64}} -> {"model.d_model": 64}; None becomes "null"."""
-    flat = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = "null" if value is None else value
-    return flat
 
 
 def open_logger(run_dir: Path, cfg: Config, task, eval_pairs: list):

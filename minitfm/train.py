@@ -39,7 +39,9 @@ from minitfm.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer
+from minitfm.runs import SUMMARY, write_summary
 from minitfm.tasks import Task, eval_set, make_batch, make_task
+from minitfm.threads import ThreadClaim, ThreadPacer
 
 
 def pick_device(name: str) -> torch.device:
@@ -240,7 +242,8 @@ class StopSignal:
 class NullReporter:
     """Reports nothing: the default when training is called as a library."""
 
-    def start(self, run_dir: Path, state: TrainState, device: torch.device) -> None: ...
+    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+              threads: str = "") -> None: ...
     def train_line(self, record: dict) -> None: ...
     def eval_line(self, record: dict) -> None: ...
     def message(self, text: str) -> None: ...
@@ -286,6 +289,7 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
         stale.unlink()
     if fresh:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (run_dir / SUMMARY).unlink(missing_ok=True)
         for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
             old.unlink()
     (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -358,22 +362,27 @@ class RunContext:
     reporter: Any
     logger: Any
     stop: StopSignal
+    pacer: ThreadPacer
     started: float = field(default_factory=time.perf_counter)
 
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
           overrides: list[str] = (), overwrite: bool = False, reporter: Any = None,
-          stop_at: int | None = None) -> dict[str, Any]:
+          stop_at: int | None = None, threads: ThreadClaim | None = None) -> dict[str, Any]:
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
     `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
-    continued later with `resume`. Under torchrun every rank calls this (see `distributed`):
-    rank 0 alone writes the run directory and reports.
+    continued later with `resume`. `threads` is this process's registration (see `threads`),
+    made here if not given. Under torchrun every rank calls this (see `distributed`): rank 0
+    alone writes the run directory and reports.
     """
     checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
     if checkpoint is not None:
         cfg = resume_config(checkpoint, overrides)
     with distributed.session(cfg.device) as dist, ExitStack() as held:
+        claim = threads or held.enter_context(ThreadClaim(cfg.threads))
+        claim.update(cfg.threads)
+        claim.apply()
         device = dist.device if dist.world_size > 1 else pick_device(cfg.device)
         state = init_state(cfg, device, dist)
         if checkpoint is not None:
@@ -384,7 +393,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         # rank 0 picks the run directory and tells the others (or its error)
         run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held))
         try:
-            return run(state, run_dir, reporter, stop_at)
+            return run(state, run_dir, reporter, stop_at, claim)
         except OSError as err:
             raise RunFailed(write_failure(err, run_dir)) from None
 
@@ -398,7 +407,8 @@ def write_failure(err: OSError, run_dir: Path) -> str:
     return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
-def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None) -> dict[str, Any]:
+def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None,
+        claim: ThreadClaim) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
     from minitfm.tb import NullLogger, open_logger
 
@@ -407,9 +417,13 @@ def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None) ->
     logger = open_logger(run_dir, cfg, state.task, eval_pairs) if state.dist.is_main \
         else NullLogger()
     with StopSignal() as stop, logger:
-        ctx = RunContext(run_dir, eval_pairs, reporter, logger, stop)
-        reporter.start(run_dir, state, state.device)
-        summary = run_loop(state, ctx, stop_at)
+        ctx = RunContext(run_dir, eval_pairs, reporter, logger, stop, ThreadPacer(claim))
+        reporter.start(run_dir, state, state.device, claim.describe())
+        try:
+            summary = run_loop(state, ctx, stop_at)
+        except RunFailed as err:
+            record_status(state, ctx, "failed", error=str(err))
+            raise
         logger.finish(summary)
     reporter.finish(summary)
     return summary
@@ -438,6 +452,8 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
         signum = ctx.stop.agreed(state.dist)
         if signum or state.step == stop_at:
             return pause(state, ctx, signum)
+        if ctx.pacer.tick():  # another minitfm process started or ended
+            ctx.reporter.message(f"step {state.step}: now {ctx.pacer.claim.describe()}")
     return finish(state, ctx, last_eval)
 
 
@@ -450,6 +466,7 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
     """Save `last.pt` and stop: by a signal (raises Interrupted) or at `stop_at`."""
     save(state, ctx, "last")
     if signum:
+        record_status(state, ctx, "interrupted")
         name = signal.Signals(signum).name
         ctx.logger.close()
         path = ctx.run_dir / "checkpoints" / "last.pt"
@@ -458,7 +475,7 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
         raise state.dist.shared(Interrupted(f"{name} at step {state.step}: saved {path}; "
                                             f"continue with minitfm train --resume "
                                             f"{ctx.run_dir}{again}", 128 + signum))
-    return summarize(state, ctx, None, paused=True)
+    return record_status(state, ctx, "paused")
 
 
 def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> dict[str, Any]:
@@ -468,7 +485,8 @@ def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> 
     if state.cfg.log.attention_every:
         ctx.logger.attention(state.step, state.model)
     save(state, ctx, "last")
-    return summarize(state, ctx, last_eval, paused=False)
+    status = "finished" if state.step >= state.cfg.train.steps else "stopped at target"
+    return record_status(state, ctx, status, last_eval)
 
 
 def save(state: TrainState, ctx: RunContext, name: str) -> None:
@@ -548,5 +566,15 @@ def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
     if result is not None:
         summary.update(exact_match=result.exact_match, token_accuracy=result.token_accuracy,
                        loss=result.loss)
+    return summary
+
+
+def record_status(state: TrainState, ctx: RunContext, status: str,
+                  result: EvalResult | None = None, **extra: Any) -> dict[str, Any]:
+    """The summary, written to `summary.json` by rank 0 (see `runs.write_summary`)."""
+    summary = summarize(state, ctx, result, paused=status not in ("finished", "stopped at target"))
+    summary.update(status=status, steps=state.cfg.train.steps, **extra)
+    if state.dist.is_main:
+        summary["wall_s"] = write_summary(ctx.run_dir, summary)
     return summary
 

@@ -52,6 +52,7 @@ def test_bench_quick_json():
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["device"] == "cpu" and report["threads"] >= 1
+    assert report["load_average"] >= 0 and report["cores"] >= 1
     assert report["peak_flops_per_s"] > 0
     row = report["throughput"][0]
     assert row["minitfm_tokens_per_s"] > 0 and row["torch_tokens_per_s"] > 0

@@ -6,7 +6,7 @@ import yaml
 from minitfm import __version__
 from tests.helpers import assert_clean_error, run_cli
 
-COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench"]
+COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench", "sweep", "runs"]
 
 
 def test_version():

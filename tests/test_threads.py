@@ -1,0 +1,129 @@
+"""The thread policy: a registry of live minitfm processes, and `auto` resolved from it."""
+
+import fcntl
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from minitfm import threads
+from minitfm.config import load_config
+from minitfm.errors import ConfigError
+from minitfm.runs import read_summary
+from minitfm.threads import ThreadClaim, ThreadPacer, resolve
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+
+@pytest.fixture
+def alone(monkeypatch, tmp_path):
+    """A fake registry on a 4-core machine, OMP_NUM_THREADS unset."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    return tmp_path / "procs"
+
+
+def hold(registry, pid: int, setting: str):
+    """A neighbour entry locked by this test process (as its owner would)."""
+    registry.mkdir(parents=True, exist_ok=True)
+    f = open(registry / str(pid), "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.write(setting)
+    f.flush()
+    return f
+
+
+def test_auto_alone_takes_every_core(alone):
+    assert resolve("auto", alone) == 4
+
+
+def test_auto_shares_with_auto_neighbours_and_leaves_room_for_fixed_ones(alone):
+    first = hold(alone, 999001, "auto")
+    assert resolve("auto", alone) == 2
+    second = hold(alone, 999002, "1")
+    assert resolve("auto", alone) == 1  # (4 - 1) // 2
+    third = hold(alone, 999003, "4")
+    assert resolve("auto", alone) == 1  # never below one
+    for f in (first, second, third):
+        f.close()
+    assert resolve("auto", alone) == 4
+
+
+def test_stale_entries_are_removed(alone):
+    alone.mkdir(parents=True)
+    (alone / "999004").write_text("2")  # nobody holds its lock: its process has gone
+    (alone / ".999005.tmp").write_text("auto")  # being registered: not counted, not removed
+    assert resolve("auto", alone) == 4
+    assert not (alone / "999004").exists() and (alone / ".999005.tmp").exists()
+
+
+def test_explicit_count_and_omp_num_threads_are_honoured(alone, monkeypatch):
+    held = hold(alone, 999006, "auto")
+    assert resolve(3, alone) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert resolve("auto", alone) == 1
+    held.close()
+
+
+def test_a_claim_registers_while_inside_and_a_killed_process_counts_no_more(alone):
+    code = ("import sys, time; from pathlib import Path; from minitfm.threads import ThreadClaim\n"
+            "with ThreadClaim(2, Path(sys.argv[1])):\n    print('in', flush=True); "
+            "time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(alone)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "in"
+        assert (alone / str(child.pid)).read_text() == "2"
+        assert resolve("auto", alone) == 2
+    finally:
+        child.kill()
+        child.wait()
+    assert resolve("auto", alone) == 4
+    assert not (alone / str(child.pid)).exists()
+    with ThreadClaim("auto", alone) as claim:
+        assert (alone / str(os.getpid())).read_text() == "auto"
+        assert claim.resolve() == 4  # its own entry is not a neighbour
+    assert not list(alone.iterdir())
+
+
+def test_the_pacer_drops_to_one_thread_when_a_neighbour_starts(alone):
+    try:
+        with ThreadClaim("auto", alone) as claim:
+            pacer = ThreadPacer(claim, every_s=0)
+            claim.apply()
+            assert torch.get_num_threads() == 4 and claim.describe() == "4 threads (auto)"
+            neighbour = hold(alone, 999007, "auto")
+            time.sleep(0.01)
+            assert pacer.tick() and torch.get_num_threads() == 2
+            assert not pacer.tick()
+            neighbour.close()
+            assert pacer.tick() and torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("value,expected", [("auto", "auto"), (2, 2), ("3", 3)])
+def test_config_threads(value, expected):
+    assert load_config(None, [f"threads={value}"]).threads == expected
+
+
+@pytest.mark.parametrize("value", ["x", "0", "-2", "1.5", "null"])
+def test_config_threads_refused(value):
+    with pytest.raises(ConfigError, match=r"threads \(.*\) must be auto or a positive integer"):
+        load_config(None, [f"threads={value}"])
+
+
+def test_cli_threads_option_refused():
+    assert_clean_error(run_cli("eval", "--threads", "many"), 2, "--threads ('many')")
+
+
+def test_train_header_and_summary(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli("train", *TINY, "train.steps=4", "train.eval_every=0",
+                     "log.tensorboard=false", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    assert "1 thread (auto)" in " ".join(result.stdout.split())  # OMP_NUM_THREADS=1 decides
+    summary = read_summary(run_dir)
+    assert summary["status"] == "finished" and summary["step"] == summary["steps"] == 4

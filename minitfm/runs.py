@@ -145,12 +145,13 @@ def runs_table(rows: list[dict[str, Any]], title: str):
     table = Table(title=title)
     for column in ("name", "task", "changes from the defaults", "steps", "best exact match",
                    "wall s", "status"):
+        # folded, never cut: a change shown as "model.positiona…" says nothing
         table.add_column(column, justify="right" if column in ("steps", "wall s") else "left",
-                         no_wrap=column in ("name", "status"))
+                         overflow="fold", no_wrap=column in ("steps", "wall s", "status"))
     for row in rows:
         best = row["best_exact_match"]
-        changes = " ".join(f"{key}={value}" for key, value in row["changes"].items()
-                           if key != "task.name")  # the task has its own column
+        changes = "\n".join(f"{key}={value}" for key, value in row["changes"].items()
+                            if key != "task.name")  # the task has its own column
         table.add_row(row["name"], row["task"], changes, str(row["step"]),
                       "-" if best is None else f"{best:.1%}",
                       "-" if row["wall_s"] is None else f"{row['wall_s']:.1f}", row["status"])

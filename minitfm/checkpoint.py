@@ -8,6 +8,7 @@ Checkpoints hold only tensors, state dicts and plain containers, so they load wi
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import json
@@ -15,6 +16,7 @@ import os
 import pickle
 import pickletools
 import re
+import stat
 import tempfile
 import time
 import warnings
@@ -172,7 +174,10 @@ def make_dirs(path: Path) -> None:
     created: list[Path] = []
     try:
         for folder in reversed([path, *path.parents]):
-            if not os.path.isdir(folder):
+            try:
+                if not stat.S_ISDIR(os.stat(folder).st_mode):  # a file: say so, not EEXIST
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder)
+            except FileNotFoundError:  # (a symlink loop raises its own ELOOP above)
                 folder.mkdir()
                 created.append(folder)
     except OSError:

@@ -268,7 +268,7 @@ def claim_threads(value: str):
 def eval_command(
     run: Path | None = typer.Argument(None, help=RUN_HELP),
     checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
-    samples: int = typer.Option(1000, min=1, max=1_000_000, help="Held-out sequences to decode."),
+    samples: int = typer.Option(1000, min=1, max=100_000, help="Held-out sequences to decode."),
     min_len: int | None = typer.Option(None, min=1, max=65_536, help="Shortest input length "
                                           "(default: the trained task.min_len)."),
     max_len: int | None = typer.Option(None, min=1, max=65_536, help="Longest input length; may "

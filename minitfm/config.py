@@ -142,7 +142,7 @@ class TrainConfig(Section):
     grad_clip: float | None = Field(1.0, gt=0.0, **FINITE,
                                     description="max gradient norm (null = off)")
     eval_every: int = Field(50, ge=0, le=10**9, description="steps between evaluations (0 = off)")
-    eval_samples: int = Field(1000, ge=1, le=1_000_000,
+    eval_samples: int = Field(1000, ge=1, le=100_000,
                               description="held-out sequences per evaluation")
     target_exact_match: float | None = Field(
         0.99, gt=0.0, le=1.0, **FINITE, description="stop early at this exact match (null = never)")
@@ -173,6 +173,13 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     log: LogConfig = LogConfig()
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        """`name: 2024` in a file is meant as text, as `name=2024` is on the command line."""
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return str(value) if numeric else value
 
     @field_validator("threads", mode="before")
     @classmethod
@@ -321,8 +328,10 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ConfigError(f"override {quote(item)} must look like key=value, e.g. "
                           f"train.steps=500")
-    if field_type(key) is str:
-        return key, text.strip()
+    if field_type(key) is str:  # as written, less YAML quotes: name=2024, name='"2024"'
+        text = text.strip()
+        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        return key, text[1:-1] if quoted else text
     try:
         value = load_yaml(text) if text.strip() else ""
     except yaml.YAMLError:

@@ -42,9 +42,12 @@ def human(n: float) -> str:
     return f"{n:.1f} PB"
 
 
-def longest_sequence(task_max_len: int) -> int:
-    """An upper bound on source and target tokens for inputs of `task_max_len` (add: 2n+1)."""
-    return 2 * task_max_len + 2
+def sequence_lengths(task_name: str, n: int) -> tuple[int, int]:
+    """(source, decoder) tokens of the longest example with inputs of length `n`: add reads
+    two n-digit numbers and a '+', duplicate writes each symbol twice; BOS/EOS add one."""
+    source = 2 * n + 1 if task_name == "add" else n
+    target = 2 * n if task_name == "duplicate" else n + 1
+    return source, target + 1
 
 
 def parameter_count(model, vocab_size: int) -> int:
@@ -79,15 +82,14 @@ def model_parts(cfg) -> list[tuple[str, int, int]]:
 
 def training_parts(cfg) -> list[tuple[str, int, int]]:
     """(key, value, bytes) of a training run of `cfg`: model, one batch, the held-out set."""
-    length = longest_sequence(cfg.task.max_len)
-    batch = activation_bytes(cfg.model, cfg.train.batch_size, length, length,
-                             cfg.task.n_symbols + 4)
+    src, tgt = sequence_lengths(cfg.task.name, cfg.task.max_len)
+    batch = activation_bytes(cfg.model, cfg.train.batch_size, src, tgt, cfg.task.n_symbols + 4)
     # The batch grows with its size and (quadratically) with the length: blame the one further
     # from its default.
     by_length = cfg.task.max_len / 16 >= cfg.train.batch_size / 128
     key, value = ("task.max_len", cfg.task.max_len) if by_length else \
         ("train.batch_size", cfg.train.batch_size)
-    held_out = PYTHON_INT * cfg.train.eval_samples * 2 * length
+    held_out = PYTHON_INT * cfg.train.eval_samples * (src + tgt)
     return [*model_parts(cfg), (key, value, batch),
             ("train.eval_samples", cfg.train.eval_samples, held_out)]
 
@@ -95,11 +97,11 @@ def training_parts(cfg) -> list[tuple[str, int, int]]:
 def decoding_parts(cfg, samples: int, max_len: int, batch_size: int,
                    names: tuple[str, str] = ("--samples", "--max-len")) -> list:
     """(key, value, bytes) of decoding `samples` inputs of up to `max_len` tokens."""
-    length = longest_sequence(max_len)
-    chunk = activation_bytes(cfg.model, min(batch_size, samples), length, length,
+    src, tgt = sequence_lengths(cfg.task.name, max_len)
+    chunk = activation_bytes(cfg.model, min(batch_size, samples), src, tgt,
                              cfg.task.n_symbols + 4) // 2  # no backward: about half
     return [*model_parts(cfg), (names[1], max_len, chunk),
-            (names[0], samples, PYTHON_INT * samples * 2 * length)]
+            (names[0], samples, PYTHON_INT * samples * (src + tgt))]
 
 
 def check_fits(parts: list[tuple[str, int, int]], what: str) -> None:

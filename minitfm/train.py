@@ -229,9 +229,9 @@ class StopSignal:
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:  # a second Ctrl-C aborts at once, even mid-save
-            raise Interrupted(f"{signal.Signals(signum).name} again: stopped at once; "
-                              f"checkpoints/last.pt is the last one completed (an interrupted "
-                              f"save leaves the previous one intact)", 128 + signum)
+            raise Interrupted(f"{signal.Signals(signum).name} again: stopped at once, without "
+                              f"saving; the run's checkpoints are those saved before (a save "
+                              f"cut short leaves the previous file intact)", 128 + signum)
         self.signum = signum
 
     def agreed(self, dist: Dist) -> int:

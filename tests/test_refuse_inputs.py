@@ -107,6 +107,15 @@ def test_oversized_configs_are_refused_before_writing(empty_cwd, override, needl
     assert not (empty_cwd / "runs").exists()
 
 
+def test_the_memory_estimate_is_not_far_above_the_truth():
+    from minitfm.limits import training_parts
+
+    # reverse with task.max_len=300 peaked at 2.7 GB (RSS): the estimate must not refuse it
+    # on a machine with 8 GB to spare (adversarial re-run, N1).
+    cfg = load_config(None, ["task.max_len=300"])
+    assert 2e9 < sum(size for _, _, size in training_parts(cfg)) < 5e9
+
+
 def test_print_config_refuses_what_train_refuses(empty_cwd):
     for args in (["task.name=add", "task.n_symbols=11"], ["train.batch_size=1000000"]):  # L14
         assert_clean_error(run_cli("train", "--print-config", *SHORT, *args), 2)
@@ -186,6 +195,7 @@ def test_bad_values_are_refused_before_writing(empty_cwd, override, needle):
     ("name=2024", ("name",), "2024"),  # text keys take the text as written
     ("name=on", ("name",), "on"),
     ("name=1.5", ("name",), "1.5"),
+    ('name="2024"', ("name",), "2024"),  # YAML's quotes still work (report case Q04)
 ])
 def test_overrides_read_as_written(override, key, value):
     cfg = load_config(None, [override])
@@ -204,6 +214,11 @@ def test_duplicate_keys_are_refused(tmp_path, text, needle):
     (tmp_path / "dup.yaml").write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load_config(tmp_path / "dup.yaml")
+
+
+def test_a_numeric_name_in_a_file_is_text(tmp_path):
+    (tmp_path / "n.yaml").write_text("name: 2024\n")
+    assert load_config(tmp_path / "n.yaml").name == "2024"
 
 
 def test_special_files_are_not_configs(tmp_path):
@@ -244,6 +259,14 @@ def test_no_arguments_prints_help():
 
 
 # --- L11: a second signal while stopping ---
+
+def test_a_log_dir_that_is_a_file_says_so(empty_cwd):
+    (empty_cwd / "afile").write_text("hi")  # the report's C01/C02: "Not a directory"
+    for log_dir in ("afile", "afile/sub"):
+        assert_clean_error(run_cli("train", *SHORT, f"log.dir={log_dir}"), 2,
+                           "cannot create the run directory", "(Not a directory)")
+    assert sorted(p.name for p in empty_cwd.iterdir()) == ["afile"]
+
 
 def test_second_sigterm_keeps_its_exit_code():
     from minitfm.train import StopSignal

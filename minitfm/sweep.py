@@ -415,23 +415,35 @@ def by_configuration(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
 
 def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
     """Exact match per input length, one line per configuration (mean over seeds)."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    groups = by_configuration(rows)
+    fig = Figure(figsize=(8 if len(groups) <= 6 else 11, 4.5), layout="constrained")
     ax = fig.add_subplot()
-    for label, group in by_configuration(rows).items():
+    colours = colormaps["tab20"].colors  # 20 distinct colours, then dashed lines
+    for i, (label, group) in enumerate(groups.items()):
         lengths = sorted({int(n) for row in group for n in row["per_length"]})
         means = [mean(row["per_length"][n] for row in group if n in row["per_length"])
                  for n in lengths]
-        ax.plot(lengths, means, marker="o", markersize=3, label=label)
+        ax.plot(lengths, means, marker="o", markersize=3, color=colours[i % 20],
+                linestyle="-" if i < 20 else "--", label=short_label(label))
     if rows:
         lo, hi = rows[0]["trained_lengths"]
         ax.axvspan(lo - 0.5, hi + 0.5, color="0.9", zorder=0, label=f"trained {lo}..{hi}")
     ax.set(xlabel="input length", ylabel="exact match", ylim=(-0.02, 1.02),
            title="exact match per input length (greedy decoding, held-out data)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    # beside the axes, not on them: with many configurations a legend inside hides the lines
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, format="png", dpi=120)
+
+
+def short_label(configuration: str) -> str:
+    """`task.name=copy, model.positional=rope` -> `name=copy, positional=rope`."""
+    pairs = [part.partition("=")[::2] for part in configuration.split(", ")]
+    names = short_names([key for key, _ in pairs])
+    return ", ".join(f"{names[key]}={value}" for key, value in pairs)
 
 
 def spread(values: list[float | None], form: str = "{:.1%}") -> str:

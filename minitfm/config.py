@@ -272,7 +272,7 @@ def expanded_size(node, memo: dict[int, int]) -> int:
 
 def load_yaml(text: str):
     """One YAML document read with `StrictLoader` (safe: no tags that run code)."""
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - StrictLoader is a SafeLoader
+    return yaml.load(text, Loader=StrictLoader)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
@@ -311,6 +311,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {shown} is not valid YAML: {err}") from None
     except OSError as err:
         raise ConfigError(f"cannot read config file {shown} ({err.strerror})") from None
+    except RecursionError:  # PyYAML builds nested collections recursively
+        raise ConfigError(f"config file {shown} is nested too deeply: a config is sections of "
+                          f"keys (task:, model:, train:, log:)") from None
     if data is None:
         raise ConfigError(f"config file {shown} is empty: state at least one key, e.g. "
                           f"'task: {{name: copy}}', or leave the config out for the default")
@@ -334,7 +337,7 @@ def parse_override(item: str) -> tuple[str, Any]:
         return key, text[1:-1] if quoted else text
     try:
         value = load_yaml(text) if text.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # not one YAML value: the text itself
         value = text
     if isinstance(value, (dict, list)):
         raise ConfigError(f"override {quote(item)} must set a single value, not a "

@@ -75,6 +75,14 @@ def test_alias_bomb_is_refused_at_once(empty_cwd, tail):
     assert len(result.stderr) < 300 and list(empty_cwd.iterdir()) == [empty_cwd / "laughs.yaml"]
 
 
+@pytest.mark.parametrize("text", ["train: " + "[" * 20000 + "]" * 20000,
+                                  "a: " + "{b: " * 3000 + "1" + "}" * 3000])
+def test_deep_nesting_is_refused(tmp_path, text):
+    (tmp_path / "deep.yaml").write_text(text)
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(tmp_path / "deep.yaml")
+
+
 def test_a_few_aliases_and_merge_keys_still_work(tmp_path):
     path = tmp_path / "anchors.yaml"
     path.write_text("train: &t {steps: 7, lr: 1e-3}\nlog: {log_every: 7}\n")

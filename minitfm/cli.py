@@ -449,7 +449,8 @@ def sweep(
     eval_lengths: list[str] | None = typer.Option(
         None, "--eval-lengths", metavar="A..B", help="Also evaluate on these input lengths "
         "(repeatable); the trained range always is."),
-    eval_samples: int = typer.Option(1000, min=1, help="Held-out sequences per evaluation."),
+    eval_samples: int = typer.Option(1000, min=1, max=100_000,
+                                     help="Held-out sequences per evaluation."),
     name: str | None = typer.Option(None, help="Sweep name (default: the config's file name)."),
     out: Path | None = typer.Option(None, help="Sweep folder (default: log.dir/sweep-<name>-"
                                     "<timestamp>, or the one that holds this same grid)."),

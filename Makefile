@@ -12,12 +12,14 @@ CONFIG ?=
 ARGS   ?=
 PORT   ?= 6006
 
-.PHONY: install train test lint bench tensorboard clean
+.PHONY: install train test lint bench tensorboard clean FORCE
 
 install: $(STAMP)
 
-# Re-runs only when pyproject.toml or the torch pin changes, so a second `make` is quick.
-$(STAMP): pyproject.toml
+# Re-runs only when pyproject.toml or the torch pin changes, so a second `make` is quick:
+# the stamp holds the pin it was made with, and another pin forces the rule.
+PINNED := $(shell cat $(STAMP) 2>/dev/null)
+$(STAMP): pyproject.toml $(if $(subst $(TORCH),,$(PINNED))$(subst $(PINNED),,$(TORCH)),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
@@ -41,3 +43,5 @@ tensorboard: install
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+FORCE:

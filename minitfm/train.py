@@ -184,8 +184,9 @@ def check_lengths(cfg: Config, task: Task) -> None:
                            f"positions; raise model.random_positions")
 
 
-def train_step(state: TrainState, batch) -> torch.Tensor:
-    """One optimizer step on `batch`; returns the (detached) mean loss per target token."""
+def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step on `batch`; returns the (detached) mean loss per target token and
+    the gradient norm before clipping."""
     model, cfg = state.model, state.cfg.train
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
         logits = state.net(batch.src, batch.tgt_in)  # (B, T, V)

@@ -116,3 +116,12 @@ def test_missing_file_and_directory(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
+
+
+def test_name_lists_match_the_registries():
+    # config.py keeps its own lists so that validation needs no torch; they must not drift.
+    from minitfm.config import POSITIONALS, TASK_NAMES
+    from minitfm.layers import POSITIONAL_KINDS
+    from minitfm.tasks import TASKS
+
+    assert TASK_NAMES == tuple(TASKS) and POSITIONALS == POSITIONAL_KINDS

@@ -1,5 +1,7 @@
 """The CLI through Typer's CliRunner: help, version, --print-config, bad configs."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -93,3 +95,21 @@ def test_run_commands_without_runs_say_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert_clean_error(run_cli("eval"), 2, "no runs")
     assert_clean_error(run_cli("predict", "1 2 3"), 2, "no runs")
+
+
+SHIPPED = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda path: path.stem)
+def test_every_shipped_config_trains_evaluates_and_visualizes(tmp_path, config):
+    run_dir, png = tmp_path / "run", tmp_path / "attention.png"
+    result = run_cli("train", config, "train.steps=2", "train.batch_size=16",
+                     "train.eval_samples=20", "log.tensorboard=false", "log.attention_every=0",
+                     "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    result = run_cli("eval", run_dir, "--samples", "20", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["step"] == 2
+    result = run_cli("visualize-attention", run_dir, "--no-terminal", "--out", png)
+    assert result.exit_code == 0, result.stderr
+    assert png.stat().st_size > 0

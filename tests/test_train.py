@@ -138,3 +138,22 @@ def test_cli_train_prints_run_dir_and_summary(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert f"run directory: {tmp_path / 'run'}" in result.stdout
     assert "step     20" in result.stdout and "exact match" in result.stdout
+
+
+# The first five training losses of a fixed-seed tiny run (TINY, one thread), as torchtune pins
+# its recipes' losses: an accidental change to the maths, the initialisation or the data shows
+# up here. After a deliberate change, print the new losses with
+#   OMP_NUM_THREADS=1 minitfm train <TINY> train.steps=5 log.log_every=1 train.eval_every=0 \
+#       threads=1 --run-dir /tmp/golden && grep train /tmp/golden/metrics.jsonl
+# and replace these, saying why in the commit. rel=1e-3 allows another CPU's rounding, not a bug.
+GOLDEN_LOSSES = [3.326893, 3.408821, 3.584742, 3.330366, 3.247137]
+
+
+def test_first_losses_match_the_golden_values(tmp_path):
+    run_dir = tmp_path / "golden"
+    result = run_cli("train", *TINY, "train.steps=5", "log.log_every=1", "train.eval_every=0",
+                     "log.tensorboard=false", "threads=1", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    losses = [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").open())
+              if r["split"] == "train"]
+    assert losses == pytest.approx(GOLDEN_LOSSES, rel=1e-3)

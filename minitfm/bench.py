@@ -22,13 +22,12 @@ from pathlib import Path
 from statistics import median
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minitfm.config import Config, ModelConfig, load_config
 from minitfm.layers import sinusoids
 from minitfm.memory import peak_rss_mb
-from minitfm.model import Seq2SeqTransformer, greedy_decode
+from minitfm.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
 from minitfm.tasks import eval_set, make_batch, make_task
 from minitfm.train import make_optimizer
 
@@ -110,8 +109,7 @@ def timed_step(model, optimizer, pad_id: int, batch, device) -> float:
     start = time.perf_counter()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                           ignore_index=pad_id)
+    loss = sequence_loss(logits, batch.tgt_out, pad_id)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -193,7 +191,7 @@ def decoding(length: int, device, n: int = 1000) -> dict:
     cfg = load_config(None, [f"task.min_len={length}", f"task.max_len={length}"])
     task = make_task(cfg.task)
     torch.manual_seed(0)
-    model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device).eval()
+    model = build_model(cfg, task).to(device).eval()
     src = make_batch(eval_set(task, n, 0), task.vocab).src.to(device)
     times, outputs = {}, {}
     for use_cache in (True, False):
@@ -216,7 +214,7 @@ def eval_speed(device) -> dict:
     cfg = load_config()
     task = make_task(cfg.task)
     torch.manual_seed(0)
-    model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device)
+    model = build_model(cfg, task).to(device)
     pairs = eval_set(task, 1000, cfg.task.eval_seed)
     start = time.perf_counter()
     evaluate(model, task, pairs, device)

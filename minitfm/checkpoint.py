@@ -355,7 +355,7 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
 def load_model(path: Path, device: torch.device | str = "cpu"):
     """(config, task, model in eval mode, step) from a checkpoint file."""
     from minitfm.config import validate
-    from minitfm.model import Seq2SeqTransformer
+    from minitfm.model import build_model
     from minitfm.tasks import make_task
 
     state = load_checkpoint(path)
@@ -364,7 +364,7 @@ def load_model(path: Path, device: torch.device | str = "cpu"):
         task = make_task(cfg.task)
         check_vocab(state, task, path)
         check_fits(model_parts(cfg), "the model")
-        model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id)
+        model = build_model(cfg, task)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "

@@ -12,11 +12,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from minitfm.errors import MinitfmError, quote
 from minitfm.limits import check_fits, decoding_parts
-from minitfm.model import greedy_decode
+from minitfm.model import default_device, eval_mode, greedy_decode, sequence_loss
 from minitfm.tasks import Task, eval_set, make_batch
 
 Pair = tuple[list[int], list[int]]
@@ -134,8 +133,7 @@ def teacher_forced_loss(model, task: Task, pairs: list[Pair], device,
     for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
         batch = make_batch([pairs[i] for i in chunk], task.vocab).to(device)
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                                 ignore_index=task.vocab.pad_id, reduction="sum").item()
+        total += sequence_loss(logits, batch.tgt_out, task.vocab.pad_id, reduction="sum").item()
         count += batch.n_target_tokens
     return total / max(count, 1)
 
@@ -144,13 +142,9 @@ def teacher_forced_loss(model, task: Task, pairs: list[Pair], device,
 def evaluate(model, task: Task, pairs: list[Pair], device,
              batch_size: int = EVAL_BATCH_SIZE) -> EvalResult:
     """Loss, token accuracy and exact match of `model` on `pairs` (eval mode, restored after)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         predictions = predict(model, task, [src for src, _ in pairs], device, batch_size)
         loss = teacher_forced_loss(model, task, pairs, device, batch_size)
-    finally:
-        model.train(was_training)
     total, per_length = score(pairs, predictions, task.input_length)
     return EvalResult(loss, total, per_length, predictions)
 
@@ -171,7 +165,7 @@ def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: in
     from minitfm.checkpoint import load_model, resolve_checkpoint
 
     path = resolve_checkpoint(run, checkpoint)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     cfg, task, model, step = load_model(path, device)
     lo = min_len if min_len is not None else cfg.task.min_len
     hi = max_len if max_len is not None else max(cfg.task.max_len, lo)
@@ -212,7 +206,7 @@ def predict_texts(run, checkpoint: str, lines: list[str], where: str = "input") 
     from minitfm.checkpoint import load_model, resolve_checkpoint
 
     path = resolve_checkpoint(run, checkpoint)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = default_device()
     cfg, task, model, _ = load_model(path, device)
     if not lines:
         raise MinitfmError("no input: give INPUT arguments or pipe one input per line on stdin")

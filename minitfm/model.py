@@ -15,9 +15,11 @@ training. Schemes acting inside attention (RoPE, ALiBi) get the position indices
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minitfm.config import ModelConfig
@@ -289,6 +291,39 @@ class Seq2SeqTransformer(nn.Module):
         return positions[:, :S], positions[:, :T]
 
 
+def build_model(cfg, task) -> Seq2SeqTransformer:
+    """The model `cfg.model` describes, sized for the task's vocabulary (the one factory)."""
+    return Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id)
+
+
+def sequence_loss(logits: Tensor, targets: Tensor, pad_id: int, label_smoothing: float = 0.0,
+                  reduction: str = "mean") -> Tensor:
+    """Teacher-forced cross-entropy per target token (EOS included), PAD ignored.
+
+    logits (B, T, V) in any float type; the loss is taken in float32.
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),  # (B*T, V), (B*T,)
+                           ignore_index=pad_id, label_smoothing=label_smoothing,
+                           reduction=reduction)
+
+
+@contextmanager
+def eval_mode(model: nn.Module):
+    """Dropout off for the block (decoding and measuring are deterministic), then the mode
+    the model had before, even if the block raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
+
+
+def default_device() -> torch.device:
+    """CUDA when there is a GPU, else the CPU (the choice `device: auto` makes)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 @torch.no_grad()
 def greedy_decode(
     model: Seq2SeqTransformer,
@@ -299,9 +334,7 @@ def greedy_decode(
     use_cache: bool = True,
 ) -> Tensor:
     """Batched greedy decoding from BOS: tokens (B, L <= max_len), EOS kept, PAD after it."""
-    was_training = model.training
-    model.eval()  # dropout off: decoding is deterministic
-    try:
+    with eval_mode(model):  # dropout off: decoding is deterministic
         memory, src_mask, _ = model.encode(src)  # the source is encoded once
         B = src.size(0)
         tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
@@ -317,5 +350,3 @@ def greedy_decode(
             if bool(done.all()):
                 break
         return tokens[:, 1:]  # drop the leading BOS
-    finally:
-        model.train(was_training)

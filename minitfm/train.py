@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from minitfm import distributed
 from minitfm.checkpoint import (
@@ -38,7 +37,7 @@ from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
-from minitfm.model import Seq2SeqTransformer
+from minitfm.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
 from minitfm.runs import SUMMARY, write_summary
 from minitfm.tasks import Task, eval_set, make_batch, make_task
 from minitfm.threads import ThreadClaim, ThreadPacer
@@ -47,7 +46,7 @@ from minitfm.threads import ThreadClaim, ThreadPacer
 def pick_device(name: str) -> torch.device:
     """`auto` is CUDA when present, else CPU; an absent CUDA device is a clear error."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return default_device()
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
             raise MinitfmError(f"device ({name!r}) asked for CUDA but none is available: "
@@ -161,7 +160,7 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
     task = make_task(cfg.task)
     check_lengths(cfg, task)
     torch.manual_seed(cfg.seed)
-    model = Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id).to(device)
+    model = build_model(cfg, task).to(device)
     if dist.rank > 0:  # under torchrun: the same initial weights, but its own dropout masks
         torch.manual_seed(cfg.seed + dist.rank)
     optimizer = make_optimizer(model, cfg.train)
@@ -190,9 +189,7 @@ def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
     model, cfg = state.model, state.cfg.train
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
         logits = state.net(batch.src, batch.tgt_in)  # (B, T, V)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(),
-                           ignore_index=state.task.vocab.pad_id,
-                           label_smoothing=cfg.label_smoothing)
+    loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
     mean_loss = state.dist.average(loss.detach())  # over ranks: a NaN on one stops them all
     if not torch.isfinite(mean_loss):
         clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from minitfm.errors import MinitfmError, quote
 from minitfm.evaluate import strip_eos
-from minitfm.model import AttentionMaps, greedy_decode
+from minitfm.model import AttentionMaps, default_device, eval_mode, greedy_decode
 from minitfm.tasks import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")
@@ -62,17 +62,13 @@ class Probe:
 def run_probe(model, task: Task, src: list[int]) -> Probe:
     """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding."""
     vocab, device = task.vocab, next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         source = torch.tensor([src], device=device)  # (1, S)
         cap = task.max_target_len(len(src)) + 1  # + EOS
         decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
         decoder_input = ([vocab.bos_id] + decoded)[:len(decoded)]  # the last output is not read
         _, maps = model(source, torch.tensor([decoder_input], device=device),
                         return_attention=True)
-    finally:
-        model.train(was_training)
     first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, Q, K) each
                             for layer_maps in (maps.encoder, maps.decoder, maps.cross)))
     return Probe(src, decoded, decoder_input, first)
@@ -112,12 +108,8 @@ def alignment_scores(model, task: Task, pairs: list[Pair], hard: bool = False) -
         return None
     device = next(model.parameters()).device
     batch = make_batch(pairs, task.vocab).to(device)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         _, maps = model(batch.src, batch.tgt_in, return_attention=True)
-    finally:
-        model.train(was_training)
     T = batch.tgt_in.size(1)  # BOS + longest target; its row t writes target token t
     ideal_t = torch.tensor([a + [-1] * (T - len(a)) for a in ideal], device=device)  # (B, T)
     scores = [alignment_score(cross, ideal_t, hard) for cross in maps.cross]
@@ -299,7 +291,7 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
 
     kinds = parse_kind(kind)
     path = resolve_checkpoint(run, checkpoint)
-    cfg, task, model, step = load_model(path, "cuda" if torch.cuda.is_available() else "cpu")
+    cfg, task, model, step = load_model(path, default_device())
     check_selection(cfg, kinds, layer, head)
     held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)  # as in training
     src = read_input(cfg, task, input_text, held_out)

@@ -248,12 +248,12 @@ def resume_exactly(out: Path) -> None:
 
 
 def nan_on_rank_1(out: Path, rank: int) -> None:
-    real = torch.nn.functional.cross_entropy
+    from minitfm.model import sequence_loss as real
 
     def poisoned(*args, **kwargs):
         return real(*args, **kwargs) * (float("nan") if rank == 1 else 1.0)
 
-    with mock.patch("minitfm.train.F.cross_entropy", poisoned):
+    with mock.patch("minitfm.train.sequence_loss", poisoned):
         train(tiny("train.steps=20", "train.eval_every=0"), run_dir=out / "nan")
 
 

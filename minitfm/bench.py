@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from minitfm.config import Config, ModelConfig, load_config
-from minitfm.layers import sinusoids
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
+from minitfm.positions import sinusoids
 from minitfm.tasks import eval_set, make_batch, make_task
 from minitfm.train import make_optimizer
 

@@ -30,9 +30,8 @@ from minitfm.layers import (
     KVCache,
     LayerNorm,
     MultiHeadAttention,
-    make_positional,
-    sample_positions,
 )
+from minitfm.positions import make_positional, sample_positions
 
 
 def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:

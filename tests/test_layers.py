@@ -9,19 +9,21 @@ from torch import nn
 
 from minitfm.errors import MinitfmError
 from minitfm.layers import (
-    ALiBiPositions,
     Dropout,
     FeedForward,
     KVCache,
     LayerNorm,
     LayerNormFunction,
-    LearnedPositions,
     MultiHeadAttention,
+    scaled_dot_product_attention,
+)
+from minitfm.positions import (
+    ALiBiPositions,
+    LearnedPositions,
     NoPositions,
     RotaryPositions,
     SinusoidalPositions,
     make_positional,
-    scaled_dot_product_attention,
 )
 
 DTYPE = torch.float64

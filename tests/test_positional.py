@@ -10,16 +10,15 @@ import torch
 
 from minitfm.config import POSITIONALS, ModelConfig, load_config
 from minitfm.errors import ConfigError, MinitfmError
-from minitfm.layers import (
+from minitfm.layers import KVCache, MultiHeadAttention
+from minitfm.model import Seq2SeqTransformer, greedy_decode
+from minitfm.positions import (
     ALiBiPositions,
-    KVCache,
-    MultiHeadAttention,
     RotaryPositions,
     alibi_slopes,
     make_positional,
     sample_positions,
 )
-from minitfm.model import Seq2SeqTransformer, greedy_decode
 from minitfm.tasks import make_task
 from minitfm.train import train
 from tests.helpers import TINY, assert_clean_error, run_cli

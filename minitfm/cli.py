@@ -119,14 +119,21 @@ def chosen_checkpoint(run: Path | None, which: str) -> Path:
     return path
 
 
-def clean_errors(command):
-    """Turn library errors into one line on stderr and their exit code (no traceback)."""
+def clean_errors(command=None, *, uses_torch: bool = True):
+    """Turn library errors into one line on stderr and their exit code (no traceback).
+
+    A command that `uses_torch` loads it first with signals held (see `signals_held`); sweep
+    and runs need no torch in their own process.
+    """
+    if command is None:
+        return functools.partial(clean_errors, uses_torch=uses_torch)
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
-            with signals_held():
-                import torch  # noqa: F401  (every command needs it; see signals_held)
+            if uses_torch:
+                with signals_held():
+                    import torch  # noqa: F401
             return command(*args, **kwargs)
         except MinitfmError as err:
             fail(str(err), err.exit_code)
@@ -434,7 +441,7 @@ def bench(
 
 
 @app.command()
-@clean_errors
+@clean_errors(uses_torch=False)
 def sweep(
     args: list[str] = typer.Argument(
         ..., metavar="CONFIG [KEY=V1,V2,...]...",
@@ -482,7 +489,7 @@ def sweep(
 
 
 @app.command("runs")
-@clean_errors
+@clean_errors(uses_torch=False)
 def runs_command(
     folder: Path = typer.Argument(Path("runs"), metavar="[DIR]",
                                   help="A folder of runs (and sweep folders), or a sweep folder."),

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -100,7 +101,7 @@ class Vocab:
         return EOS_ID
 
 
-class Task:
+class Task(ABC):
     """A synthetic task: its vocabulary, its rule (`target`), sampling and text I/O."""
 
     name: ClassVar[str]
@@ -118,9 +119,9 @@ class Task:
 
     # --- the rule, one override per task ---
 
+    @abstractmethod
     def target(self, src: list[int]) -> list[int]:
         """The target ids for source ids `src`."""
-        raise NotImplementedError
 
     def alignment(self, src: list[int]) -> list[int] | None:
         """For each target position, the source position it should attend to (None: no such)."""
@@ -253,6 +254,7 @@ class Task:
 
     def _check_structure(self, ids: list[int], text: str) -> None:
         """Raise TaskInputError if valid symbols form an invalid input (e.g. two '+')."""
+        return None  # an optional hook: most tasks take any sequence of their symbols
 
     def format(self, ids: list[int]) -> str:
         """Ids -> text, tokens separated by spaces; PAD and BOS are dropped, EOS ends it."""

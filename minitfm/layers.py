@@ -1,9 +1,10 @@
 """Hand-written transformer primitives (Vaswani et al. 2017, "Attention Is All You Need").
 
-Attention, multi-head attention, layer norm, dropout and the feed-forward block (the seed
-notes' chapters; positional encodings are in `positions.py`), written from tensor operations
-so each line can be read against the paper and the seed notes (`shared/seeds/000_*`: layer
-norm gain γ and shift δ, Bernoulli dropout).
+Attention, multi-head attention, layer norm, dropout and the feed-forward block
+(positional encodings are in `positions.py`), written from tensor operations
+so each line can be read against the papers: Vaswani et al. 2017 §3.2 (attention), §3.3
+(feed-forward); Ba et al. 2016 §3 (layer norm, here with gain γ and shift δ); Srivastava et
+al. 2014 §4 (dropout with a Bernoulli mask).
 
 Shapes: B batch, S source len, T target len, D d_model, H n_heads, K d_head (= D / H),
 F d_ff; T_q and T_k are the query and key lengths of one attention call (T and S in
@@ -199,7 +200,7 @@ class LayerNormFunction(torch.autograd.Function):
 
 
 class LayerNorm(nn.Module):
-    """Layer normalisation (Ba et al. 2016), seed notes §5.1: γ (X - mean) / sqrt(s² + ε) + δ."""
+    """Layer normalisation (Ba et al. 2016, §3): γ (X - mean) / sqrt(s² + ε) + δ."""
 
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
@@ -213,7 +214,7 @@ class LayerNorm(nn.Module):
 
 
 class Dropout(nn.Module):
-    """Dropout (Srivastava et al. 2014), seed notes §5.2: Z ⊙ X / (1 - p), Z ~ Bernoulli(1 - p)."""
+    """Dropout (Srivastava et al. 2014, §4): Z ⊙ X / (1 - p), Z ~ Bernoulli(1 - p)."""
 
     def __init__(self, p: float = 0.0):
         super().__init__()

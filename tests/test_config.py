@@ -1,5 +1,6 @@
 """Config loading, overrides and validation (no torch needed)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,29 @@ def test_reverse_config_is_the_default():
 def test_every_task_has_a_config():
     names = {load_config(p).task.name for p in CONFIGS}
     assert names == set(TASK_NAMES)
+
+
+def readme_config_table() -> dict[str, str]:
+    """The README's table of shipped configs: `name.yaml` -> the first cell of its row."""
+    text = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Tasks and evaluation")[1].split("\n## ")[0]
+    cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return {re.search(r"`([\w-]+\.yaml)`", cell).group(1): cell for cell in cells}
+
+
+def test_readme_table_lists_every_task_config_with_its_steps():
+    """Results live in one place, the README's table: configs carry none in their comments."""
+    table = readme_config_table()
+    for path in CONFIGS:
+        if path.name.startswith("lengthgen-"):
+            continue  # measured in the README's "Length generalisation" tables
+        assert path.name in table, f"README's config table has no row for {path.name}"
+        steps = re.search(r"(\d+) steps", table[path.name])
+        expected = int(steps.group(1)) if steps else Config().train.steps
+        assert load_config(path).train.steps == expected, f"{path.name}: steps differ"
+        comments = [line for line in path.read_text().splitlines() if "#" in line]
+        measured = [c for c in comments if re.search(r"\d\.\d+%|at step \d", c)]
+        assert not measured, f"{path.name}: a measured result in a comment: {measured}"
 
 
 BAD_OVERRIDES = [

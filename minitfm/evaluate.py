@@ -167,6 +167,14 @@ def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: in
     path = resolve_checkpoint(run, checkpoint)
     device = default_device()
     cfg, task, model, step = load_model(path, device)
+    return eval_report(cfg, task, model, device, path, step, samples=samples, min_len=min_len,
+                       max_len=max_len, seed=seed, batch_size=batch_size)
+
+
+def eval_report(cfg, task: Task, model, device, path, step: int, *, samples: int = 1000,
+                min_len: int | None = None, max_len: int | None = None, seed: int | None = None,
+                batch_size: int = EVAL_BATCH_SIZE) -> dict:
+    """The report of `evaluate_run` for a model already loaded from the checkpoint `path`."""
     lo = min_len if min_len is not None else cfg.task.min_len
     hi = max_len if max_len is not None else max(cfg.task.max_len, lo)
     if lo > hi:

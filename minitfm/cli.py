@@ -315,22 +315,32 @@ def predict(
                                  "expected output and whether it matches."),
     threads: str = typer.Option("auto", help=THREADS_HELP),
 ) -> None:
-    """Decode your own inputs with a trained model, one output line per input."""
+    """Decode your own inputs with a trained model, one output line per input.
+
+    Inputs are decoded in order up to the first one that cannot be read: the outputs before
+    it are printed, then the error names it (exit 2). Blank stdin lines are skipped."""
     run, inputs = split_run_and_inputs(run, inputs or [])
     if inputs:
-        lines, where = inputs, "input"
+        lines, where = list(enumerate(inputs, 1)), "input"
     elif sys.stdin is None or sys.stdin.closed:
         raise MinitfmError("no input: stdin is closed; give INPUT arguments or pipe one input "
                            "per line")
     else:
-        lines, where = sys.stdin.read().splitlines(), "line"
+        lines = [(n, text) for n, text in enumerate(sys.stdin.read().splitlines(), 1)
+                 if text.strip()]
+        where = "line"
     with claim_threads(threads) as claim:
         from minitfm.evaluate import predict_texts
 
         claim.apply()
-        rows = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
-    for row in rows:
+        result = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
+    if result.warning:
+        err_console.print(f"warning: {result.warning}", markup=False)
+    for row in result.rows:
         print(json.dumps(row) if as_json else row["output"])
+    if result.error is not None:
+        sys.stdout.flush()  # the outputs before the bad input come first
+        raise result.error
 
 
 def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | None, list[str]]:

@@ -7,6 +7,7 @@ pydantic field and the override path are the same string: `model.n_heads: 4` in 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from pathlib import Path
@@ -275,11 +276,15 @@ def load_yaml(text: str):
     return yaml.load(text, Loader=StrictLoader)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Read a YAML file (or the built-in default when `path` is None) and apply overrides."""
-    data = read_yaml(Path(path)) if path is not None else {}
+def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> Config:
+    """Read a YAML file (or take a mapping of the same sections, or the built-in default when
+    `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python."""
+    if isinstance(path, dict):
+        data = copy.deepcopy(path)  # set_path writes into it
+    else:
+        data = read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
-        key, value = parse_override(item)
+        key, value = item if isinstance(item, tuple) else parse_override(item)
         set_path(data, key, value)
     cfg = validate(data)
     check_fits(training_parts(cfg), "training")

@@ -167,6 +167,14 @@ def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: in
     path = resolve_checkpoint(run, checkpoint)
     device = default_device()
     cfg, task, model, step = load_model(path, device)
+    return eval_report(cfg, task, model, device, path, step, samples=samples, min_len=min_len,
+                       max_len=max_len, seed=seed, batch_size=batch_size)
+
+
+def eval_report(cfg, task: Task, model, device, path, step: int, *, samples: int = 1000,
+                min_len: int | None = None, max_len: int | None = None, seed: int | None = None,
+                batch_size: int = EVAL_BATCH_SIZE) -> dict:
+    """The report of `evaluate_run` for a model already loaded from the checkpoint `path`."""
     lo = min_len if min_len is not None else cfg.task.min_len
     hi = max_len if max_len is not None else max(cfg.task.max_len, lo)
     if lo > hi:
@@ -201,8 +209,18 @@ def eval_tables(report: dict) -> list:
     return [table]
 
 
-def predict_texts(run, checkpoint: str, lines: list[str], where: str = "input") -> list[dict]:
-    """`minitfm predict`: parse every line first (errors name the line), then decode all."""
+@dataclass
+class Predictions:
+    """What `predict` gives: a row per input decoded, in order, up to the first bad input."""
+
+    rows: list[dict]
+    warning: str | None = None  # inputs longer than the trained lengths
+    error: MinitfmError | None = None  # the first input that could not be read
+
+
+def predict_texts(run, checkpoint: str, lines: list[tuple[int, str]],
+                  where: str = "input") -> Predictions:
+    """`minitfm predict`: decode (number, text) lines with a run's checkpoint."""
     from minitfm.checkpoint import load_model, resolve_checkpoint
 
     path = resolve_checkpoint(run, checkpoint)
@@ -210,22 +228,43 @@ def predict_texts(run, checkpoint: str, lines: list[str], where: str = "input") 
     cfg, task, model, _ = load_model(path, device)
     if not lines:
         raise MinitfmError("no input: give INPUT arguments or pipe one input per line on stdin")
-    sources = []
-    for number, text in enumerate(lines, 1):
+    return predict_lines(cfg, task, model, device, lines, where)
+
+
+def predict_lines(cfg, task: Task, model, device, lines: list[tuple[int, str]],
+                  where: str = "input") -> Predictions:
+    """Parse lines up to the first bad one (its error names `where` and its number), decode
+    those, and write each output as its input is written ("12+34" -> "46")."""
+    sources, error = [], None
+    for number, text in lines:
         try:
             sources.append(task.parse(text, max_tokens=input_limit(cfg, task)))
         except MinitfmError as err:
-            raise type(err)(f"{where} {number} ({quote(text)}): {err}") from None
+            error = type(err)(f"{where} {number} ({quote(text)}): {err}")
+            break
+    if not sources:
+        return Predictions([], None, error)
     longest = max(len(src) for src in sources)
     check_fits(decoding_parts(cfg, len(sources), longest, EVAL_BATCH_SIZE,
                               names=("the number of inputs", "the longest input")), "decoding")
     outputs = predict(model, task, sources, device)
     rows = []
-    for text, src, out in zip(lines, sources, outputs):
+    for (_, text), src, out in zip(lines, sources, outputs):
         expected = task.target(src)
-        rows.append({"input": text, "output": task.format(out),
-                     "expected": task.format(expected), "match": out == expected})
-    return rows
+        rows.append({"input": text, "output": task.format_like(out, text),
+                     "expected": task.format_like(expected, text), "match": out == expected})
+    return Predictions(rows, length_warning(cfg, task, sources, where), error)
+
+
+def length_warning(cfg, task: Task, sources: list[list[int]], where: str) -> str | None:
+    """One line when some inputs are longer than the lengths the model was trained on."""
+    lengths = [task.input_length(src) for src in sources]
+    longer = [n for n in lengths if n > cfg.task.max_len]
+    if not longer:
+        return None
+    count = f"1 {where} is" if len(longer) == 1 else f"{len(longer)} {where}s are"
+    return (f"{count} longer than the lengths trained on ({cfg.task.min_len}.."
+            f"{cfg.task.max_len}; the longest has {max(longer)}): expect mistakes")
 
 
 def input_limit(cfg, task: Task) -> int | None:

@@ -214,7 +214,8 @@ class Task(ABC):
     # --- text ---
 
     def parse(self, text: str, max_tokens: int | None = None) -> list[int]:
-        """User text ("3 1 4", or "314" when symbols are single characters) -> source ids."""
+        """User text -> source ids. Words between spaces are whole symbols ("3 1 4", "10 11");
+        with one-character symbols a single word is read symbol by symbol ("314")."""
         tokens = self._tokenize(text)
         if not tokens:
             raise TaskInputError(f"empty input: task '{self.name}' takes {self._allowed()}, "
@@ -227,21 +228,34 @@ class Task(ABC):
         return ids
 
     def _tokenize(self, text: str) -> list[str]:
-        if not self.compact:
-            return text.split()
-        tokens = []
-        for chunk in text.split():
-            # A whole token such as "<eos>" stays whole, so the error can name it.
-            tokens.extend([chunk] if chunk in self.vocab else list(chunk))
-        return tokens
+        return self._read_words(text.split())
+
+    def _read_words(self, words: list[str]) -> list[str]:
+        """Each word one symbol, except a lone compact word ("314"), read character by character.
+
+        A whole token such as "<eos>" stays whole, so the error can name it."""
+        if self.compact and len(words) == 1 and words[0] not in self.vocab:
+            return list(words[0])
+        return words
+
+    def written_compact(self, text: str) -> bool:
+        """Whether `text` is written without spaces between symbols ("314", not "3 1 4")."""
+        words = text.split()
+        return self.compact and len(words) == 1 and len(words[0]) > 1
+
+    def format_like(self, ids: list[int], text: str) -> str:
+        """Ids -> text written as `text` is: "413" for an input "314", "4 1 3" for "3 1 4"."""
+        return self.format(ids, compact=self.written_compact(text))
 
     def _symbol_id(self, token: str) -> int:
         if token in SPECIAL_TOKENS:
             raise TaskInputError(f"{token!r} is a special token, not input: task '{self.name}' "
                                  f"takes {self._allowed()}")
         if token not in self.vocab:
+            hint = " (a word between spaces is one symbol)" if self.compact and len(token) > 1 \
+                else ""
             raise TaskInputError(f"{token!r} is not a symbol of task '{self.name}': it takes "
-                                 f"{self._allowed()}")
+                                 f"{self._allowed()}{hint}")
         return self.vocab.id(token)
 
     def _allowed(self) -> str:
@@ -256,8 +270,9 @@ class Task(ABC):
         """Raise TaskInputError if valid symbols form an invalid input (e.g. two '+')."""
         return None  # an optional hook: most tasks take any sequence of their symbols
 
-    def format(self, ids: list[int]) -> str:
-        """Ids -> text, tokens separated by spaces; PAD and BOS are dropped, EOS ends it."""
+    def format(self, ids: list[int], compact: bool = False) -> str:
+        """Ids -> text, tokens separated by spaces (none if `compact`); PAD and BOS are
+        dropped, EOS ends it."""
         words = []
         for i in ids:
             i = int(i)
@@ -265,7 +280,7 @@ class Task(ABC):
                 break
             if i not in (PAD_ID, BOS_ID):
                 words.append(self.vocab.token(i))
-        return " ".join(words)
+        return ("" if compact else " ").join(words)
 
     def example(self) -> tuple[str, str]:
         """A worked example as text: (input, target)."""
@@ -427,6 +442,17 @@ class AddTask(Task):
     def _holdout_key(self, src: list[int]) -> list[int]:
         a, b = sorted(self._operands(src))  # a+b and b+a share a partition
         return a + [self.plus_id] + b
+
+    def _tokenize(self, text: str) -> list[str]:
+        """Each operand is a number ("12") or its digits between spaces ("1 2")."""
+        tokens: list[str] = []
+        for k, operand in enumerate(text.split("+")):
+            tokens += ["+"] * (k > 0) + self._read_words(operand.split())
+        return tokens
+
+    def written_compact(self, text: str) -> bool:
+        """Operands written as numbers ("12+34", "12 + 34"): the sum is printed as one too."""
+        return all(len(operand.split()) <= 1 for operand in text.split("+"))
 
     def _allowed(self) -> str:
         return f"two numbers of digits 0..{self.base - 1} joined by one '+'"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 import shutil
 import signal
+import sys
 import time
+import types
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -576,3 +578,19 @@ def record_status(state: TrainState, ctx: RunContext, status: str,
         summary["wall_s"] = write_summary(ctx.run_dir, summary)
     return summary
 
+
+class CallableModule(types.ModuleType):
+    """This module, callable as the Python API's `train` (see `minitfm.api.train`).
+
+    Python binds a submodule to its package's attribute of the same name, so
+    `from minitfm import train` finds this module; calling it trains, while
+    `minitfm.train.train` stays the loop above, as the CLI and torchrun use it.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any):
+        from minitfm.api import train as train_api
+
+        return train_api(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = CallableModule

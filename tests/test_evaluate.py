@@ -94,9 +94,70 @@ def test_predict_arguments_and_stdin_give_the_same_lines(run):
 
 def test_predict_bad_inputs(run):
     assert_clean_error(run_cli("predict", run, "1 9"), 2, "'9'")
-    assert_clean_error(run_cli("predict", run, input="1 2\n\n3\n"), 2, "line 2")
     assert_clean_error(run_cli("predict", run, input=""), 2, "no input")
+    assert_clean_error(run_cli("predict", run, input="\n  \n"), 2, "no input")
     assert_clean_error(run_cli("predict", run, "1 <eos>"), 2, "<eos>")
+    assert_clean_error(run_cli("predict", run, "10 11"), 2, "'10' is not a symbol")
+
+
+def test_predict_skips_blank_stdin_lines(run):
+    result = run_cli("predict", run, input="1 2\n\n   \n3 4\n")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == run_cli("predict", run, "1 2", "3 4").stdout
+    assert len(result.stdout.splitlines()) == 2
+
+
+def test_predict_prints_the_lines_before_a_bad_one(run):
+    result = run_cli("predict", run, "--json", input="1 2\n\n3 4\n1 x\n2 2\n")
+    assert_clean_error(result, 2, "line 4 ('1 x')", "'x' is not a symbol")
+    assert [json.loads(line)["input"] for line in result.stdout.splitlines()] == ["1 2", "3 4"]
+    first = run_cli("predict", run, "1 x", "2 2")
+    assert_clean_error(first, 2, "input 1 ('1 x')")
+    assert first.stdout == ""
+
+
+def test_predict_warns_once_about_inputs_longer_than_trained(run):
+    inside = run_cli("predict", run, "0 1 2 3 4 0")  # task.max_len 6
+    assert inside.exit_code == 0 and inside.stderr == ""
+    result = run_cli("predict", run, "0 1 2 3 4 0 1", "1 2", "0 1 2 3 4 0 1 2 3")
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 3
+    warning = result.stderr.strip()
+    assert warning.startswith("warning: 2 inputs are longer than") and "\n" not in warning
+    assert "1..6" in warning and "the longest has 9" in warning
+
+
+def test_predict_writes_outputs_as_the_inputs_are_written(run):
+    rows = [json.loads(line) for line in
+            run_cli("predict", run, "--json", "0123", "0 1 2 3").stdout.splitlines()]
+    assert [row["expected"] for row in rows] == ["0123", "0 1 2 3"]
+    assert " " not in rows[0]["output"] and rows[1]["output"].count(" ") >= 1
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Untrained-ish runs (5 steps) of add and of copy with two-digit symbols."""
+    folder = tmp_path_factory.mktemp("runs")
+    for name, task in (("add", ["task.name=add", "task.n_symbols=10", "task.max_len=3"]),
+                       ("wide", ["task.n_symbols=12"])):
+        cfg = load_config(None, [*TINY, *task, "train.steps=5", "log.tensorboard=false"])
+        train(cfg, run_dir=folder / name)
+    return folder
+
+
+def test_predict_add_prints_numbers_as_written(tiny_runs):
+    result = run_cli("predict", tiny_runs / "add", "--json", "12+34", "1 2 + 3 4", "99 + 1")
+    assert result.exit_code == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["expected"] for row in rows] == ["46", "4 6", "100"]
+    assert " " not in rows[0]["output"] + rows[2]["output"]
+
+
+def test_predict_reads_multi_character_symbols_whole(tiny_runs):
+    result = run_cli("predict", tiny_runs / "wide", "--json", "10 11 3")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["expected"] == "10 11 3"
+    assert_clean_error(run_cli("predict", tiny_runs / "wide", "1 12"), 2, "'12' is not a symbol")
 
 
 def test_eval_bad_arguments(run):

@@ -263,14 +263,34 @@ def test_add_mirror_images_share_a_partition():
 # --- text ---
 
 @pytest.mark.parametrize("name, text, canonical", [
-    ("copy", "3 1 4", "3 1 4"), ("copy", "314", "3 1 4"), ("copy", " 3  14\t", "3 1 4"),
-    ("add", "12+34", "1 2 + 3 4"), ("add", "12 + 34", "1 2 + 3 4"),
-    ("add", "1 2 + 3 4", "1 2 + 3 4"),
+    ("copy", "3 1 4", "3 1 4"), ("copy", "314", "3 1 4"), ("copy", " 3  1\t4 ", "3 1 4"),
+    ("copy", "\t314 ", "3 1 4"), ("add", "12+34", "1 2 + 3 4"), ("add", "12 + 34", "1 2 + 3 4"),
+    ("add", "1 2 + 3 4", "1 2 + 3 4"), ("add", "12+3 4", "1 2 + 3 4"),
 ])
 def test_parse_format_round_trip(name, text, canonical):
     t = task(name)
     assert t.format(t.parse(text)) == canonical
     assert t.format(t.parse(canonical)) == canonical
+
+
+@pytest.mark.parametrize("name, text, word", [
+    ("copy", "10 11", "10"), ("copy", "3 14", "14"), ("add", "10 11+1", "10"),
+    ("add", "1+2 34", "34"),
+])
+def test_a_word_between_spaces_is_one_symbol(name, text, word):
+    """"10 11" is not the digits 1 0 1 1: with one-character symbols '10' is unknown."""
+    with pytest.raises(TaskInputError, match=f"'{word}' is not a symbol.*one symbol"):
+        task(name).parse(text)
+
+
+@pytest.mark.parametrize("name, text, output", [
+    ("reverse", "314", "413"), ("reverse", "3 1 4", "4 1 3"), ("duplicate", "3", "3 3"),
+    ("add", "12+34", "46"), ("add", "12 + 34", "46"), ("add", "5 + 7", "12"),
+    ("add", "1 2 + 3 4", "4 6"), ("add", "99+1", "100"),
+])
+def test_outputs_are_written_as_the_input_is(name, text, output):
+    t = task(name)
+    assert t.format_like(t.target(t.parse(text)), text) == output
 
 
 def test_multi_character_symbols_need_spaces():

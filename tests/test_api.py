@@ -1,0 +1,117 @@
+"""The Python API: the same numbers, outputs and errors as the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import minitfm
+from minitfm import load_run, train
+from minitfm.api import Run
+from minitfm.config import load_config, parse_override
+from minitfm.errors import ConfigError, MinitfmError, TaskInputError
+from tests.helpers import TINY, run_cli
+
+# TINY as Python values, one key through the `__` spelling of its dots.
+SETTINGS = dict(parse_override(item) for item in TINY)
+SETTINGS["log__tensorboard"] = SETTINGS.pop("log.tensorboard", False)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Run:
+    return train(None, run_dir=tmp_path_factory.mktemp("api") / "copy", progress=False,
+                 **SETTINGS)
+
+
+def test_import_minitfm_does_not_load_torch():
+    code = "import sys, minitfm; print('torch' in sys.modules, minitfm.__version__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "False"
+
+
+def test_train_returns_the_loaded_run(run):
+    assert isinstance(run, Run) and run.checkpoint.name == "best.pt"
+    assert run.run_dir is not None and (run.run_dir / "checkpoints" / "last.pt").is_file()
+    assert run.config.task.name == "copy" and run.config.log.tensorboard is False
+    assert run.config == load_config(None, TINY + ["log.tensorboard=false"])
+    assert not any(run.run_dir.glob("events.*"))
+
+
+def test_train_the_package_attribute_and_the_loop_module_coexist():
+    import minitfm.train as loop
+
+    assert minitfm.train is train is loop and callable(train)
+    assert loop.train.__module__ == "minitfm.train"  # the loop the CLI calls
+
+
+@pytest.mark.parametrize("kwargs", [{"min_len": 5, "max_len": 9, "samples": 200},
+                                    {"samples": 100, "seed": 3}])
+def test_evaluate_equals_eval_json(run, kwargs):
+    args = [f"--{key.replace('_', '-')}={value}" for key, value in kwargs.items()]
+    result = run_cli("eval", run.checkpoint, *args, "--json")
+    assert result.exit_code == 0, result.stderr
+    assert run.evaluate(**kwargs) == json.loads(result.stdout)
+
+
+def test_predict_equals_minitfm_predict(run):
+    inputs = ["0 1 2 3", "4 3 2", "0123", "1"]
+    result = run_cli("predict", run.checkpoint, *inputs)
+    assert result.exit_code == 0, result.stderr
+    assert run.predict(inputs) == result.stdout.splitlines()
+    assert run.predict("0123") == result.stdout.splitlines()[2]
+    assert run.predict([]) == []
+
+
+def test_predict_errors_and_warnings_read_as_on_the_command_line(run):
+    cli = run_cli("predict", run.checkpoint, "1 2", "1 x")
+    with pytest.raises(TaskInputError) as err:
+        run.predict(["1 2", "1 x"])
+    assert f"error: {err.value}" == cli.stderr.strip()
+    with pytest.warns(UserWarning, match=r"1 input is longer than the lengths trained on \(1..6"):
+        run.predict("0 1 2 3 4 0 1")
+    with pytest.raises(MinitfmError, match="samples"):
+        run.evaluate(samples=0)
+
+
+def test_attention_shapes_and_labels(run):
+    maps = run.attention("0 1 2")
+    assert maps.source == ["0", "1", "2"] and maps.decoder_input[0] == "<bos>"
+    S, T = 3, len(maps.decoder_input)
+    assert T == len(maps.prediction.split()) + 1  # <bos> + the output (its EOS row is last)
+    for kind, shape in (("encoder", (2, S, S)), ("decoder", (2, T, T)), ("cross", (2, T, S))):
+        layers = getattr(maps, kind)
+        assert len(layers) == 1 and layers[0].shape == shape
+        assert torch.allclose(layers[0].sum(-1), torch.ones(shape[:2]))
+    assert maps.labels("cross") == (maps.decoder_input, maps.source)
+    assert maps.labels("encoder") == (maps.source, maps.source)
+    with pytest.raises(MinitfmError, match="kind"):
+        maps.labels("all")
+    assert run.attention().source  # the held-out probe of training
+
+
+def test_load_run_picks_checkpoints_as_the_cli_does(run):
+    last = load_run(run.run_dir, checkpoint="last")
+    assert last.checkpoint.name == "last.pt" and last.step == 200
+    cli = run_cli("eval", run.run_dir, "--checkpoint", "middle")
+    with pytest.raises(MinitfmError) as err:
+        load_run(run.run_dir, checkpoint="middle")
+    assert f"error: {err.value}" == cli.stderr.strip()
+
+
+def test_train_takes_a_dict_a_config_and_dotted_keys(tmp_path):
+    quick = {key: v for key, v in SETTINGS.items() if not key.startswith("task.")}
+    quick["train.steps"] = 5
+    from_dict = train({"task": {"name": "reverse", "n_symbols": 5, "max_len": 6}},
+                      run_dir=tmp_path / "dict", progress=False, **quick)
+    assert from_dict.config.task.name == "reverse" and from_dict.config.train.steps == 5
+    again = train(from_dict.config, run_dir=tmp_path / "config", progress=False,
+                  train__steps=3)
+    assert again.config.task == from_dict.config.task and again.config.train.steps == 3
+    with pytest.raises(ConfigError, match="unknown config key 'train.stepz'"):
+        train(None, train__stepz=3, progress=False)
+    with pytest.raises(ConfigError, match="train.steps"):
+        train(None, train__steps="many", progress=False)

@@ -32,14 +32,16 @@ from minitfm.errors import MinitfmError
 from minitfm.evaluate import (
     EVAL_BATCH_SIZE,
     EvalResult,
+    evaluate,
     length_chunks,
     predict,
     score,
 )
 from minitfm.layers import HeadAblation, HeadEdit
-from minitfm.model import HeadEdits, eval_mode
-from minitfm.tasks import Batch, Pair, Task, make_batch
-from minitfm.viz import KIND_TITLES, KINDS
+from minitfm.limits import check_fits, decoding_parts
+from minitfm.model import HeadEdits, default_device, eval_mode
+from minitfm.tasks import Batch, Pair, Task, eval_set, make_batch
+from minitfm.viz import KIND_TITLES, KINDS, save_figure
 
 MODES = ("zero", "mean")
 MARKED_DROP = 0.10  # heads whose removal costs more than 10 points of exact match are marked
@@ -160,8 +162,6 @@ def ablate_all(model, task: Task, pairs: list[Pair], device, batch_size: int,
 def ablate_model(model, task: Task, pairs: list[Pair], device, mode: str = "zero",
                  batch_size: int = EVAL_BATCH_SIZE) -> tuple[EvalResult, list, list]:
     """The intact model's metrics (as `minitfm eval`), then every head and layer ablated."""
-    from minitfm.evaluate import evaluate
-
     check_options(mode)
     baseline = evaluate(model, task, pairs, device, batch_size)
     values = replacements(model, task, pairs, device, mode, batch_size)
@@ -180,10 +180,6 @@ def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "z
                batch_size: int = EVAL_BATCH_SIZE, out: Path | None = None) -> AblationReport:
     """`minitfm ablate`: ablate every head and layer of a run's checkpoint; write the PNG."""
     from minitfm.checkpoint import load_model, resolve_checkpoint
-    from minitfm.limits import check_fits, decoding_parts
-    from minitfm.model import default_device
-    from minitfm.tasks import eval_set
-    from minitfm.viz import save_figure
 
     check_options(mode, out)
     path = resolve_checkpoint(run, checkpoint)

@@ -399,6 +399,41 @@ def visualize_attention(
 
 @app.command()
 @clean_errors
+def ablate(
+    run: Path | None = typer.Argument(None, help=RUN_HELP),
+    mode: str = typer.Option("zero", help="zero: a switched-off head outputs 0 (before W^O); "
+                             "mean: its mean output over the held-out set."),
+    samples: int = typer.Option(500, min=1, max=100_000, help="Held-out sequences to decode "
+                                "per ablation."),
+    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    # 250 is evaluate.EVAL_BATCH_SIZE, written out so that --help need not import torch.
+    batch_size: int = typer.Option(250, min=1, max=100_000, help="Sequences decoded at once; "
+                                    "lower it to save memory."),
+    out: Path | None = typer.Option(None, help="PNG path (default: <run>/ablate/<checkpoint>-"
+                                    "step<N>-<mode>.png; for a .pt outside a run, "
+                                    "<name>-ablate-step<N>-<mode>.png beside it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
+                                 "tables."),
+    threads: str = typer.Option("auto", help=THREADS_HELP),
+) -> None:
+    """Which heads matter: exact match with each attention head, then each layer, switched off."""
+    with claim_threads(threads) as claim:
+        from minitfm.ablate import ablate_run, ablation_tables, check_options
+
+        claim.apply()
+        check_options(mode, out)  # before RUN is looked for
+        report = ablate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, mode,
+                            batch_size, out)
+    if as_json:
+        print(json.dumps(report.as_dict()))
+        return
+    for renderable in ablation_tables(report):
+        console.print(renderable)
+    console.print(f"wrote {report.png}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+@clean_errors
 def tasks() -> None:
     """List the synthetic tasks with an example each."""
     from rich.table import Table

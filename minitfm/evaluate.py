@@ -15,7 +15,7 @@ import torch
 
 from minitfm.errors import MinitfmError, quote
 from minitfm.limits import check_fits, decoding_parts
-from minitfm.model import default_device, eval_mode, greedy_decode, sequence_loss
+from minitfm.model import HeadEdits, default_device, eval_mode, greedy_decode, sequence_loss
 from minitfm.tasks import Task, eval_set, make_batch
 
 Pair = tuple[list[int], list[int]]
@@ -113,13 +113,17 @@ def length_chunks(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 @torch.no_grad()
 def predict(model, task: Task, sources: list[list[int]], device,
-            batch_size: int = EVAL_BATCH_SIZE, use_cache: bool = True) -> list[list[int]]:
-    """Greedy-decode each source; the target is never looked at. Outputs keep the input order."""
+            batch_size: int = EVAL_BATCH_SIZE, use_cache: bool = True,
+            edits: HeadEdits | None = None) -> list[list[int]]:
+    """Greedy-decode each source; the target is never looked at. Outputs keep the input order.
+
+    `edits` change head outputs while decoding (`minitfm ablate`).
+    """
     vocab, out = task.vocab, [[] for _ in sources]
     for chunk in length_chunks([len(s) for s in sources], batch_size):
         src = make_batch([(sources[i], []) for i in chunk], vocab).src.to(device)
         cap = max(task.max_target_len(len(sources[i])) for i in chunk) + 1  # + EOS
-        tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache=use_cache)
+        tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache, edits)
         for i, row in zip(chunk, tokens.tolist()):
             out[i] = strip_eos(row, vocab.eos_id)
     return out

@@ -18,6 +18,7 @@ the schemes in `positions.py`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -110,6 +111,27 @@ class AttentionPositions:
 
 NO_POSITIONS = AttentionPositions()  # frozen, so one shared instance is safe: nothing to do
 
+# A function of one layer's head outputs (B, H, T_q, K), applied before the heads are
+# concatenated and projected by W^O; it returns a tensor of the same shape. `HeadAblation`
+# switches heads off; `minitfm.ablate.HeadMeans` records their mean output.
+HeadEdit = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class HeadAblation:
+    """Heads of one attention layer switched off: each output head_h (before W^O) replaced.
+
+    Zero ablation replaces head_h with 0, mean ablation with its mean over held-out data
+    (the usual choice in interpretability work: the next layers see a vector of the usual scale).
+    """
+
+    off: Tensor  # (H,) bool, True = switched off
+    value: Tensor  # (H, K): what a switched-off head outputs at every position
+
+    def __call__(self, heads: Tensor) -> Tensor:
+        off = self.off[:, None, None]  # (H, 1, 1)
+        return torch.where(off, self.value[:, None, :], heads)  # (B, H, T_q, K)
+
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, Vaswani et al. 2017, §3.2.2: H heads of width K = D / H."""
@@ -135,10 +157,12 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         cache: KVCache | None = None,
         positions: AttentionPositions | None = None,
+        edit: HeadEdit | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Attend from `query` (B, T_q, D) to `key`/`value` (B, T_k, D); returns output, weights.
 
-        `positions` is set only for schemes that act inside attention (RoPE, ALiBi).
+        `positions` is set only for schemes that act inside attention (RoPE, ALiBi); `edit`
+        (see `HeadEdit`) changes the head outputs before W^O, e.g. to ablate heads.
         """
         B, T_q, D = query.shape
         positions = positions or NO_POSITIONS
@@ -147,6 +171,8 @@ class MultiHeadAttention(nn.Module):
             q = positions.queries.rotate(q)  # (B, H, T_q, K), RoPE
         k, v = self.project_kv(key, value, cache, positions.keys)  # (B, H, T_k, K) each
         out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout, positions.bias)
+        if edit is not None:
+            out = edit(out)  # (B, H, T_q, K)
         out = out.transpose(1, 2).reshape(B, T_q, D)  # (B, T_q, D): heads concatenated
         return self.out_proj(out), weights  # (B, T_q, D), (B, H, T_q, T_k)
 

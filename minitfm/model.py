@@ -27,6 +27,7 @@ from minitfm.layers import (
     AttentionPositions,
     Dropout,
     FeedForward,
+    HeadEdit,
     KVCache,
     LayerNorm,
     MultiHeadAttention,
@@ -46,6 +47,15 @@ class AttentionMaps:
     encoder: list[Tensor] = field(default_factory=list)
     decoder: list[Tensor] = field(default_factory=list)
     cross: list[Tensor] = field(default_factory=list)
+
+
+@dataclass
+class HeadEdits:
+    """Edits of the head outputs (see `layers.HeadEdit`) by kind and layer; absent = intact."""
+
+    encoder: dict[int, HeadEdit] = field(default_factory=dict)
+    decoder: dict[int, HeadEdit] = field(default_factory=dict)
+    cross: dict[int, HeadEdit] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,16 +79,17 @@ class EncoderLayer(nn.Module):
         self.dropout = Dropout(cfg.dropout)  # on each sub-layer's output, §5.4
 
     def forward(
-        self, x: Tensor, mask: Tensor, positions: AttentionPositions | None = None
+        self, x: Tensor, mask: Tensor, positions: AttentionPositions | None = None,
+        edit: HeadEdit | None = None,
     ) -> tuple[Tensor, Tensor]:
         """x (B, S, D), mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S)."""
         if self.norm_first:  # pre-LN: x + Sublayer(LN(x)) (Xiong et al. 2020)
             h = self.norm1(x)
-            attn, weights = self.self_attn(h, h, h, mask, positions=positions)
+            attn, weights = self.self_attn(h, h, h, mask, positions=positions, edit=edit)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm2(x)))
         else:  # post-LN, as in the paper: LN(x + Sublayer(x))
-            attn, weights = self.self_attn(x, x, x, mask, positions=positions)
+            attn, weights = self.self_attn(x, x, x, mask, positions=positions, edit=edit)
             x = self.norm1(x + self.dropout(attn))
             x = self.norm2(x + self.dropout(self.feed_forward(x)))
         return x, weights
@@ -106,28 +117,33 @@ class DecoderLayer(nn.Module):
         src_mask: Tensor,
         cache: DecoderLayerCache | None = None,
         positions: tuple[AttentionPositions | None, AttentionPositions | None] = (None, None),
+        edits: tuple[HeadEdit | None, HeadEdit | None] = (None, None),
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
 
-        `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention.
+        `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention,
+        `edits` what changes their head outputs (ablations).
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
         self_pos, cross_pos = positions
+        self_edit, cross_edit = edits
         if self.norm_first:
             h = self.norm1(x)
-            attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos)
+            attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos,
+                                                self_edit)
             x = x + self.dropout(attn)
             h = self.norm2(x)
             attn, cross_weights = self.cross_attn(h, memory, memory, src_mask, cross_cache,
-                                                  cross_pos)
+                                                  cross_pos, cross_edit)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm3(x)))
         else:
-            attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache, self_pos)
+            attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache, self_pos,
+                                                self_edit)
             x = self.norm1(x + self.dropout(attn))
             attn, cross_weights = self.cross_attn(x, memory, memory, src_mask, cross_cache,
-                                                  cross_pos)
+                                                  cross_pos, cross_edit)
             x = self.norm2(x + self.dropout(attn))
             x = self.norm3(x + self.dropout(self.feed_forward(x)))
         return x, self_weights, cross_weights
@@ -180,12 +196,14 @@ class Seq2SeqTransformer(nn.Module):
         return self.embed_dropout(self.positional(x, offset, positions))
 
     def encode(
-        self, src: Tensor, positions: Tensor | None = None
+        self, src: Tensor, positions: Tensor | None = None, edits: HeadEdits | None = None
     ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S), encoder maps [(B, H, S, S)].
 
-        `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`).
+        `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`);
+        `edits.encoder` changes head outputs (ablations).
         """
+        edits = edits or HeadEdits()
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
         x = self.embed(src, positions=positions)
         attention = None
@@ -193,8 +211,8 @@ class Seq2SeqTransformer(nn.Module):
             pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
             attention = self.positional.attention(pos, pos)
         maps = []
-        for layer in self.encoder_layers:
-            x, weights = layer(x, src_mask, attention)
+        for i, layer in enumerate(self.encoder_layers):
+            x, weights = layer(x, src_mask, attention, edits.encoder.get(i))
             maps.append(weights)
         return self.encoder_norm(x), src_mask, maps
 
@@ -227,13 +245,16 @@ class Seq2SeqTransformer(nn.Module):
         cache: list[DecoderLayerCache] | None = None,
         tgt_positions: Tensor | None = None,
         src_positions: Tensor | None = None,
+        edits: HeadEdits | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """tgt (B, T) -> logits (B, T, V), decoder maps [(B,H,T,T)], cross maps [(B,H,T,S)].
 
         With a `cache` (from `new_cache`), `tgt` holds only the tokens after those already
         cached; their positions and causal mask continue from there. `tgt_positions` (B, T) and
         `src_positions` (B, S) replace 0..T-1 and 0..S-1 (randomized positions, no cache).
+        `edits.decoder` and `edits.cross` change head outputs (ablations).
         """
+        edits = edits or HeadEdits()
         offset = cache[0].self_attn.length if cache is not None else 0
         T = tgt.size(1)
         x = self.embed(tgt, offset, tgt_positions)
@@ -244,7 +265,8 @@ class Seq2SeqTransformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
             x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
-                                                   attention)
+                                                   attention,
+                                                   (edits.decoder.get(i), edits.cross.get(i)))
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
         logits = self.generator(self.decoder_norm(x))  # (B, T, V)
@@ -264,15 +286,16 @@ class Seq2SeqTransformer(nn.Module):
         return [DecoderLayerCache() for _ in self.decoder_layers]
 
     def forward(
-        self, src: Tensor, tgt: Tensor, return_attention: bool = False
+        self, src: Tensor, tgt: Tensor, return_attention: bool = False,
+        edits: HeadEdits | None = None,
     ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """src (B, S), tgt (B, T) -> logits (B, T, V), and AttentionMaps if asked."""
         src_positions = tgt_positions = None
         if self.training and self.config.random_positions is not None:
             src_positions, tgt_positions = self.draw_positions(src, tgt)
-        memory, src_mask, encoder_maps = self.encode(src, src_positions)
+        memory, src_mask, encoder_maps = self.encode(src, src_positions, edits)
         logits, decoder_maps, cross_maps = self.decode(tgt, memory, src_mask, None, tgt_positions,
-                                                       src_positions)
+                                                       src_positions, edits)
         if return_attention:
             return logits, AttentionMaps(encoder_maps, decoder_maps, cross_maps)
         return logits
@@ -331,17 +354,21 @@ def greedy_decode(
     eos_id: int,
     max_len: int,
     use_cache: bool = True,
+    edits: HeadEdits | None = None,
 ) -> Tensor:
-    """Batched greedy decoding from BOS: tokens (B, L <= max_len), EOS kept, PAD after it."""
+    """Batched greedy decoding from BOS: tokens (B, L <= max_len), EOS kept, PAD after it.
+
+    `edits` change head outputs at every step (ablations; see `HeadEdits`).
+    """
     with eval_mode(model):  # dropout off: decoding is deterministic
-        memory, src_mask, _ = model.encode(src)  # the source is encoded once
+        memory, src_mask, _ = model.encode(src, edits=edits)  # the source is encoded once
         B = src.size(0)
         tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
         cache = model.new_cache() if use_cache else None
         for _ in range(max_len):
             step_input = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, t)
-            logits, _, _ = model.decode(step_input, memory, src_mask, cache)
+            logits, _, _ = model.decode(step_input, memory, src_mask, cache, edits=edits)
             next_token = logits[:, -1].argmax(dim=-1)  # (B,)
             next_token = next_token.masked_fill(done, model.pad_id)  # finished rows: PAD
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)

@@ -1,0 +1,287 @@
+"""Which heads does the model need? `minitfm ablate` switches heads off and measures the damage.
+
+Every attention head of every kind (encoder self-attention, decoder self-attention,
+cross-attention) and layer is switched off in turn, then every whole attention sub-layer (all
+its heads at once), and each time the held-out set is decoded greedily as `minitfm eval` does
+(with the KV cache). A switched-off head h outputs, instead of head_h = softmax(Q_h K_h^T /
+sqrt(d_k)) V_h, before the heads are concatenated and projected by W^O (Vaswani et al. 2017,
+§3.2.2):
+
+- zero ablation (`mode="zero"`): 0;
+- mean ablation (`mode="mean"`): the mean of head_h over every non-pad query position of the
+  held-out set, from one teacher-forced pass of the intact model on the true targets (queries:
+  the source tokens for encoder heads; BOS + the target tokens for decoder and cross heads).
+
+A sub-layer with every head off still adds W^O times the replacement plus its bias: a constant,
+which carries no information about the input. The drop of an ablation is the intact model's
+exact match minus the ablated one, as fractions.
+
+Shapes: B batch, H n_heads, Q query len, K d_head, L layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from minitfm.errors import MinitfmError
+from minitfm.evaluate import (
+    EVAL_BATCH_SIZE,
+    EvalResult,
+    evaluate,
+    length_chunks,
+    predict,
+    score,
+)
+from minitfm.layers import HeadAblation, HeadEdit
+from minitfm.limits import check_fits, decoding_parts
+from minitfm.model import HeadEdits, default_device, eval_mode
+from minitfm.tasks import Batch, Pair, Task, eval_set, make_batch
+from minitfm.viz import KIND_TITLES, KINDS, save_figure
+
+MODES = ("zero", "mean")
+MARKED_DROP = 0.10  # heads whose removal costs more than 10 points of exact match are marked
+
+
+# --- mean ablation: the mean output of every head ---
+
+@dataclass
+class HeadMeans:
+    """Sums of every head's output over the non-pad queries it served, per (kind, layer)."""
+
+    sums: dict[tuple[str, int], Tensor] = field(default_factory=dict)  # (H, K) each
+    counts: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def recorder(self, kind: str, layer: int, valid: Tensor) -> HeadEdit:
+        """A HeadEdit that adds the outputs at the queries where `valid` (B, Q) to the sums;
+        it returns the heads unchanged."""
+        def record(heads: Tensor) -> Tensor:  # (B, H, Q, K)
+            total = torch.einsum("bhqk,bq->hk", heads, valid.to(heads.dtype))  # (H, K)
+            key = (kind, layer)
+            self.sums[key] = self.sums.get(key, 0) + total
+            self.counts[key] = self.counts.get(key, 0) + int(valid.sum())
+            return heads
+        return record
+
+    def edits(self, batch: Batch, pad_id: int, n_layers: dict[str, int]) -> HeadEdits:
+        """Recorders for every layer of one teacher-forced batch."""
+        src_valid, tgt_valid = batch.src != pad_id, batch.tgt_in != pad_id  # (B, S), (B, T)
+        valid = {"encoder": src_valid, "decoder": tgt_valid, "cross": tgt_valid}
+        return HeadEdits(**{kind: {i: self.recorder(kind, i, valid[kind])
+                                   for i in range(n_layers[kind])} for kind in KINDS})
+
+    def means(self) -> dict[tuple[str, int], Tensor]:
+        """The mean output (H, K) of every head, per (kind, layer)."""
+        return {key: total / max(self.counts[key], 1) for key, total in self.sums.items()}
+
+
+def layer_counts(model) -> dict[str, int]:
+    """Attention layers per kind: decoder layers each have a self- and a cross-attention."""
+    n_decoder = len(model.decoder_layers)
+    return {"encoder": len(model.encoder_layers), "decoder": n_decoder, "cross": n_decoder}
+
+
+@torch.no_grad()
+def head_means(model, task: Task, pairs: list[Pair], device,
+               batch_size: int = EVAL_BATCH_SIZE) -> dict[tuple[str, int], Tensor]:
+    """Every head's mean output (H, K) over the non-pad queries of one teacher-forced pass."""
+    means, n_layers = HeadMeans(), layer_counts(model)
+    with eval_mode(model):
+        for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
+            batch = make_batch([pairs[i] for i in chunk], task.vocab).to(device)
+            model(batch.src, batch.tgt_in, edits=means.edits(batch, task.vocab.pad_id, n_layers))
+    return means.means()
+
+
+def replacements(model, task: Task, pairs: list[Pair], device, mode: str,
+                 batch_size: int = EVAL_BATCH_SIZE) -> dict[tuple[str, int], Tensor]:
+    """What a switched-off head outputs, (H, K) per (kind, layer): 0 or its mean."""
+    if mode == "mean":
+        return head_means(model, task, pairs, device, batch_size)
+    n_heads, d_head = model.config.n_heads, model.config.d_model // model.config.n_heads
+    return {(kind, i): torch.zeros(n_heads, d_head, device=device)
+            for kind, n in layer_counts(model).items() for i in range(n)}
+
+
+# --- the ablations ---
+
+@dataclass
+class AblationReport:
+    """What `minitfm ablate` measured: the intact model, then one row per head and per layer."""
+
+    task: str
+    checkpoint: Path
+    step: int
+    mode: str
+    baseline: EvalResult
+    heads: list[dict]  # {"kind", "layer", "head", "exact_match", "drop"}
+    layers: list[dict]  # {"kind", "layer", "exact_match", "drop"}
+    png: Path | None = None
+
+    def as_dict(self) -> dict:
+        """The `--json` object."""
+        return {"checkpoint": str(self.checkpoint), "step": self.step,
+                "samples": self.baseline.total.count, "mode": self.mode,
+                "baseline": {"exact_match": self.baseline.exact_match,
+                             "token_accuracy": self.baseline.token_accuracy},
+                "heads": self.heads, "layers": self.layers}
+
+
+def ablated(model, task: Task, pairs: list[Pair], device, batch_size: int, baseline: EvalResult,
+            kind: str, layer: int, ablation: HeadAblation) -> dict:
+    """Exact match with `ablation` in layer `layer` of `kind`, and its drop from `baseline`."""
+    edits = HeadEdits(**{kind: {layer: ablation}})
+    predictions = predict(model, task, [src for src, _ in pairs], device, batch_size,
+                          edits=edits)
+    total, _ = score(pairs, predictions)
+    drop = (baseline.total.exact - total.exact) / max(total.count, 1)  # counts: no float noise
+    return {"exact_match": total.exact_match, "drop": drop}
+
+
+def ablate_all(model, task: Task, pairs: list[Pair], device, batch_size: int,
+               baseline: EvalResult, values: dict[tuple[str, int], Tensor]):
+    """Every head switched off in turn, then every layer's heads at once: (heads, layers)."""
+    heads, layers = [], []
+    for kind, layer in ((kind, i) for kind, n in layer_counts(model).items() for i in range(n)):
+        value = values[(kind, layer)]  # (H, K)
+        off = torch.eye(value.size(0), dtype=torch.bool, device=value.device)  # (H, H)
+        for head in range(value.size(0)):
+            heads.append({"kind": kind, "layer": layer, "head": head,
+                          **ablated(model, task, pairs, device, batch_size, baseline, kind, layer,
+                                    HeadAblation(off[head], value))})
+        layers.append({"kind": kind, "layer": layer,
+                       **ablated(model, task, pairs, device, batch_size, baseline, kind, layer,
+                                 HeadAblation(off.any(dim=0), value))})
+    return heads, layers
+
+
+def ablate_model(model, task: Task, pairs: list[Pair], device, mode: str = "zero",
+                 batch_size: int = EVAL_BATCH_SIZE) -> tuple[EvalResult, list, list]:
+    """The intact model's metrics (as `minitfm eval`), then every head and layer ablated."""
+    check_options(mode)
+    baseline = evaluate(model, task, pairs, device, batch_size)
+    values = replacements(model, task, pairs, device, mode, batch_size)
+    return baseline, *ablate_all(model, task, pairs, device, batch_size, baseline, values)
+
+
+def check_options(mode: str, out: Path | None = None) -> None:
+    """`--mode` and `--out`, refused before seconds of decoding rather than after."""
+    if mode not in MODES:
+        raise MinitfmError(f"--mode ({mode!r}) must be one of {', '.join(MODES)}")
+    if out is not None and out.suffix.lower() != ".png":
+        raise MinitfmError(f"--out ('{out}') must be a .png file")
+
+
+def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "zero",
+               batch_size: int = EVAL_BATCH_SIZE, out: Path | None = None) -> AblationReport:
+    """`minitfm ablate`: ablate every head and layer of a run's checkpoint; write the PNG."""
+    from minitfm.checkpoint import load_model, resolve_checkpoint
+
+    check_options(mode, out)
+    path = resolve_checkpoint(run, checkpoint)
+    device = default_device()
+    cfg, task, model, step = load_model(path, device)
+    check_fits(decoding_parts(cfg, samples, cfg.task.max_len, batch_size), "evaluation")
+    pairs = eval_set(task, samples, cfg.task.eval_seed, cfg.task.min_len, cfg.task.max_len)
+    report = AblationReport(cfg.task.name, path, step, mode,
+                            *ablate_model(model, task, pairs, device, mode, batch_size))
+    report.png = out if out is not None else default_png(path, step, mode)
+    save_figure(ablation_figure(report), report.png)
+    return report
+
+
+def default_png(checkpoint: Path, step: int, mode: str) -> Path:
+    """`<run>/ablate/<checkpoint>-step<N>-<mode>.png`; for a checkpoint outside any run,
+    `<checkpoint>-ablate-step<N>-<mode>.png` beside the file (as visualize-attention does)."""
+    from minitfm.checkpoint import find_run_dir
+
+    run_dir = find_run_dir(checkpoint)
+    if run_dir is None:  # never write into a directory that is not ours
+        return checkpoint.with_name(f"{checkpoint.stem}-ablate-step{step}-{mode}.png")
+    return run_dir / "ablate" / f"{checkpoint.stem}-step{step}-{mode}.png"
+
+
+# --- tables and figure ---
+
+def grid(report: AblationReport, kind: str) -> list[list[dict]]:
+    """The rows of one kind: per layer, its heads in order, then the whole layer."""
+    return [[row for row in report.heads if row["kind"] == kind and row["layer"] == layer["layer"]]
+            + [layer] for layer in report.layers if layer["kind"] == kind]
+
+
+def headline(report: AblationReport, checkpoint: str) -> str:
+    """Task, checkpoint, step, mode, samples; the intact model's numbers on a second line."""
+    base = report.baseline
+    return (f"{report.task} · {checkpoint} · step {report.step} · {report.mode} ablation on "
+            f"{base.total.count} held-out sequences\nintact: exact match {base.exact_match:.1%}, "
+            f"token accuracy {base.token_accuracy:.1%}")
+
+
+def ablation_tables(report: AblationReport) -> list:
+    """A rich table per kind: rows layers, columns heads and the whole layer."""
+    from rich.table import Table
+    from rich.text import Text
+
+    out = [Text(headline(report, str(report.checkpoint)))]
+    for kind in KINDS:
+        rows = grid(report, kind)
+        table = Table(title=KIND_TITLES[kind])
+        table.add_column("layer", justify="right")
+        for head in range(len(rows[0]) - 1):
+            table.add_column(f"head {head}", justify="right")
+        table.add_column("all heads", justify="right")
+        for layer, row in enumerate(rows):
+            table.add_row(str(layer), *(cell_text(cell) for cell in row))
+        out.append(table)
+    out.append(Text(f"cells: exact match with the head (or all heads of the layer) off, and "
+                    f"its change in points; * = a drop of more than {100 * MARKED_DROP:.0f} "
+                    f"points"))
+    return out
+
+
+def cell_text(row: dict):
+    """`12.4% (-87.4) *`: exact match, change in points, and the mark of a head that matters."""
+    from rich.text import Text
+
+    marked = row["drop"] > MARKED_DROP
+    return Text(f"{row['exact_match']:.1%} ({-100 * row['drop']:+.1f}){' *' if marked else '  '}",
+                style="bold red" if marked else "")
+
+
+def ablation_figure(report: AblationReport):
+    """Heatmaps of the drop, in points: per kind, rows layers, columns heads and the layer."""
+    from matplotlib.figure import Figure
+
+    grids = {kind: grid(report, kind) for kind in KINDS}
+    n_cols = max(len(rows[0]) for rows in grids.values())
+    heights = [0.5 * len(rows) + 0.9 for rows in grids.values()]  # + the block's title
+    fig = Figure(figsize=(0.8 * n_cols + 2.6, sum(heights) + 0.9), dpi=100,
+                 layout="constrained")
+    fig.suptitle(headline(report, report.checkpoint.name) + "; cells: drop in points",
+                 fontsize=9)
+    subfigures = fig.subfigures(len(grids), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for subfigure, (kind, rows) in zip(subfigures, grids.items(), strict=True):
+        draw_drops(subfigure, kind, rows)
+    return fig
+
+
+def draw_drops(subfigure, kind: str, rows: list[list[dict]]) -> None:
+    """One kind's drops as a heatmap with the value in each cell; one scale for every kind."""
+    drops = 100 * np.array([[cell["drop"] for cell in row] for row in rows])  # (L, H + 1)
+    ax = subfigure.subplots()
+    subfigure.suptitle(KIND_TITLES[kind], fontsize=9)
+    image = ax.imshow(drops, cmap="Reds", vmin=0.0, vmax=100.0, aspect="auto")
+    for (r, c), value in np.ndenumerate(drops):
+        ax.text(c, r, f"{value:.1f}", ha="center", va="center", fontsize=8,
+                color="white" if value > 60 else "black")
+    ax.axvline(drops.shape[1] - 1.5, color="black", linewidth=2)  # heads | whole layer
+    ax.set_xticks(range(drops.shape[1]),
+                  [f"head {h}" for h in range(drops.shape[1] - 1)] + ["all heads"], fontsize=8)
+    ax.set_yticks(range(drops.shape[0]), [f"layer {layer}" for layer in range(len(rows))],
+                  fontsize=8)
+    ax.tick_params(length=0)
+    subfigure.colorbar(image, ax=ax, label="drop (points)", pad=0.01)

@@ -291,7 +291,8 @@ def bench_tables(report: dict) -> list:
 
     load = (f" · load {report['load_average']:.1f} on {report['cores']} cores"
             if "load_average" in report else "")
-    title = (f"minitfm bench · {report['device']} · {report['threads']} threads{load} · torch "
+    threads = f"{report['threads']} thread{'s' if report['threads'] != 1 else ''}"
+    title = (f"minitfm bench · {report['device']} · {threads}{load} · torch "
              f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
     train = Table(title=title)
     for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU"):

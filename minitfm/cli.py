@@ -16,18 +16,69 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
+from rich.table import Table
 from typer._click.exceptions import ClickException, NoArgsIsHelpError  # Typer's own Click
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from minitfm import __version__
 from minitfm.errors import Interrupted, MinitfmError, quote
 
-console = Console()
+PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
+
+
+class Output(Console):
+    """stdout: on a terminal, text wraps at word boundaries to its width; piped to a file or a
+    program, nothing is wrapped and tables take their natural width, so lines stay whole."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal else ConsoleDimensions(PIPED_WIDTH, size.height)
+
+
+console = Output()
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class OneLineErrors(TyperGroup):
+def plain_params(params: list) -> None:
+    """--help as a reader expects it: a flag without a `<bool>` value beside it, an argument
+    whose metavar says it all (`[CONFIG] [KEY=VALUE]...`) without a `<list[str]>`."""
+    for param in params:
+        if getattr(param, "is_bool_flag", False):
+            param.metavar = ""
+        elif param.param_type_name == "argument" and param.nargs != 1:
+            param.display_type_rich = lambda ctx: None
+
+
+class PlainHelp:
+    """Mixed into Typer's command and group: help text as in `plain_params`, usage as the
+    metavars write it (`minitfm train [OPTIONS] [CONFIG] [KEY=VALUE]...`)."""
+
+    def get_params(self, ctx) -> list:
+        params = super().get_params(ctx)  # with --help and Typer's completion options
+        plain_params(params)
+        return params
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        arguments = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        if not arguments:
+            return super().collect_usage_pieces(ctx)
+        return [self.options_metavar, *(p.metavar or p.name.upper() for p in arguments)]
+
+
+class Command(PlainHelp, TyperCommand):
+    """A minitfm command: see PlainHelp."""
+
+
+class App(typer.Typer):
+    """Typer whose commands are `Command`s, so that every command's help reads plainly."""
+
+    def command(self, *args, cls=Command, **kwargs):
+        return super().command(*args, cls=cls, **kwargs)
+
+
+class OneLineErrors(PlainHelp, TyperGroup):
     """Usage mistakes (unknown option, bad value) as one line on stderr with exit 2."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
@@ -50,7 +101,7 @@ class OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = typer.Typer(
+app = App(
     cls=OneLineErrors,
     name="minitfm",
     help="A toy encoder-decoder transformer trainer: hand-written attention, synthetic tasks, "
@@ -75,13 +126,41 @@ def printable(text: str) -> str:
     return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch for ch in text)
 
 
-def fail(message: str, code: int = 2):
-    """Print one clean error line on stderr and exit with `code`."""
+def fail(message: str, code: int = 2, kind: str = "error"):
+    """Print one clean line on stderr (`error: ...`, or `interrupted: ...` when the user
+    stopped the command) and exit with `code`."""
     line = printable(message)
     if len(line) > MAX_ERROR_CHARS:
         line = line[:MAX_ERROR_CHARS - 1] + "…"
-    err_console.print(f"error: {line}", markup=False)
+    err_console.print(f"{kind}: {line}", markup=False)
     raise typer.Exit(code)
+
+
+def show(renderable) -> None:
+    """Print to stdout; a table's title and caption go on lines of their own, where they wrap
+    like any text (at a terminal's width, never when piped), not to the table's width."""
+    if not isinstance(renderable, Table):
+        console.print(renderable)
+        return
+    title, caption = renderable.title, renderable.caption
+    renderable.title = renderable.caption = None
+    for line in heading_lines(str(title or ""), console.width):
+        console.print(line, style="table.title", markup=False, highlight=False)
+    console.print(renderable)
+    if caption:
+        console.print(str(caption), style="table.caption", markup=False, highlight=False)
+
+
+def heading_lines(title: str, width: int) -> list[str]:
+    """`a · b · c` broken at its ` · ` separators into lines of at most `width` where it can:
+    `matmul peak 60.9 GFLOP/s` stays in one piece."""
+    lines: list[str] = []
+    for item in filter(None, title.split(" · ")):
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += " · " + item
+        else:
+            lines.append(item)
+    return lines
 
 
 @contextmanager
@@ -100,8 +179,11 @@ def signals_held():
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if got:
-        raise Interrupted("interrupted" if got[0] == signal.SIGINT else "terminated",
-                          128 + got[0])
+        raise Interrupted(f"{stopped_by(got[0])} while starting: nothing was done", 128 + got[0])
+
+
+def stopped_by(signum: int) -> str:
+    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def out_of_memory(err: BaseException) -> bool:
@@ -135,10 +217,12 @@ def clean_errors(command=None, *, uses_torch: bool = True):
                 with signals_held():
                     import torch  # noqa: F401
             return command(*args, **kwargs)
+        except Interrupted as err:
+            fail(str(err), err.exit_code, "interrupted")
         except MinitfmError as err:
             fail(str(err), err.exit_code)
         except KeyboardInterrupt:
-            fail("interrupted", 130)
+            fail(f"{stopped_by(signal.SIGINT)}: the command did not finish", 130, "interrupted")
         except BrokenPipeError:  # `minitfm ... | head`: the reader has gone, nothing to say
             silence_stdout()
             raise typer.Exit(1) from None
@@ -249,7 +333,7 @@ def run_training(cfg, **kwargs) -> None:
         from minitfm.progress import ConsoleReporter
         from minitfm.train import train as train_run
 
-        reporter = ConsoleReporter(console)
+        reporter = ConsoleReporter(console, err_console)
         try:
             train_run(cfg, reporter=reporter, threads=claim, **kwargs)
         except MinitfmError as err:
@@ -273,8 +357,8 @@ def claim_threads(value: str):
 @app.command("eval")
 @clean_errors
 def eval_command(
-    run: Path | None = typer.Argument(None, help=RUN_HELP),
-    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
+    checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
     samples: int = typer.Option(1000, min=1, max=100_000, help="Held-out sequences to decode."),
     min_len: int | None = typer.Option(None, min=1, max=65_536, help="Shortest input length "
                                           "(default: the trained task.min_len)."),
@@ -287,7 +371,7 @@ def eval_command(
                                     "lower it to save memory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
-    threads: str = typer.Option("auto", help=THREADS_HELP),
+    threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
     with claim_threads(threads) as claim:
@@ -300,20 +384,20 @@ def eval_command(
         print(json.dumps(report))
     else:
         for table in eval_tables(report):
-            console.print(table)
+            show(table)
 
 
 @app.command()
 @clean_errors
 def predict(
-    run: Path | None = typer.Argument(None, help=RUN_HELP),
+    run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
     inputs: list[str] | None = typer.Argument(
         None, metavar="[INPUT]...", help="Inputs in task syntax, e.g. '3 1 4', '314' or "
         "'12+34'; none: read one per line from stdin."),
-    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, with the "
                                  "expected output and whether it matches."),
-    threads: str = typer.Option("auto", help=THREADS_HELP),
+    threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Decode your own inputs with a trained model, one output line per input.
 
@@ -357,21 +441,23 @@ def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | No
 @app.command("visualize-attention")
 @clean_errors
 def visualize_attention(
-    run: Path | None = typer.Argument(None, help=RUN_HELP),
-    input_text: str | None = typer.Option(None, "--input", help="Input in task syntax "
-                                          "(default: the held-out example TensorBoard shows)."),
-    kind: str = typer.Option("all", help="encoder, decoder, cross or all."),
+    run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
+    input_text: str | None = typer.Option(None, "--input", metavar="TEXT",
+                                          help="Input in task syntax (default: the held-out "
+                                               "example TensorBoard shows)."),
+    kind: str = typer.Option("all", metavar="KIND",
+                             help="Which maps: encoder, decoder, cross or all."),
     layer: int | None = typer.Option(None, help="Only this layer (from 0)."),
     head: int | None = typer.Option(None, help="Only this head (from 0)."),
-    out: Path | None = typer.Option(None, help="PNG path (default: <run>/attention/"
-                                    "<checkpoint>-step<N>.png; for a .pt outside a run, "
-                                    "<name>-attention-step<N>.png beside it)."),
+    out: Path | None = typer.Option(None, help="PNG path (default: a file in <run>/attention/ "
+                                    "named after the checkpoint and step; for a .pt outside "
+                                    "any run, a file beside it)."),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
                                   help="Also draw the heatmaps in the terminal; a bare --kind "
                                        "all draws only cross-attention there (the PNG has "
                                        "all kinds)."),
-    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
-    threads: str = typer.Option("auto", help=THREADS_HELP),
+    checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
+    threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
     with claim_threads(threads) as claim:
@@ -382,19 +468,33 @@ def visualize_attention(
                            layer, head, out)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
-    console.print(f"{report.task.name} · {report.checkpoint} · step {report.step}", **plain)
+    for line in heading_lines(f"{report.task.name} · {report.checkpoint} · step {report.step}",
+                              console.width):
+        console.print(line, **plain)
     console.print(f"input:      {fmt(report.probe.src)}", **plain)
     console.print(f"prediction: {fmt(report.probe.prediction)}  ({verdict})", **plain)
     console.print(f"expected:   {fmt(report.target)}", **plain)
-    if terminal:
-        for renderable in terminal_maps(report.terminal_blocks):
+    maps = terminal_maps(report.terminal_blocks) if terminal else []
+    needed = max(map(widest, maps), default=0)
+    if needed > console.width:  # wrapped, a map's rows would fall apart
+        console.print(f"(the terminal heatmaps need {needed} columns, this terminal has "
+                      f"{console.width}: see the PNG, or widen the terminal)", **plain)
+    elif terminal:
+        for renderable in maps:
             console.print(renderable)
         console.print(terminal_legend())
         if len(report.terminal_blocks) < len(report.blocks):
             console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
                           "--head for the others, all of them are in the PNG)", **plain)
-    console.print(alignment_table(report))
+    show(alignment_table(report))
     console.print(f"wrote {report.png}", **plain)
+
+
+def widest(renderable) -> int:
+    """The cells the widest line of `renderable` takes (of a Columns: of its widest item)."""
+    parts = getattr(renderable, "renderables", [renderable])
+    unbounded = console.options.update_width(PIPED_WIDTH)  # measures are capped at the width
+    return max((console.measure(part, options=unbounded).maximum for part in parts), default=0)
 
 
 @app.command()
@@ -436,8 +536,6 @@ def ablate(
 @clean_errors
 def tasks() -> None:
     """List the synthetic tasks with an example each."""
-    from rich.table import Table
-
     from minitfm.config import TaskConfig
     from minitfm.tasks import TASKS
 
@@ -447,7 +545,7 @@ def tasks() -> None:
     for name, cls in TASKS.items():
         example_in, example_out = cls(TaskConfig(name=name)).example()
         table.add_row(name, cls.summary, example_in, example_out)
-    console.print(table)
+    show(table)
 
 
 @app.command()
@@ -459,8 +557,9 @@ def bench(
     solve: bool = typer.Option(False, "--solve", help="Also train the default config from "
                                "scratch: wall seconds and steps to 99% exact match."),
     compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N."),
-    threads: str = typer.Option("auto", help=THREADS_HELP),
+    device: str = typer.Option("auto", metavar="DEVICE",
+                               help="auto, cpu, cuda or cuda:N."),
+    threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
     from minitfm.config import check_device
@@ -482,7 +581,7 @@ def bench(
         print(json.dumps(report))
     else:
         for table in bench_tables(report):
-            console.print(table)
+            show(table)
 
 
 @app.command()
@@ -492,7 +591,8 @@ def sweep(
         ..., metavar="CONFIG [KEY=V1,V2,...]...",
         help="A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in every run "
              "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64)."),
-    seeds: str | None = typer.Option(None, help="Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2)."),
+    seeds: str | None = typer.Option(None, metavar="N,N,...",
+                                     help="Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2)."),
     jobs: int | None = typer.Option(None, min=1, help="Runs at once (default: as many as "
                                     "the cores hold at one thread each)."),
     threads: int | None = typer.Option(None, min=1, help="Threads per job (default: 1, or "
@@ -503,13 +603,15 @@ def sweep(
         "(repeatable); the trained range always is."),
     eval_samples: int = typer.Option(1000, min=1, max=100_000,
                                      help="Held-out sequences per evaluation."),
-    name: str | None = typer.Option(None, help="Sweep name (default: the config's file name)."),
-    out: Path | None = typer.Option(None, help="Sweep folder (default: log.dir/sweep-<name>-"
-                                    "<timestamp>, or the one that holds this same grid)."),
+    name: str | None = typer.Option(None, metavar="NAME",
+                                    help="Sweep name (default: the config's file name)."),
+    out: Path | None = typer.Option(None, help="Sweep folder (default: a new "
+                                    "sweep-<name>-<timestamp> in log.dir, or the one that "
+                                    "holds this same grid)."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Leave out the "
                                       "combinations that fail validation instead of refusing "
-                                      "the grid (e.g. model.positional=none with "
-                                      "model.random_positions=64)."),
+                                      "the grid (e.g. model.positional=none with a "
+                                      "value for model.random_positions)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
                                  "run that still has work, and exit."),
 ) -> None:
@@ -526,7 +628,7 @@ def sweep(
         return
     say = functools.partial(console.print, markup=False, highlight=False)
     result = run_sweep(plan, say)
-    console.print(results_table(result.rows, result.keys, f"sweep {plan.folder}"))
+    show(results_table(result.rows, result.keys, f"sweep {plan.folder}"))
     say(f"wrote {plan.folder / 'results.jsonl'}, results.csv and results.png")
     if result.failed:
         fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
@@ -547,7 +649,7 @@ def runs_command(
     if as_json:
         print(json.dumps(rows))
     elif rows:
-        console.print(runs_table(rows, f"runs under {folder}"))
+        show(runs_table(rows, f"runs under {folder}"))
     else:
         console.print(f"no runs under {folder}", markup=False, highlight=False)
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from rich.table import Table
+from rich.progress import BarColumn, Progress, ProgressColumn, Task
+from rich.table import Column, Table
+from rich.text import Text
+
+MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
+ENDINGS = {"finished": "done", "stopped at target": "target reached",
+           "interrupted": "interrupted", "paused": "paused"}  # the bar's last word
 
 
 def silence(stream) -> None:
@@ -23,15 +29,76 @@ def silence(stream) -> None:
         pass
 
 
-class ConsoleReporter:
-    """Shows step, loss, exact match, lr, tokens/s and ETA; a summary table at the end."""
+def clock(seconds: float) -> str:
+    """`1:05` or `1:02:05`: short enough to leave room for the bar at 80 columns."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02}:{secs:02}" if hours else f"{minutes}:{secs:02}"
 
-    def __init__(self, console: Console | None = None):
+
+def step_text(task: Task) -> str:
+    """`step  35/400`, as wide at the first step as at the last."""
+    total = f"{task.total:.0f}"
+    return f"step {task.completed:>{len(total)}.0f}/{total}"
+
+
+class StepColumn(ProgressColumn):
+    """`step  35/400` before the bar."""
+
+    def render(self, task: Task) -> Text:
+        return Text(step_text(task))
+
+
+class FiguresColumn(ProgressColumn):
+    """Loss, exact match, lr, tokens/s, elapsed time and ETA: as many as the width holds, the
+    most telling kept first (ETA, loss, exact match), so that none is ever cut to `…`."""
+
+    def __init__(self, console: Console):
+        super().__init__(table_column=Column(no_wrap=True))
+        self.console = console
+
+    def render(self, task: Task) -> Text:
+        room = self.console.width - len(step_text(task)) - MIN_BAR - 2  # 2 gaps between columns
+        return Text(fit(figures(task), room))
+
+
+def figures(task: Task) -> list[tuple[int, str]]:
+    """(rank, text) in the order shown; rank 0 is the last to give way."""
+    f = task.fields
+    if f["end"]:
+        last = f["end"]
+    elif task.time_remaining is not None:  # known once a few steps have been timed
+        last = f"ETA {clock(task.time_remaining)}"
+    else:
+        last = ""
+    return [(1, f"loss {f['loss']}"), (2, f"exact {f['exact']}"), (4, f"lr {f['lr']}"),
+            (3, f["speed"]), (5, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
+
+
+def fit(parts: list[tuple[int, str]], room: int) -> str:
+    """The parts that fit in `room` cells, two spaces apart, dropped from the highest rank."""
+    shown = [text for _, text in parts if text]
+    for _, text in sorted(parts, reverse=True):
+        if len("  ".join(shown)) <= room:
+            break
+        if text in shown:
+            shown.remove(text)
+    return "  ".join(shown)
+
+
+class ConsoleReporter:
+    """Shows step, loss, exact match, lr, tokens/s and ETA; at the end why the run stopped, a
+    summary table and the commands to try next."""
+
+    def __init__(self, console: Console | None = None, err_console: Console | None = None):
         self.console = console or Console()
+        self.err_console = err_console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.live = self.console.is_terminal
         self.progress: Progress | None = None
         self.task_id = None
-        self.exact_match: float | None = None
+        self.exact_match = "-"
+        self.target: float | None = None
+        self.tensorboard = False
         self.output_lost = False
         # rich exits the program when the reader of stdout goes away (`minitfm train | head`);
         # a training run should rather go on quietly and save its checkpoints.
@@ -50,9 +117,14 @@ class ConsoleReporter:
         self.output_lost = self.console.quiet = True
         silence(self.console.file)
 
+    def warning(self, text: str) -> None:
+        """One line on stderr, before the run starts."""
+        self.err_console.print(f"warning: {text}", markup=False)
+
     def start(self, run_dir: Path, state, device, threads: str = "") -> None:
         cfg = state.cfg
-        self._print(f"run directory: {run_dir}")
+        self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
+        self._print(f"run directory: {run_dir}", highlight=False)
         params = sum(p.numel() for p in state.model.parameters())
         threads = f", {threads}" if threads and device.type == "cpu" else ""
         self._print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
@@ -64,52 +136,109 @@ class ConsoleReporter:
                         f"global batch {ranks * cfg.train.batch_size} sequences per step",
                         highlight=False)
         if self.live:
-            self.progress = Progress(
-                TextColumn("step {task.completed:>5.0f}/{task.total:.0f}"), BarColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                TimeRemainingColumn(), console=self.console, transient=False)
+            bar = BarColumn(bar_width=None, table_column=Column(max_width=50))  # fills the rest
+            self.progress = Progress(StepColumn(), bar, FiguresColumn(self.console),
+                                     console=self.console)
             self.progress.start()
-            self.task_id = self.progress.add_task("train", total=cfg.train.steps,
-                                                  completed=state.step, info="")
+            self.task_id = self.progress.add_task(
+                "train", total=cfg.train.steps, completed=state.step, loss="-", exact="-",
+                lr="-", speed="", end="")
+
+    def step(self, step: int) -> None:
+        """After every step: the bar moves (its figures change at each train line)."""
+        if self.progress is not None:
+            self.progress.update(self.task_id, completed=step)
 
     def train_line(self, record: dict) -> None:
-        em = "-" if self.exact_match is None else f"{self.exact_match:.1%}"
-        info = (f"loss {record['loss']:.4f}  exact {em}  lr {record['lr']:.2e}  "
-                f"{record['tokens_per_s']:,.0f} tok/s")
+        figures = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
+                   "speed": f"{record['tokens_per_s']:,.0f} tok/s"}
         if self.progress is not None:
-            self.progress.update(self.task_id, completed=record["step"], info=info)
+            self.progress.update(self.task_id, completed=record["step"], **figures)
         else:
-            self._print(f"step {record['step']:>6}  {info}", highlight=False)
+            self._print(f"step {record['step']:>6}  loss {figures['loss']}  exact "
+                        f"{self.exact_match}  lr {figures['lr']}  {figures['speed']}",
+                        highlight=False)
 
     def eval_line(self, record: dict) -> None:
-        self.exact_match = record["exact_match"]
-        line = (f"eval step {record['step']:>6}  loss {record['loss']:.4f}  token acc "
-                f"{record['token_accuracy']:.2%}  exact match {record['exact_match']:.2%}")
+        self.exact_match = f"{record['exact_match']:.1%}"
         if self.progress is not None:
-            self._print(line, highlight=False)
-        else:
-            self._print(line, highlight=False)
+            self.progress.update(self.task_id, exact=self.exact_match)
+        self._print(f"eval step {record['step']:>6}  loss {record['loss']:.4f}  token acc "
+                    f"{record['token_accuracy']:.2%}  exact match {record['exact_match']:.2%}",
+                    highlight=False)
 
     def message(self, text: str) -> None:
         self._print(text, highlight=False)
 
-    def stop(self) -> None:
+    def stop(self, end: str = "stopped", step: int | None = None) -> None:
+        """Leave the bar's last frame saying how it ended, instead of an ETA."""
         if self.progress is not None:
+            completed = {} if step is None else {"completed": step}
+            self.progress.update(self.task_id, end=end, **completed)
             self.progress.stop()
             self.progress = None
 
     def finish(self, summary: dict) -> None:
-        self.stop()
-        table = Table(title="paused" if summary["paused"] else "done", show_header=False)
-        table.add_row("run directory", summary["run_dir"])
-        table.add_row("steps", str(summary["step"]))
-        table.add_row("wall time", f"{summary['wall_s']:.1f} s")
-        for key in ("exact_match", "token_accuracy", "loss"):
-            if key in summary:
-                value = summary[key]
-                table.add_row(key.replace("_", " "), f"{value:.4f}" if key == "loss"
-                              else f"{value:.2%}")
-        table.add_row("best exact match", f"{max(summary['best_exact_match'], 0):.2%}")
-        if summary.get("peak_rss_mb"):
-            table.add_row("peak memory (RSS)", f"{summary['peak_rss_mb']:.0f} MB")
-        self._print(table)
+        """Why the run ended, its figures, and what to try next."""
+        self.stop(ENDINGS[summary["status"]], summary["step"])
+        self._print(Text(ending(summary, self.target), style="bold"))
+        self._print(summary_table(summary))
+        self._print("next:", highlight=False)
+        for command in next_commands(summary, self.tensorboard):  # whole, to copy and paste
+            self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
+
+
+def ending(summary: dict, target: float | None) -> str:
+    """Why the run ended, in plain words."""
+    step, steps, status = summary["step"], summary["steps"], summary["status"]
+    if status == "stopped at target":
+        return f"reached the {percent(target)} target at step {step} of {steps}"
+    if status != "finished":
+        return f"{status} at step {step} of {steps}"
+    best = max(summary["best_exact_match"], 0)
+    short = (f" (best exact match {best:.1%}, short of the {percent(target)} target)"
+             if target is not None and best < target else "")
+    return f"finished all {steps} steps{short}"
+
+
+def percent(value: float) -> str:
+    """0.99 -> `99%`, 0.995 -> `99.5%`."""
+    return f"{value * 100:.4g}%"
+
+
+def summary_table(summary: dict) -> Table:
+    """The run's figures, one per row."""
+    table = Table(show_header=False)
+    table.add_column()
+    table.add_column(overflow="fold")  # a long run directory folds, never ends in `…`
+    table.add_row("run directory", summary["run_dir"])
+    table.add_row("steps", f"{summary['step']} of {summary['steps']}")
+    table.add_row("wall time", f"{summary['wall_s']:.1f} s")
+    for key in ("exact_match", "token_accuracy", "loss"):
+        if key in summary:
+            value = summary[key]
+            table.add_row(key.replace("_", " "), f"{value:.4f}" if key == "loss"
+                          else f"{value:.2%}")
+    table.add_row("best exact match", f"{max(summary['best_exact_match'], 0):.2%}")
+    if summary.get("peak_rss_mb"):
+        table.add_row("peak memory (RSS)", f"{summary['peak_rss_mb']:.0f} MB")
+    return table
+
+
+def next_commands(summary: dict, tensorboard: bool) -> list[str]:
+    """What to try next with this run, ready to paste."""
+    run = shlex.quote(summary["run_dir"])
+    commands = [f"minitfm eval {run}", f"minitfm visualize-attention {run}"]
+    if summary["status"] in ("interrupted", "paused"):
+        commands.insert(0, f"minitfm train --resume {run}")
+    if tensorboard:
+        commands.append(tensorboard_command(Path(summary["run_dir"])))
+    return commands
+
+
+def tensorboard_command(run_dir: Path) -> str:
+    """`make tensorboard` where it serves this run (a checkout, the run under ./runs), else
+    TensorBoard on the run itself."""
+    if Path("Makefile").is_file() and Path("runs").resolve() in run_dir.resolve().parents:
+        return "make tensorboard"
+    return f"tensorboard --logdir {shlex.quote(str(run_dir))}"

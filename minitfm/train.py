@@ -73,6 +73,16 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def warmup_warning(cfg: TrainConfig) -> str | None:
+    """A run that ends inside its warmup never reaches the decay that lr_factor schedules."""
+    if cfg.steps >= cfg.warmup_steps:
+        return None
+    decay = "" if cfg.schedule == "constant" else f", so its {cfg.schedule} decay never starts"
+    return (f"train.steps ({cfg.steps}) is below train.warmup_steps ({cfg.warmup_steps}): "
+            f"the learning rate rises for the whole run{decay}; lower train.warmup_steps "
+            f"(e.g. train.warmup_steps={cfg.steps // 10}) or raise train.steps")
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on matrices only (not on biases, norms' γ/δ)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -242,8 +252,10 @@ class StopSignal:
 class NullReporter:
     """Reports nothing: the default when training is called as a library."""
 
+    def warning(self, text: str) -> None: ...
     def start(self, run_dir: Path, state: TrainState, device: torch.device,
               threads: str = "") -> None: ...
+    def step(self, step: int) -> None: ...
     def train_line(self, record: dict) -> None: ...
     def eval_line(self, record: dict) -> None: ...
     def message(self, text: str) -> None: ...
@@ -392,6 +404,8 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         reporter = (reporter or NullReporter()) if dist.is_main else NullReporter()
         # rank 0 picks the run directory and tells the others (or its error)
         run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held))
+        if (warning := warmup_warning(cfg.train)) is not None:
+            reporter.warning(warning)
         try:
             return run(state, run_dir, reporter, stop_at, claim)
         except OSError as err:
@@ -438,6 +452,7 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
         batch = make_batch(state.task.sample(cfg.train.batch_size, state.data_rng), vocab)
         loss, grad_norm = train_step(state, batch.to(state.device))
         meter.add(loss.item(), batch.n_target_tokens)
+        ctx.reporter.step(state.step)
         if state.step % cfg.log.log_every == 0:
             log_train(state, ctx, meter.flush(state.dist), grad_norm)
         last_eval = None
@@ -466,9 +481,10 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
     """Save `last.pt` and stop: by a signal (raises Interrupted) or at `stop_at`."""
     save(state, ctx, "last")
     if signum:
-        record_status(state, ctx, "interrupted")
+        summary = record_status(state, ctx, "interrupted")
         name = signal.Signals(signum).name
         ctx.logger.close()
+        ctx.reporter.finish(summary)
         path = ctx.run_dir / "checkpoints" / "last.pt"
         again = " (under torchrun again, with any number of processes)" \
             if state.dist.world_size > 1 else ""

@@ -109,8 +109,9 @@ def test_cli_under_torchrun_reports_once_and_stops_every_rank_on_sigterm(tmp_pat
     assert len(metrics(run_dir, "train")) == saved  # rank 0 logged up to the saved step
     assert stdout.count("run directory:") == 1, stdout  # rank 0 alone reports
     assert "2 ranks × train.batch_size 64 = global batch 128 sequences per step" in stdout
-    assert stderr.count("error: ") == 1, stderr[-3000:]  # one line for all ranks
-    assert f"error: SIGTERM at step {saved}: saved" in stderr
+    assert stderr.count("interrupted: ") == 1, stderr[-3000:]  # one line for all ranks
+    assert f"interrupted: SIGTERM at step {saved}: saved" in stderr and "error:" not in stderr
+    assert f"interrupted at step {saved} of 100000" in stdout  # rank 0's summary
 
 
 # --- library-level checks, this file run as the worker script ---

@@ -45,11 +45,15 @@ def test_signal_saves_and_resume_finishes(tmp_path, signum, code):
     proc = start_training(run_dir)
     wait_for_steps(run_dir, 10, proc)
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == code, stderr
     assert "--resume" in stderr and "Traceback" not in stderr
+    name = signal.Signals(signum).name  # the user stopped it: no error, one line
+    assert stderr.startswith(f"interrupted: {name} at step ") and stderr.count("\n") == 1
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 10 <= stopped_at < 400
+    assert f"interrupted at step {stopped_at} of 400" in stdout  # the summary says why
+    assert f"minitfm train --resume {run_dir}" in stdout
     result = run_cli("train", "--resume", run_dir)
     assert result.exit_code == 0, result.stderr
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 400

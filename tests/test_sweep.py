@@ -84,7 +84,7 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_then_resumes(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    assert stderr.startswith("error: SIGINT") and stderr.count("\n") == 1, stderr
+    assert stderr.startswith("interrupted: SIGINT") and stderr.count("\n") == 1, stderr
     for path in checkpoints:
         assert 5 <= load_checkpoint(path)["step"] < 300
         assert read_summary(path.parent.parent)["status"] == "interrupted"

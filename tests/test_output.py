@@ -1,0 +1,232 @@
+"""What minitfm prints: a live bar at 80 columns in a terminal (a real pty), whole lines when
+piped, --help that reads plainly, the warmup warning, `interrupted:` for a user's Ctrl-C."""
+
+import fcntl
+import os
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+
+import pytest
+import typer
+from rich.cells import cell_len
+
+from minitfm.bench import bench_tables
+from minitfm.cli import clean_errors, heading_lines, show
+from tests.helpers import TINY, run_cli
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+FRAME = re.compile(r"step +(\d+)/(\d+) ")  # a frame of the progress bar
+COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench", "sweep", "runs"]
+
+
+def in_terminal(args: list, cwd=None, columns: int = 80, timeout: float = 120) -> tuple[int, str]:
+    """Run `python -m minitfm ARGS` in a pseudo-terminal `columns` wide; its exit code and
+    everything it drew (stdout and stderr), escape sequences included."""
+    main, child = os.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm-256color",
+           "OMP_NUM_THREADS": "1"}
+    for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
+        env.pop(name, None)
+    proc = subprocess.Popen([sys.executable, "-m", "minitfm", *map(str, args)], stdin=child,
+                            stdout=child, stderr=child, env=env, close_fds=True, cwd=cwd)
+    os.close(child)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([main], [], [], 1)[0]:
+                try:
+                    data = os.read(main, 65536)
+                except OSError:  # EIO: the child has gone and the pty is closed
+                    break
+                if not data:
+                    break
+                out += data
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(timeout=30), out.decode("utf-8", errors="replace")
+
+
+def screen_lines(drawn: str) -> list[str]:
+    """The lines a terminal shows, frame by frame: escape sequences gone, split at CR and LF."""
+    return re.split(r"\r\n|\r|\n", ANSI.sub("", drawn))
+
+
+def assert_fits(lines: list[str], columns: int = 80) -> None:
+    for line in lines:
+        assert cell_len(line) <= columns and "…" not in line, line
+
+
+def test_the_bar_moves_every_step_fits_80_columns_and_ends_with_why(tmp_path):
+    run_dir = "run"  # short, so that the commands to paste fit 80 columns too
+    code, drawn = in_terminal(["train", *TINY, "log.log_every=50", "log.tensorboard=false",
+                               "train.target_exact_match=null", "--run-dir", run_dir],
+                              cwd=tmp_path)
+    assert code == 0, drawn
+    lines = screen_lines(drawn)
+    assert_fits(lines)
+    frames = [line for line in lines if FRAME.match(line)]
+    steps = {int(FRAME.match(line)[1]) for line in frames}
+    # between train lines (every 50 steps) the bar still moves
+    assert any(step % 50 for step in steps), sorted(steps)
+    assert FRAME.match(frames[-1])[1] == "200" and frames[-1].rstrip().endswith("done")
+    assert "loss " in frames[-1] and "exact " in frames[-1]
+    text = "\n".join(lines)
+    assert "finished all 200 steps" in text and "Traceback" not in text
+    assert "  minitfm eval run" in lines and "  minitfm visualize-attention run" in lines
+
+
+def test_an_early_stop_finishes_the_bar_and_says_so(tmp_path):
+    code, drawn = in_terminal(["train", *TINY, "train.target_exact_match=0.05",
+                               "log.tensorboard=false", "--run-dir", "run"], cwd=tmp_path)
+    assert code == 0, drawn
+    lines = screen_lines(drawn)
+    assert_fits(lines)
+    last = [line for line in lines if FRAME.match(line)][-1]
+    assert last.startswith("step  50/200") and last.rstrip().endswith("target reached")
+    assert "reached the 5% target at step 50 of 200" in lines
+
+
+def test_help_and_tables_fit_80_columns_in_a_terminal(tmp_path):
+    for command in COMMANDS:
+        code, drawn = in_terminal([command, "--help"])
+        assert code == 0 and "Usage" in drawn, drawn
+        assert_fits(screen_lines(drawn))
+    code, drawn = in_terminal(["tasks"])
+    assert code == 0 and "duplicate" in drawn
+    assert_fits(screen_lines(drawn))
+
+
+# --- piped: nothing is wrapped, whatever COLUMNS says ---
+
+@pytest.fixture(scope="module")
+def piped_run(tmp_path_factory):
+    """A tiny run trained as `minitfm train ... > file` with COLUMNS=80 (stdout, stderr)."""
+    run_dir = tmp_path_factory.mktemp("piped") / "a-run-directory-with-a-long-name" / "run"
+    env = {**os.environ, "COLUMNS": "80", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "minitfm", "train", *TINY,
+                           "log.tensorboard=false", "--run-dir", str(run_dir)],
+                          env=env, text=True, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return run_dir, proc.stdout
+
+
+def test_piped_training_output_keeps_every_line_whole(piped_run):
+    run_dir, stdout = piped_run
+    lines = stdout.splitlines()
+    start = [line for line in lines if line.startswith("task copy")]
+    assert len(start) == 1 and start[0].endswith(", steps 0/200"), lines[:4]
+    assert len(start[0]) > 80  # long enough that a wrap at 80 would have shown
+    assert f"  minitfm visualize-attention {run_dir}" in lines
+    assert any(line.startswith("finished all 200 steps") for line in lines)
+    assert not any("━" in line for line in lines)  # no live bar in a file
+
+
+def test_piped_eval_keeps_its_title_and_caption_whole(piped_run, monkeypatch):
+    run_dir, _ = piped_run
+    monkeypatch.setenv("COLUMNS", "80")
+    result = run_cli("eval", run_dir, "--samples", "50", "--max-len", "8")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    title = f"copy · {run_dir / 'checkpoints' / 'best.pt'} · step 200"
+    assert lines[0] == title and len(title) > 80
+    caption = [line for line in lines if line.startswith("teacher-forced loss")]
+    assert len(caption) == 1
+    assert caption[0].endswith("trained on lengths 1..6; * outside the trained range")
+
+
+def test_piped_bench_title_is_one_line(capsys):
+    report = {"device": "cpu", "threads": 2, "load_average": 0.3, "cores": 2,
+              "torch": "2.13.0", "peak_flops_per_s": 60.9e9,
+              "throughput": [{"setup": "default", "minitfm_tokens_per_s": 1e4,
+                              "torch_tokens_per_s": 1e4, "ratio": 1.0, "mfu": 0.2}],
+              "decoding": [], "eval": {"seconds": 0.3}, "memory": {"peak_rss_mb": 400.0}}
+    for table in bench_tables(report):
+        show(table)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == ("minitfm bench · cpu · 2 threads · load 0.3 on 2 cores · torch 2.13.0 · "
+                     "matmul peak 60.9 GFLOP/s")
+
+
+def test_a_title_breaks_at_its_separators_in_a_narrow_terminal():
+    title = "minitfm bench · cpu · 2 threads · load 0.3 on 2 cores · torch 2.13.0 · " \
+            "matmul peak 60.9 GFLOP/s"
+    assert heading_lines(title, 80) == [
+        "minitfm bench · cpu · 2 threads · load 0.3 on 2 cores · torch 2.13.0",
+        "matmul peak 60.9 GFLOP/s"]
+    assert heading_lines(title, 10_000) == [title]
+
+
+# --- --help ---
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_shows_flags_as_flags_and_usage_as_written(command):
+    result = run_cli(command, "--help")
+    assert result.exit_code == 0
+    assert "<bool>" not in result.stdout and "<list[str]>" not in result.stdout
+    assert "[[" not in result.stdout and "]]" not in result.stdout
+
+
+def test_help_usage_and_choices(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # each help text on one line
+    usages = {"train": "minitfm train [OPTIONS] [CONFIG] [KEY=VALUE]...",
+              "eval": "minitfm eval [OPTIONS] [RUN]",
+              "predict": "minitfm predict [OPTIONS] [RUN] [INPUT]...",
+              "sweep": "minitfm sweep [OPTIONS] CONFIG [KEY=V1,V2,...]...",
+              "runs": "minitfm runs [OPTIONS] [DIR]"}
+    for command, usage in usages.items():
+        assert usage in run_cli(command, "--help").stdout
+    assert "best|last" in run_cli("eval", "--help").stdout
+    viz = run_cli("visualize-attention", "--help").stdout
+    assert "best|last" in viz and "encoder, decoder, cross or all" in viz
+    assert "--version " in run_cli("--help").stdout
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom minitfm.cli import app\n"
+            f"for command in {COMMANDS!r} + [None]:\n"
+            "    try:\n"
+            "        app([command, '--help'] if command else ['--help'])\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- warnings and interruptions ---
+
+def test_steps_below_warmup_warns_in_one_line(tmp_path):
+    result = run_cli("train", *TINY, "train.steps=10", "train.warmup_steps=20",
+                     "log.tensorboard=false", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stderr
+    message = result.stderr.strip()
+    assert message.startswith("warning: ") and "\n" not in message, message
+    for needle in ("train.steps (10)", "train.warmup_steps (20)", "train.warmup_steps=1"):
+        assert needle in message, (needle, message)
+
+
+def test_no_warning_when_the_schedule_can_decay(tmp_path):
+    result = run_cli("train", *TINY, "train.steps=30", "log.tensorboard=false",
+                     "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0 and result.stderr == "", result.stderr
+
+
+def test_ctrl_c_in_any_command_says_interrupted(capsys):
+    @clean_errors(uses_torch=False)
+    def command():
+        raise KeyboardInterrupt
+
+    with pytest.raises(typer.Exit) as stopped:
+        command()
+    assert stopped.value.exit_code == 130
+    message = capsys.readouterr().err
+    assert message.startswith("interrupted: ") and message.count("\n") == 1, message

@@ -195,7 +195,8 @@ class Config(Section):
         n = self.model.random_positions
         if n is not None and n <= self.task.max_len:
             # Sampling n positions from [0, n) is no randomization; training on longer inputs
-            # than the range is impossible. The exact need (BOS, add's '+') is checked in train.
+            # than the range is impossible. The exact need (BOS, add's '+') is checked at run
+            # time, by tasks.positions_short.
             raise ValueError(f"model.random_positions ({n}) must exceed task.max_len "
                              f"({self.task.max_len}): pick a range that covers the test lengths, "
                              f"e.g. {4 * self.task.max_len}")

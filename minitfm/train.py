@@ -24,6 +24,7 @@ from minitfm.checkpoint import (
     RunLock,
     append_metrics,
     check_vocab,
+    does_not_fit,
     find_run_dir,
     is_run_dir,
     load_checkpoint,
@@ -39,7 +40,7 @@ from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
 from minitfm.runs import SUMMARY, write_summary
-from minitfm.tasks import Task, eval_set, make_batch, make_task
+from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
 from minitfm.threads import ThreadClaim, ThreadPacer
 
 
@@ -171,16 +172,12 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
 
 
 def check_lengths(cfg: Config, task: Task) -> None:
-    """The model must be able to hold the longest source and target of training."""
-    longest = task.positions_needed(cfg.task.max_len)
-    if cfg.model.positional == "learned" and longest > cfg.model.max_len:
-        raise MinitfmError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
-                           f"({cfg.task.max_len}): sequences need {longest} positions; raise "
-                           f"model.max_len")
-    if cfg.model.random_positions is not None and longest > cfg.model.random_positions:
-        raise MinitfmError(f"model.random_positions ({cfg.model.random_positions}) is too small "
-                           f"for task.max_len ({cfg.task.max_len}): sequences need {longest} "
-                           f"positions; raise model.random_positions")
+    """The model must have positions for the longest source and target of training."""
+    short = positions_short(cfg.model, task, task.max_source_len(cfg.task.max_len), training=True)
+    if short is not None:
+        key, limit, needed = short
+        raise MinitfmError(f"{key} ({limit}) is too small for task.max_len ({cfg.task.max_len}): "
+                           f"sequences need {needed} positions; raise {key}")
 
 
 def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,8 +344,7 @@ def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
     try:
         state.load_state_dict(checkpoint)
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
-                              f"({type(err).__name__}: {str(err).splitlines()[0][:100]})") from None
+        raise does_not_fit(path, err) from None
 
 
 @dataclass

@@ -286,7 +286,8 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
               layer: int | None = None, head: int | None = None,
               out: Path | None = None) -> AttentionReport:
     """Run one input through a checkpoint, write its attention maps as a PNG, score alignment."""
-    from minitfm.checkpoint import load_model, resolve_checkpoint
+    from minitfm.checkpoint import resolve_checkpoint
+    from minitfm.evaluate import load_model
     from minitfm.tasks import eval_set
 
     kinds = parse_kind(kind)

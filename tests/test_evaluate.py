@@ -62,7 +62,7 @@ def test_length_chunks_group_similar_lengths():
 
 
 def test_predict_keeps_input_order_across_length_chunks(run):
-    from minitfm.checkpoint import load_model
+    from minitfm.evaluate import load_model
 
     _, task, model, _ = load_model(run / "checkpoints" / "best.pt", "cpu")
     sources = [[1, 2, 3, 4, 0, 1], [4], [2, 2, 3], [0, 1], [3, 3, 3, 3], [1]]

@@ -5,9 +5,10 @@ import json
 import pytest
 import torch
 
-from minitfm.checkpoint import load_checkpoint, load_model
+from minitfm.checkpoint import load_checkpoint
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
+from minitfm.evaluate import load_model
 from minitfm.train import lr_factor, train
 from tests.helpers import TINY, assert_clean_error, run_cli
 

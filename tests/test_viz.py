@@ -70,7 +70,7 @@ def test_alignment_scores_none_without_an_ideal_alignment():
 
 
 def test_trained_copy_model_has_an_aligned_head(copy_run):
-    from minitfm.checkpoint import load_model
+    from minitfm.evaluate import load_model
     from minitfm.tasks import eval_set
 
     cfg, task, model, _ = load_model(copy_run / "checkpoints" / "last.pt")

@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -42,6 +42,9 @@ from minitfm.model import Seq2SeqTransformer, build_model, default_device, seque
 from minitfm.runs import SUMMARY, write_summary
 from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
 from minitfm.threads import ThreadClaim, ThreadPacer
+
+if TYPE_CHECKING:  # tb is imported when a run starts
+    from minitfm.tb import Logger
 
 
 def pick_device(name: str) -> torch.device:
@@ -234,6 +237,26 @@ class StopSignal:
         return dist.all_max(self.signum or 0)
 
 
+class Reporter(Protocol):
+    """Whom training tells how it goes: `progress.ConsoleReporter` in the CLI, else nobody."""
+
+    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+              threads: str = "") -> None:
+        """The run starts (or resumes) in `run_dir`; `threads` describes the CPU threads."""
+
+    def train_line(self, record: dict) -> None:
+        """A train record of metrics.jsonl, every log.log_every steps."""
+
+    def eval_line(self, record: dict) -> None:
+        """An eval record of metrics.jsonl, after each evaluation."""
+
+    def message(self, text: str) -> None:
+        """A note between records (the thread count changed)."""
+
+    def finish(self, summary: dict) -> None:
+        """The run ended or paused: its summary (see `record_status`)."""
+
+
 class NullReporter:
     """Reports nothing: the default when training is called as a library."""
 
@@ -353,15 +376,15 @@ class RunContext:
 
     run_dir: Path
     eval_pairs: list
-    reporter: Any
-    logger: Any
+    reporter: Reporter
+    logger: Logger
     stop: StopSignal
     pacer: ThreadPacer
     started: float = field(default_factory=time.perf_counter)
 
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
-          overrides: list[str] = (), overwrite: bool = False, reporter: Any = None,
+          overrides: list[str] = (), overwrite: bool = False, reporter: Reporter | None = None,
           stop_at: int | None = None, threads: ThreadClaim | None = None) -> dict[str, Any]:
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
@@ -401,7 +424,7 @@ def write_failure(err: OSError, run_dir: Path) -> str:
     return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
-def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None,
+def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | None,
         claim: ThreadClaim) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
     from minitfm.tb import NullLogger, open_logger

@@ -1,5 +1,6 @@
 """Training end to end: learning, run directory, checkpoints, exact resume, failures."""
 
+import inspect
 import json
 
 import pytest
@@ -9,7 +10,9 @@ from minitfm.checkpoint import load_checkpoint
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.evaluate import load_model
-from minitfm.train import lr_factor, train
+from minitfm.progress import ConsoleReporter
+from minitfm.tb import Logger, NullLogger, TensorBoardLogger
+from minitfm.train import NullReporter, Reporter, lr_factor, train
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 
@@ -158,3 +161,21 @@ def test_first_losses_match_the_golden_values(tmp_path):
     losses = [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").open())
               if r["split"] == "train"]
     assert losses == pytest.approx(GOLDEN_LOSSES, rel=1e-3)
+
+
+def protocol_methods(protocol) -> dict[str, list[str]]:
+    """Each method a Protocol declares, with its parameter names."""
+    return {name: list(inspect.signature(getattr(protocol, name)).parameters)
+            for name in vars(protocol) if callable(getattr(protocol, name))
+            and (not name.startswith("_") or name in ("__enter__", "__exit__"))}
+
+
+@pytest.mark.parametrize("protocol, implementations", [
+    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger))])
+def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementations):
+    declared = protocol_methods(protocol)
+    assert len(declared) >= 5, declared
+    for cls in implementations:
+        for name, parameters in declared.items():
+            assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
+                (cls, name)

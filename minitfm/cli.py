@@ -253,7 +253,7 @@ def run_training(cfg, **kwargs) -> None:
         try:
             train_run(cfg, reporter=reporter, threads=claim, **kwargs)
         except MinitfmError as err:
-            if getattr(err, "echo", False):  # under torchrun rank 0 prints every rank's error
+            if getattr(err, "silent", False):  # under torchrun rank 0 prints every rank's error
                 raise typer.Exit(err.exit_code) from None
             raise
         finally:

@@ -45,13 +45,13 @@ class PositionalEncoding(nn.Module):
 
 def sinusoids(length: int, d_model: int) -> Tensor:
     """The sinusoid table PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...), §3.5."""
-    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (length, 1)
     inv_freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))  # (D/2,)
-    angles = position * inv_freq  # (L, ceil(D/2))
+    angles = position * inv_freq  # (length, ceil(D/2))
     table = torch.zeros(length, d_model)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return table  # (L, D)
+    return table  # (length, D)
 
 
 class SinusoidalPositions(PositionalEncoding):
@@ -209,7 +209,7 @@ def sample_positions(lengths: Tensor, width: int, limit: int) -> Tensor:
     span = lengths + (torch.rand(B, device=device) * (limit - lengths + 1)).long()  # (B,)
     # Random keys, those past the span made the largest: sorting them puts a random
     # permutation of [0, span) first, and its first n entries are a uniform n-subset.
-    keys = torch.rand(B, limit, device=device)  # (B, L)
+    keys = torch.rand(B, limit, device=device)  # (B, limit)
     keys = keys.masked_fill(torch.arange(limit, device=device) >= span[:, None], 2.0)
     chosen = keys.argsort(dim=-1)[:, :width]  # (B, width): distinct, in random order
     padding = torch.arange(width, device=device) >= lengths[:, None]  # (B, width)

@@ -29,7 +29,7 @@ training. `split="train"` redraws held-out inputs and `split="eval"` redraws the
 seed and any length range, lengths never trained on included. A redraw keeps the length
 already drawn, so both splits keep lengths uniform.
 
-Shapes: B batch, S source length, T target length.
+Shapes: B batch, S source length, T target length (in a Batch: + 1, for BOS or EOS).
 """
 
 from __future__ import annotations
@@ -473,7 +473,8 @@ def positions_short(model: ModelConfig, task: Task, src_len: int,
 
 @dataclass
 class Batch:
-    """Right-padded tensors: src (B, S); tgt_in = BOS + target, tgt_out = target + EOS (B, T+1)."""
+    """Right-padded tensors: src (B, S); tgt_in = BOS + target, tgt_out = target + EOS (B, T),
+    T = the longest target + 1."""
 
     src: torch.Tensor
     tgt_in: torch.Tensor
@@ -497,8 +498,8 @@ def make_batch(pairs: list[Pair], vocab: Vocab) -> Batch:
     tgt_in = [[vocab.bos_id] + t + [pad] * (T - 1 - len(t)) for _, t in pairs]
     tgt_out = [t + [vocab.eos_id] + [pad] * (T - 1 - len(t)) for _, t in pairs]
     return Batch(torch.tensor(src, dtype=torch.long),  # (B, S)
-                 torch.tensor(tgt_in, dtype=torch.long),  # (B, T+1)
-                 torch.tensor(tgt_out, dtype=torch.long),  # (B, T+1)
+                 torch.tensor(tgt_in, dtype=torch.long),  # (B, T)
+                 torch.tensor(tgt_out, dtype=torch.long),  # (B, T)
                  sum(len(t) + 1 for _, t in pairs))
 
 

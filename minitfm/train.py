@@ -99,11 +99,12 @@ class TrainState:
     best_exact_match: float = -1.0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
-    net: torch.nn.Module | None = None  # what a step calls: the model, or its DDP wrapper
+    # What a step calls: under torchrun the model in its DDP wrapper, else the model itself.
+    model_or_ddp: torch.nn.Module | None = None
 
     def __post_init__(self) -> None:
-        if self.net is None:
-            self.net = self.model
+        if self.model_or_ddp is None:
+            self.model_or_ddp = self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so `weights_only=True` can load it."""
@@ -171,7 +172,7 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.train))
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
     return TrainState(cfg, task, model, optimizer, scheduler, data_rng, device=device, dist=dist,
-                      net=dist.wrap(model))
+                      model_or_ddp=dist.wrap(model))
 
 
 def check_lengths(cfg: Config, task: Task) -> None:
@@ -188,12 +189,12 @@ def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
     the gradient norm before clipping."""
     model, cfg = state.model, state.cfg.train
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
-        logits = state.net(batch.src, batch.tgt_in)  # (B, T, V)
+        logits = state.model_or_ddp(batch.src, batch.tgt_in)  # (B, T, V)
     loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
     mean_loss = state.dist.average(loss.detach())  # over ranks: a NaN on one stops them all
     if not torch.isfinite(mean_loss):
         clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
-        raise state.dist.shared(RunFailed(
+        raise state.dist.on_all_ranks(RunFailed(
             f"loss became {mean_loss.item()} at step {state.step + 1}: lower train.lr "
             f"({cfg.lr}){clip}; no checkpoint was written for it"))
     state.optimizer.zero_grad(set_to_none=True)
@@ -489,9 +490,9 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
         path = ctx.run_dir / "checkpoints" / "last.pt"
         again = " (under torchrun again, with any number of processes)" \
             if state.dist.world_size > 1 else ""
-        raise state.dist.shared(Interrupted(f"{name} at step {state.step}: saved {path}; "
-                                            f"continue with minitfm train --resume "
-                                            f"{ctx.run_dir}{again}", 128 + signum))
+        raise state.dist.on_all_ranks(Interrupted(f"{name} at step {state.step}: saved {path}; "
+                                                  f"continue with minitfm train --resume "
+                                                  f"{ctx.run_dir}{again}", 128 + signum))
     return record_status(state, ctx, "paused")
 
 

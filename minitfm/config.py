@@ -146,8 +146,9 @@ class TrainConfig(Section):
                               description="held-out sequences per evaluation")
     target_exact_match: float | None = Field(
         0.99, gt=0.0, le=1.0, **FINITE, description="stop early at this exact match (null = never)")
-    checkpoint_every: int = Field(500, ge=0, le=10**9,
-                                  description="steps between checkpoints (0 = end only)")
+    checkpoint_every: int = Field(
+        500, ge=0, le=10**9, description="steps between last.pt saves, which also follow every "
+        "evaluation (0 = after evaluations and at the end only)")
 
 
 class LogConfig(Section):

@@ -465,8 +465,9 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
                 break
         if cfg.log.attention_every and state.step % cfg.log.attention_every == 0:
             ctx.logger.attention(state.step, state.model)
-        if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-            save(state, ctx, "last")
+        every = cfg.train.checkpoint_every
+        if last_eval is not None or (every and state.step % every == 0):
+            save(state, ctx, "last")  # after each evaluation too: a kill -9 loses little
         signum = ctx.stop.agreed(state.dist)
         if signum or state.step == stop_at:
             return pause(state, ctx, signum)

@@ -92,6 +92,21 @@ def test_resume_may_raise_steps_but_not_change_the_model(tmp_path):
     assert_clean_error(result, 2, "model.d_model cannot change on --resume")
 
 
+def test_last_pt_follows_every_evaluation(tmp_path):
+    """A run killed at any moment (even by SIGKILL) resumes from its latest evaluation."""
+    last, seen = tmp_path / "run" / "checkpoints" / "last.pt", []
+
+    class Watcher(NullReporter):
+        def train_line(self, record: dict) -> None:  # before the evaluation of the same step
+            seen.append((record["step"], load_checkpoint(last)["step"] if last.exists() else 0))
+
+    train(tiny("train.steps=30", "train.eval_every=10", "train.checkpoint_every=0",
+               "log.log_every=5", "train.target_exact_match=null", "log.tensorboard=false"),
+          run_dir=tmp_path / "run", reporter=Watcher())
+    assert seen == [(5, 0), (10, 0), (15, 10), (20, 10), (25, 20), (30, 20)]
+    assert load_checkpoint(last)["step"] == 30
+
+
 def test_nan_loss_stops_with_exit_1_and_no_nan_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     cfg = tiny("train.lr=1e30", "train.warmup_steps=0", "train.grad_clip=null",

@@ -119,6 +119,7 @@ def test_run_commands_without_runs_say_so(tmp_path, monkeypatch):
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda path: path.stem)
 def test_every_shipped_config_trains_evaluates_and_visualizes(tmp_path, config):
     run_dir, png = tmp_path / "run", tmp_path / "attention.png"

@@ -30,6 +30,8 @@ from minitfm.tasks import make_batch
 from minitfm.train import init_state, train, train_step
 from tests.helpers import TINY, run_cli
 
+pytestmark = pytest.mark.slow  # torchrun launches: several seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 NPROC = 2
 CHECKS = ("one_step", "learn", "resume", "single", "nan", "signal")  # what `worker` records

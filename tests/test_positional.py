@@ -388,9 +388,9 @@ def test_train_refuses_a_range_shorter_than_the_sequences(tmp_path):
                          + [("rope", 24), ("learned", 24)])
 def test_eval_beyond_the_trained_lengths(tmp_path, positional, limit):
     run_dir = tmp_path / "run"
-    result = run_cli("train", *TINY, "train.steps=20", "log.tensorboard=false",
-                     f"model.positional={positional}", f"model.random_positions={limit or 'null'}",
-                     "--run-dir", run_dir)
+    result = run_cli("train", *TINY, "train.steps=5", "train.eval_samples=20",
+                     "log.tensorboard=false", f"model.positional={positional}",
+                     f"model.random_positions={limit or 'null'}", "--run-dir", run_dir)
     assert result.exit_code == 0, result.stderr
     result = run_cli("eval", run_dir, "--min-len", "7", "--max-len", "10", "--samples", "40",
                      "--json")

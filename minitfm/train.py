@@ -32,7 +32,7 @@ from minitfm.checkpoint import (
     save_checkpoint,
     write_atomic,
 )
-from minitfm.config import Config, TrainConfig, to_yaml, validate
+from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
 from minitfm.distributed import Dist
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
@@ -317,8 +317,6 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
 
 def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     """The checkpoint's config with `overrides` applied; task and model may not change."""
-    from minitfm.config import parse_override, set_path
-
     saved = checkpoint["config"]
     data = {section: dict(v) if isinstance(v, dict) else v for section, v in saved.items()}
     for item in overrides:

@@ -12,7 +12,7 @@ CONFIG ?=
 ARGS   ?=
 PORT   ?= 6006
 
-.PHONY: install train test lint bench tensorboard clean FORCE
+.PHONY: install train test test-fast lint bench tensorboard clean FORCE
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ train: install
 
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
+
+# The tests not marked slow (none trains past ~50 steps or starts other torch processes).
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 lint: install
 	$(BIN)/ruff check minitfm tests

@@ -179,8 +179,6 @@ def check_options(mode: str, out: Path | None = None) -> None:
 def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "zero",
                batch_size: int = EVAL_BATCH_SIZE, out: Path | None = None) -> AblationReport:
     """`minitfm ablate`: ablate every head and layer of a run's checkpoint; write the PNG."""
-    from minitfm.checkpoint import load_model, resolve_checkpoint
-
     check_options(mode, out)
     path = resolve_checkpoint(run, checkpoint)
     device = default_device()

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minitfm.checkpoint import find_run_dir, load_model, pick_checkpoint
+from minitfm.checkpoint import find_run_dir, pick_checkpoint
 from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError
-from minitfm.evaluate import EVAL_BATCH_SIZE, eval_report, predict_lines
+from minitfm.evaluate import EVAL_BATCH_SIZE, eval_report, load_model, predict_lines
 from minitfm.model import Seq2SeqTransformer, default_device
 from minitfm.tasks import Task, eval_set
 from minitfm.viz import KINDS, map_blocks, read_input, run_probe

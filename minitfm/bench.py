@@ -58,7 +58,7 @@ class ReferenceTransformer(nn.Module):
             self.out.weight = self.embedding.weight
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(tokens) * math.sqrt(self.d_model)  # (B, L, D)
+        x = self.embedding(tokens) * math.sqrt(self.d_model)  # (B, S, D) or (B, T, D)
         return x + self.positions[: tokens.size(1)]
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from minitfm.errors import CheckpointError
-from minitfm.limits import check_fits, model_parts
+from minitfm.config import Config, validate
+from minitfm.errors import CheckpointError, ConfigError
 
 FORMAT = "minitfm-checkpoint/1"
 CHECKPOINTS = ("best", "last")
@@ -62,8 +62,6 @@ def is_run_dir(path: Path) -> bool:
 
 def is_run_config(path: Path) -> bool:
     """A resolved config.yaml: exactly the top-level keys of `Config`, as `to_yaml` writes."""
-    from minitfm.config import Config
-
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(65536)
@@ -317,9 +315,6 @@ def first_foreign_global(data: bytes) -> str | None:
 
 def check_state(state: dict[str, Any], path: Path, resume: bool = False) -> None:
     """Every key eval (and with `resume`, training) reads, of the right type; a valid config."""
-    from minitfm.config import validate
-    from minitfm.errors import ConfigError
-
     check_keys(state, EVAL_KEYS, path)
     if resume:
         check_keys(state, RESUME_KEYS, path)
@@ -352,24 +347,10 @@ def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def load_model(path: Path, device: torch.device | str = "cpu"):
-    """(config, task, model in eval mode, step) from a checkpoint file."""
-    from minitfm.config import validate
-    from minitfm.model import build_model
-    from minitfm.tasks import make_task
-
-    state = load_checkpoint(path)
-    try:
-        cfg = validate(state["config"])
-        task = make_task(cfg.task)
-        check_vocab(state, task, path)
-        check_fits(model_parts(cfg), "the model")
-        model = build_model(cfg, task)
-        model.load_state_dict(state["model"])
-    except (KeyError, RuntimeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
-                              f"({type(err).__name__}: {str(err).splitlines()[0][:100]})") from None
-    return cfg, task, model.to(device).eval(), state["step"]
+def does_not_fit(path: Path, err: Exception) -> CheckpointError:
+    """A checkpoint whose tensors or keys this version cannot use: one line, naming the cause."""
+    return CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                           f"({type(err).__name__}: {str(err).splitlines()[0][:100]})")
 
 
 def check_vocab(state: dict[str, Any], task, path: Path) -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 import typer
 from rich.console import Console, ConsoleDimensions
 from rich.table import Table
-from typer._click.exceptions import ClickException, NoArgsIsHelpError  # Typer's own Click
 from typer.core import TyperCommand, TyperGroup
 
 from minitfm import __version__
@@ -79,17 +78,25 @@ class App(typer.Typer):
 
 
 class OneLineErrors(PlainHelp, TyperGroup):
-    """Usage mistakes (unknown option, bad value) as one line on stderr with exit 2."""
+    """Usage mistakes (unknown option, bad value) as one line on stderr with exit 2.
+
+    Typer's usage errors are `typer.TyperException`s (its bundled Click's exceptions derive
+    from it since Typer 0.28, hence the floor in pyproject.toml): no private module needed.
+    """
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            help_text = ctx.get_help()  # bare `minitfm`: the help, which is no error
+            if help_text.strip():
+                console.print(help_text, markup=False, highlight=False)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
              **extra):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-        except NoArgsIsHelpError as err:  # bare `minitfm`: the help, which is no error
-            if err.format_message().strip():
-                console.print(err.format_message(), markup=False, highlight=False)
-            code = 0
-        except ClickException as err:
+        except typer.TyperException as err:
             command = f"minitfm {err.ctx.info_name} --help" if getattr(err, "ctx", None) \
                 and err.ctx.parent else "minitfm --help"
             err_console.print(f"error: {err.format_message()} (see '{command}')", markup=False)
@@ -337,7 +344,7 @@ def run_training(cfg, **kwargs) -> None:
         try:
             train_run(cfg, reporter=reporter, threads=claim, **kwargs)
         except MinitfmError as err:
-            if getattr(err, "echo", False):  # under torchrun rank 0 prints every rank's error
+            if getattr(err, "silent", False):  # under torchrun rank 0 prints every rank's error
                 raise typer.Exit(err.exit_code) from None
             raise
         finally:

@@ -147,8 +147,9 @@ class TrainConfig(Section):
                               description="held-out sequences per evaluation")
     target_exact_match: float | None = Field(
         0.99, gt=0.0, le=1.0, **FINITE, description="stop early at this exact match (null = never)")
-    checkpoint_every: int = Field(500, ge=0, le=10**9,
-                                  description="steps between checkpoints (0 = end only)")
+    checkpoint_every: int = Field(
+        500, ge=0, le=10**9, description="steps between last.pt saves, which also follow every "
+        "evaluation (0 = after evaluations and at the end only)")
 
 
 class LogConfig(Section):
@@ -196,7 +197,8 @@ class Config(Section):
         n = self.model.random_positions
         if n is not None and n <= self.task.max_len:
             # Sampling n positions from [0, n) is no randomization; training on longer inputs
-            # than the range is impossible. The exact need (BOS, add's '+') is checked in train.
+            # than the range is impossible. The exact need (BOS, add's '+') is checked at run
+            # time, by tasks.positions_short.
             raise ValueError(f"model.random_positions ({n}) must exceed task.max_len "
                              f"({self.task.max_len}): pick a range that covers the test lengths, "
                              f"e.g. {4 * self.task.max_len}")

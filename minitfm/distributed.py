@@ -79,9 +79,10 @@ class Dist:
         tdist.all_gather_object(gathered, obj)
         return gathered
 
-    def shared(self, err: Exception) -> Exception:
-        """Mark an error that every rank raises together: the CLI prints rank 0's only."""
-        err.echo = not self.is_main
+    def on_all_ranks(self, err: Exception) -> Exception:
+        """Mark an error that every rank raises together: the CLI prints rank 0's only
+        (`err.silent` is true on the other ranks)."""
+        err.silent = not self.is_main
         return err
 
     def from_main(self, fn: Callable[[], Any]) -> Any:
@@ -97,7 +98,7 @@ class Dist:
             tdist.broadcast_object_list(box, src=0)
             result, error = box[0]
         if error is not None:
-            raise self.shared(error)
+            raise self.on_all_ranks(error)
         return result
 
 

@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from minitfm.checkpoint import check_vocab, does_not_fit, load_checkpoint, resolve_checkpoint
+from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
-from minitfm.limits import check_fits, decoding_parts
-from minitfm.model import HeadEdits, default_device, eval_mode, greedy_decode, sequence_loss
-from minitfm.tasks import Task, eval_set, make_batch
+from minitfm.limits import check_fits, decoding_parts, model_parts
+from minitfm.model import (
+    HeadEdits,
+    Seq2SeqTransformer,
+    build_model,
+    default_device,
+    eval_mode,
+    greedy_decode,
+    sequence_loss,
+)
+from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
 
 Pair = tuple[list[int], list[int]]
 
@@ -153,21 +164,35 @@ def evaluate(model, task: Task, pairs: list[Pair], device,
     return EvalResult(loss, total, per_length, predictions)
 
 
+def load_model(path: Path, device: torch.device | str = "cpu"
+               ) -> tuple[Config, Task, Seq2SeqTransformer, int]:
+    """(config, task, model in eval mode, step) from a checkpoint file."""
+    state = load_checkpoint(path)
+    try:
+        cfg = validate(state["config"])
+        task = make_task(cfg.task)
+        check_vocab(state, task, path)
+        check_fits(model_parts(cfg), "the model")
+        model = build_model(cfg, task)
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:
+        raise does_not_fit(path, err) from None
+    return cfg, task, model.to(device).eval(), state["step"]
+
+
 def check_representable(cfg, task: Task, max_len: int) -> None:
-    """Learned positions stop at model.max_len: say so instead of crashing."""
-    longest = task.positions_needed(max_len)
-    if cfg.model.positional == "learned" and longest > cfg.model.max_len:
-        raise MinitfmError(
-            f"--max-len {max_len} needs {longest} positions but this model's learned positions "
-            f"stop at model.max_len ({cfg.model.max_len}); evaluate up to a shorter length")
+    """Lengths up to `max_len` need positions the model has: say so instead of crashing."""
+    short = positions_short(cfg.model, task, task.max_source_len(max_len))
+    if short is not None:
+        key, limit, needed = short
+        raise MinitfmError(f"--max-len {max_len} needs {needed} positions but this model's "
+                           f"positions stop at {key} ({limit}); evaluate up to a shorter length")
 
 
 def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: int | None = None,
                  max_len: int | None = None, seed: int | None = None,
                  batch_size: int = EVAL_BATCH_SIZE) -> dict:
     """`minitfm eval`: decode held-out data with a run's checkpoint; a JSON-ready report."""
-    from minitfm.checkpoint import load_model, resolve_checkpoint
-
     path = resolve_checkpoint(run, checkpoint)
     device = default_device()
     cfg, task, model, step = load_model(path, device)
@@ -225,8 +250,6 @@ class Predictions:
 def predict_texts(run, checkpoint: str, lines: list[tuple[int, str]],
                   where: str = "input") -> Predictions:
     """`minitfm predict`: decode (number, text) lines with a run's checkpoint."""
-    from minitfm.checkpoint import load_model, resolve_checkpoint
-
     path = resolve_checkpoint(run, checkpoint)
     device = default_device()
     cfg, task, model, _ = load_model(path, device)
@@ -272,10 +295,10 @@ def length_warning(cfg, task: Task, sources: list[list[int]], where: str) -> str
 
 
 def input_limit(cfg, task: Task) -> int | None:
-    """Longest input a model can take: learned positions stop at model.max_len."""
-    if cfg.model.positional != "learned":
-        return None
+    """Longest input (tokens) the model has positions for (see `positions_short`); None: any."""
     n = cfg.model.max_len
-    while n > 0 and task.max_target_len(n) + 1 > cfg.model.max_len:
+    if positions_short(cfg.model, task, n + 1) is None:  # even past model.max_len: no end
+        return None
+    while n > 0 and positions_short(cfg.model, task, n) is not None:
         n -= 1
     return n

@@ -12,6 +12,9 @@ cross-attention, T and T in decoder self-attention).
 
 Masks are boolean with True meaning "may attend", broadcastable to (B, H, T_q, T_k).
 
+A user's values are checked by the config, with messages naming its keys; the asserts here
+only state each primitive's own invariants (d_model a multiple of n_heads, p in [0, 1)).
+
 Positions reach attention as an `AttentionPositions` (RoPE rotations, an ALiBi bias), made by
 the schemes in `positions.py`.
 """
@@ -23,8 +26,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-
-from minitfm.errors import MinitfmError
 
 
 def scaled_dot_product_attention(
@@ -138,9 +139,8 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__()
-        if d_model % n_heads:
-            raise MinitfmError(f"model.d_model ({d_model}) must be divisible by "
-                               f"model.n_heads ({n_heads})")
+        assert d_model % n_heads == 0, \
+            f"d_model ({d_model}) must be a multiple of n_heads ({n_heads})"
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
         self.q_proj = nn.Linear(d_model, d_model)
@@ -244,8 +244,7 @@ class Dropout(nn.Module):
 
     def __init__(self, p: float = 0.0):
         super().__init__()
-        if not 0.0 <= p < 1.0:
-            raise MinitfmError(f"model.dropout ({p}) must be in [0, 1)")
+        assert 0.0 <= p < 1.0, f"dropout p ({p}) must be in [0, 1)"
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

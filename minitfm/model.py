@@ -1,6 +1,7 @@
 """The encoder-decoder transformer (Vaswani et al. 2017, §3) and greedy decoding with a KV cache.
 
-Shapes: B batch, S source len, T target len, D d_model, H n_heads, V vocab_size, L decoded len.
+Shapes: B batch, S source len, T target len (in greedy decoding: the decoded tokens),
+D d_model, H n_heads, V vocab_size.
 
 The model masks by itself: source padding (tokens == pad_id) in encoder self-attention and in
 cross-attention, and future positions in decoder self-attention. Target padding needs no mask:
@@ -206,13 +207,13 @@ class Seq2SeqTransformer(nn.Module):
         edits = edits or HeadEdits()
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
         x = self.embed(src, positions=positions)
-        attention = None
+        attn_positions = None
         if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
             pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
-            attention = self.positional.attention(pos, pos)
+            attn_positions = self.positional.attention(pos, pos)
         maps = []
         for i, layer in enumerate(self.encoder_layers):
-            x, weights = layer(x, src_mask, attention, edits.encoder.get(i))
+            x, weights = layer(x, src_mask, attn_positions, edits.encoder.get(i))
             maps.append(weights)
         return self.encoder_norm(x), src_mask, maps
 
@@ -223,7 +224,7 @@ class Seq2SeqTransformer(nn.Module):
             return positions
         return torch.arange(offset, offset + length, device=device)  # (length,)
 
-    def decoder_attention(
+    def decoder_positions(
         self, offset: int, T: int, S: int, device, tgt_positions: Tensor | None,
         src_positions: Tensor | None,
     ) -> tuple[AttentionPositions | None, AttentionPositions | None]:
@@ -259,13 +260,13 @@ class Seq2SeqTransformer(nn.Module):
         T = tgt.size(1)
         x = self.embed(tgt, offset, tgt_positions)
         self_mask = self.subsequent(offset, T)  # (T, offset + T), rows offset..offset+T-1
-        attention = self.decoder_attention(offset, T, memory.size(1), tgt.device, tgt_positions,
-                                           src_positions)
+        attn_positions = self.decoder_positions(offset, T, memory.size(1), tgt.device,
+                                                tgt_positions, src_positions)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
             x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
-                                                   attention,
+                                                   attn_positions,
                                                    (edits.decoder.get(i), edits.cross.get(i)))
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
@@ -356,7 +357,7 @@ def greedy_decode(
     use_cache: bool = True,
     edits: HeadEdits | None = None,
 ) -> Tensor:
-    """Batched greedy decoding from BOS: tokens (B, L <= max_len), EOS kept, PAD after it.
+    """Batched greedy decoding from BOS: tokens (B, T <= max_len), EOS kept, PAD after it.
 
     `edits` change head outputs at every step (ablations; see `HeadEdits`).
     """

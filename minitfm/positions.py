@@ -16,7 +16,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from minitfm.errors import MinitfmError
 from minitfm.layers import AttentionPositions, Rotation
 
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "alibi", "none")
@@ -46,13 +45,13 @@ class PositionalEncoding(nn.Module):
 
 def sinusoids(length: int, d_model: int) -> Tensor:
     """The sinusoid table PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...), §3.5."""
-    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (length, 1)
     inv_freq = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))  # (D/2,)
-    angles = position * inv_freq  # (L, ceil(D/2))
+    angles = position * inv_freq  # (length, ceil(D/2))
     table = torch.zeros(length, d_model)
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return table  # (L, D)
+    return table  # (length, D)
 
 
 class SinusoidalPositions(PositionalEncoding):
@@ -87,13 +86,10 @@ class LearnedPositions(PositionalEncoding):
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
         """x (B, T, D) plus the learned vectors of positions offset..offset+T-1 (or `positions`)."""
-        if positions is not None:  # (B, T), below model.max_len (the config checks it)
+        if positions is not None:  # (B, T), below max_len (the config checks it)
             return x + self.weight[positions]  # (B, T, D)
         end = offset + x.size(1)
-        if end > self.max_len:
-            raise MinitfmError(f"sequence length {end} exceeds model.max_len ({self.max_len}) of "
-                               f"learned positions; retrain with a larger model.max_len or use "
-                               f"positional: sinusoidal")
+        assert end <= self.max_len, f"position {end - 1} is past the {self.max_len} learned ones"
         return x + self.weight[offset:end]  # (B, T, D)
 
 
@@ -113,9 +109,7 @@ class RotaryPositions(PositionalEncoding):
 
     def __init__(self, d_head: int, base: float = 10000.0):
         super().__init__()
-        if d_head % 2:
-            raise MinitfmError(f"positional rope needs an even d_head (d_model / n_heads), "
-                               f"not {d_head}")
+        assert d_head % 2 == 0, f"RoPE turns pairs of features: d_head ({d_head}) must be even"
         inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float32) / d_head)  # (K/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # θ_i, not in checkpoints
 
@@ -186,7 +180,8 @@ class NoPositions(PositionalEncoding):
 
 
 def make_positional(kind: str, max_len: int, d_model: int, n_heads: int = 1) -> PositionalEncoding:
-    """The positional scheme for `model.positional`: sinusoidal, learned, rope, alibi or none."""
+    """The positional scheme `kind`: sinusoidal, learned, rope, alibi or none."""
+    assert kind in POSITIONAL_KINDS, f"positional scheme {kind!r} is not one of {POSITIONAL_KINDS}"
     if kind == "sinusoidal":
         return SinusoidalPositions(max_len, d_model)
     if kind == "learned":
@@ -195,9 +190,7 @@ def make_positional(kind: str, max_len: int, d_model: int, n_heads: int = 1) -> 
         return RotaryPositions(d_model // n_heads)
     if kind == "alibi":
         return ALiBiPositions(n_heads)
-    if kind == "none":
-        return NoPositions()
-    raise MinitfmError(f"model.positional ({kind!r}) must be one of {', '.join(POSITIONAL_KINDS)}")
+    return NoPositions()
 
 
 def sample_positions(lengths: Tensor, width: int, limit: int) -> Tensor:
@@ -211,14 +204,12 @@ def sample_positions(lengths: Tensor, width: int, limit: int) -> Tensor:
     Padding slots get limit - 1 (never attended to). Drawn from torch's global RNG, which
     checkpoints save, so a resumed run draws what a straight run would. Returns (B, width).
     """
-    if width > limit:
-        raise MinitfmError(f"model.random_positions ({limit}) is smaller than the {width} "
-                           f"positions of a training sequence: raise it above the longest one")
+    assert width <= limit, f"{width} distinct positions cannot be drawn from [0, {limit})"
     B, device = lengths.size(0), lengths.device
     span = lengths + (torch.rand(B, device=device) * (limit - lengths + 1)).long()  # (B,)
     # Random keys, those past the span made the largest: sorting them puts a random
     # permutation of [0, span) first, and its first n entries are a uniform n-subset.
-    keys = torch.rand(B, limit, device=device)  # (B, L)
+    keys = torch.rand(B, limit, device=device)  # (B, limit)
     keys = keys.masked_fill(torch.arange(limit, device=device) >= span[:, None], 2.0)
     chosen = keys.argsort(dim=-1)[:, :width]  # (B, width): distinct, in random order
     padding = torch.arange(width, device=device) >= lengths[:, None]  # (B, width)

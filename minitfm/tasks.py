@@ -29,7 +29,7 @@ training. `split="train"` redraws held-out inputs and `split="eval"` redraws the
 seed and any length range, lengths never trained on included. A redraw keeps the length
 already drawn, so both splits keep lengths uniform.
 
-Shapes: B batch, S source length, T target length.
+Shapes: B batch, S source length, T target length (in a Batch: + 1, for BOS or EOS).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import ClassVar
 
 import torch
 
-from minitfm.config import TaskConfig
+from minitfm.config import ModelConfig, TaskConfig
 from minitfm.errors import ConfigError, TaskInputError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -134,11 +134,6 @@ class Task(ABC):
     def max_source_len(self, max_len: int) -> int:
         """The longest source for a length setting of `max_len` (task.max_len)."""
         return max_len
-
-    def positions_needed(self, max_len: int) -> int:
-        """Positions a model needs for lengths up to `max_len`: the source, or BOS + target."""
-        longest_src = self.max_source_len(max_len)
-        return max(longest_src, self.max_target_len(longest_src) + 1)
 
     def input_length(self, src: list[int]) -> int:
         """The length of `src` in the sense of task.min_len/max_len (for per-length tables)."""
@@ -483,9 +478,29 @@ def make_task(cfg: TaskConfig) -> Task:
     return TASKS[cfg.name](cfg)
 
 
+def positions_short(model: ModelConfig, task: Task, src_len: int,
+                    training: bool = False) -> tuple[str, int, int] | None:
+    """None if the model has positions for a source of `src_len` tokens and its target; else
+    (the key that stops them, its value, the positions needed).
+
+    The one check of lengths at run time (training, eval, predict, visualize): learned
+    positions stop at model.max_len, and training with randomized ones draws them from
+    [0, model.random_positions). The config checks the keys against each other up front.
+    """
+    needed = max(src_len, task.max_target_len(src_len) + 1)  # the source, or BOS + target
+    limits = [("model.max_len", model.max_len)] if model.positional == "learned" else []
+    if training and model.random_positions is not None:
+        limits.append(("model.random_positions", model.random_positions))
+    for key, limit in limits:
+        if needed > limit:
+            return key, limit, needed
+    return None
+
+
 @dataclass
 class Batch:
-    """Right-padded tensors: src (B, S); tgt_in = BOS + target, tgt_out = target + EOS (B, T+1)."""
+    """Right-padded tensors: src (B, S); tgt_in = BOS + target, tgt_out = target + EOS (B, T),
+    T = the longest target + 1."""
 
     src: torch.Tensor
     tgt_in: torch.Tensor
@@ -509,8 +524,8 @@ def make_batch(pairs: list[Pair], vocab: Vocab) -> Batch:
     tgt_in = [[vocab.bos_id] + t + [pad] * (T - 1 - len(t)) for _, t in pairs]
     tgt_out = [t + [vocab.eos_id] + [pad] * (T - 1 - len(t)) for _, t in pairs]
     return Batch(torch.tensor(src, dtype=torch.long),  # (B, S)
-                 torch.tensor(tgt_in, dtype=torch.long),  # (B, T+1)
-                 torch.tensor(tgt_out, dtype=torch.long),  # (B, T+1)
+                 torch.tensor(tgt_in, dtype=torch.long),  # (B, T)
+                 torch.tensor(tgt_out, dtype=torch.long),  # (B, T)
                  sum(len(t) + 1 for _, t in pairs))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -21,6 +22,31 @@ from minitfm.config import Config, flatten, to_yaml
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
 EVAL_SCALARS = ("loss", "token_accuracy", "exact_match")
 N_SAMPLES = 5
+
+
+class Logger(Protocol):
+    """What training logs to: TensorBoard event files (`TensorBoardLogger`) or nothing."""
+
+    def __enter__(self) -> Logger:
+        """The logger itself; leaving the block closes it."""
+
+    def __exit__(self, *exc) -> None:
+        """Close, however the block ended."""
+
+    def train(self, step: int, record: dict) -> None:
+        """The scalars of a train record of metrics.jsonl."""
+
+    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
+        """The scalars of an eval record, and some held-out pairs with their predictions."""
+
+    def attention(self, step: int, model) -> None:
+        """Attention images and alignment scores of `model` at `step`."""
+
+    def finish(self, summary: dict) -> None:
+        """Hyperparameters with the final metrics."""
+
+    def close(self) -> None:
+        """Flush and close the files (a second call does nothing)."""
 
 
 class NullLogger:
@@ -133,7 +159,7 @@ class TensorBoardLogger(NullLogger):
             threading.excepthook = self.previous_hook
 
 
-def open_logger(run_dir: Path, cfg: Config, task, eval_pairs: list):
+def open_logger(run_dir: Path, cfg: Config, task, eval_pairs: list) -> Logger:
     """A TensorBoard logger, or one that does nothing when `log.tensorboard` is false."""
     if not cfg.log.tensorboard:
         return NullLogger()

@@ -17,7 +17,7 @@ import types
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -26,6 +26,7 @@ from minitfm.checkpoint import (
     RunLock,
     append_metrics,
     check_vocab,
+    does_not_fit,
     find_run_dir,
     is_run_dir,
     load_checkpoint,
@@ -33,7 +34,7 @@ from minitfm.checkpoint import (
     save_checkpoint,
     write_atomic,
 )
-from minitfm.config import Config, TrainConfig, to_yaml, validate
+from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
 from minitfm.distributed import Dist
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.evaluate import EvalResult, LengthStats, evaluate
@@ -41,8 +42,11 @@ from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
 from minitfm.runs import SUMMARY, write_summary
-from minitfm.tasks import Task, eval_set, make_batch, make_task
+from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
 from minitfm.threads import ThreadClaim, ThreadPacer
+
+if TYPE_CHECKING:  # tb is imported when a run starts
+    from minitfm.tb import Logger
 
 
 def pick_device(name: str) -> torch.device:
@@ -107,11 +111,12 @@ class TrainState:
     best_exact_match: float = -1.0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
-    net: torch.nn.Module | None = None  # what a step calls: the model, or its DDP wrapper
+    # What a step calls: under torchrun the model in its DDP wrapper, else the model itself.
+    model_or_ddp: torch.nn.Module | None = None
 
     def __post_init__(self) -> None:
-        if self.net is None:
-            self.net = self.model
+        if self.model_or_ddp is None:
+            self.model_or_ddp = self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so `weights_only=True` can load it."""
@@ -179,20 +184,16 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.train))
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
     return TrainState(cfg, task, model, optimizer, scheduler, data_rng, device=device, dist=dist,
-                      net=dist.wrap(model))
+                      model_or_ddp=dist.wrap(model))
 
 
 def check_lengths(cfg: Config, task: Task) -> None:
-    """The model must be able to hold the longest source and target of training."""
-    longest = task.positions_needed(cfg.task.max_len)
-    if cfg.model.positional == "learned" and longest > cfg.model.max_len:
-        raise MinitfmError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
-                           f"({cfg.task.max_len}): sequences need {longest} positions; raise "
-                           f"model.max_len")
-    if cfg.model.random_positions is not None and longest > cfg.model.random_positions:
-        raise MinitfmError(f"model.random_positions ({cfg.model.random_positions}) is too small "
-                           f"for task.max_len ({cfg.task.max_len}): sequences need {longest} "
-                           f"positions; raise model.random_positions")
+    """The model must have positions for the longest source and target of training."""
+    short = positions_short(cfg.model, task, task.max_source_len(cfg.task.max_len), training=True)
+    if short is not None:
+        key, limit, needed = short
+        raise MinitfmError(f"{key} ({limit}) is too small for task.max_len ({cfg.task.max_len}): "
+                           f"sequences need {needed} positions; raise {key}")
 
 
 def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,12 +201,12 @@ def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
     the gradient norm before clipping."""
     model, cfg = state.model, state.cfg.train
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
-        logits = state.net(batch.src, batch.tgt_in)  # (B, T, V)
+        logits = state.model_or_ddp(batch.src, batch.tgt_in)  # (B, T, V)
     loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
     mean_loss = state.dist.average(loss.detach())  # over ranks: a NaN on one stops them all
     if not torch.isfinite(mean_loss):
         clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
-        raise state.dist.shared(RunFailed(
+        raise state.dist.on_all_ranks(RunFailed(
             f"loss became {mean_loss.item()} at step {state.step + 1}: lower train.lr "
             f"({cfg.lr}){clip}; no checkpoint was written for it"))
     state.optimizer.zero_grad(set_to_none=True)
@@ -247,6 +248,26 @@ class StopSignal:
     def agreed(self, dist: Dist) -> int:
         """The signal any rank got (0: none), so that all ranks stop after the same step."""
         return dist.all_max(self.signum or 0)
+
+
+class Reporter(Protocol):
+    """Whom training tells how it goes: `progress.ConsoleReporter` in the CLI, else nobody."""
+
+    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+              threads: str = "") -> None:
+        """The run starts (or resumes) in `run_dir`; `threads` describes the CPU threads."""
+
+    def train_line(self, record: dict) -> None:
+        """A train record of metrics.jsonl, every log.log_every steps."""
+
+    def eval_line(self, record: dict) -> None:
+        """An eval record of metrics.jsonl, after each evaluation."""
+
+    def message(self, text: str) -> None:
+        """A note between records (the thread count changed)."""
+
+    def finish(self, summary: dict) -> None:
+        """The run ended or paused: its summary (see `record_status`)."""
 
 
 class NullReporter:
@@ -310,8 +331,6 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
 
 def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     """The checkpoint's config with `overrides` applied; task and model may not change."""
-    from minitfm.config import parse_override, set_path
-
     saved = checkpoint["config"]
     data = {section: dict(v) if isinstance(v, dict) else v for section, v in saved.items()}
     for item in overrides:
@@ -361,8 +380,7 @@ def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
     try:
         state.load_state_dict(checkpoint)
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
-                              f"({type(err).__name__}: {str(err).splitlines()[0][:100]})") from None
+        raise does_not_fit(path, err) from None
 
 
 @dataclass
@@ -371,15 +389,15 @@ class RunContext:
 
     run_dir: Path
     eval_pairs: list
-    reporter: Any
-    logger: Any
+    reporter: Reporter
+    logger: Logger
     stop: StopSignal
     pacer: ThreadPacer
     started: float = field(default_factory=time.perf_counter)
 
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
-          overrides: list[str] = (), overwrite: bool = False, reporter: Any = None,
+          overrides: list[str] = (), overwrite: bool = False, reporter: Reporter | None = None,
           stop_at: int | None = None, threads: ThreadClaim | None = None) -> dict[str, Any]:
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
@@ -421,7 +439,7 @@ def write_failure(err: OSError, run_dir: Path) -> str:
     return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
-def run(state: TrainState, run_dir: Path, reporter: Any, stop_at: int | None,
+def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | None,
         claim: ThreadClaim) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
     from minitfm.tb import NullLogger, open_logger
@@ -462,8 +480,9 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
                 break
         if cfg.log.attention_every and state.step % cfg.log.attention_every == 0:
             ctx.logger.attention(state.step, state.model)
-        if cfg.train.checkpoint_every and state.step % cfg.train.checkpoint_every == 0:
-            save(state, ctx, "last")
+        every = cfg.train.checkpoint_every
+        if last_eval is not None or (every and state.step % every == 0):
+            save(state, ctx, "last")  # after each evaluation too: a kill -9 loses little
         signum = ctx.stop.agreed(state.dist)
         if signum or state.step == stop_at:
             return pause(state, ctx, signum)
@@ -488,9 +507,9 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
         path = ctx.run_dir / "checkpoints" / "last.pt"
         again = " (under torchrun again, with any number of processes)" \
             if state.dist.world_size > 1 else ""
-        raise state.dist.shared(Interrupted(f"{name} at step {state.step}: saved {path}; "
-                                            f"continue with minitfm train --resume "
-                                            f"{ctx.run_dir}{again}", 128 + signum))
+        raise state.dist.on_all_ranks(Interrupted(f"{name} at step {state.step}: saved {path}; "
+                                                  f"continue with minitfm train --resume "
+                                                  f"{ctx.run_dir}{again}", 128 + signum))
     return record_status(state, ctx, "paused")
 
 

@@ -9,7 +9,8 @@ position (`task.alignment`) over the real target positions (EOS excluded). It is
 teacher-forced maps of the *true* target: the ideal positions are defined for the true target,
 so a wrong prediction cannot shift which row is scored against which position.
 
-Shapes: B batch, H n_heads, S source len, T target len (+1 for BOS), Q query len, K key len.
+Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
+query and key len (as in layers.py, where K is the head width).
 matplotlib is imported inside functions, so `minitfm --help` does not pay for it.
 """
 
@@ -46,7 +47,7 @@ SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2
 
 @dataclass
 class Probe:
-    """One input run through the model: its tokens and per-layer maps (H, Q, K) on the CPU."""
+    """One input run through the model: its tokens and per-layer maps (H, T_q, T_k) on the CPU."""
 
     src: list[int]
     decoded: list[int]  # the greedy output, EOS included when the model wrote it
@@ -69,7 +70,7 @@ def run_probe(model, task: Task, src: list[int]) -> Probe:
         decoder_input = ([vocab.bos_id] + decoded)[:len(decoded)]  # the last output is not read
         _, maps = model(source, torch.tensor([decoder_input], device=device),
                         return_attention=True)
-    first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, Q, K) each
+    first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, T_q, T_k) each
                             for layer_maps in (maps.encoder, maps.decoder, maps.cross)))
     return Probe(src, decoded, decoder_input, first)
 
@@ -120,7 +121,7 @@ def alignment_scores(model, task: Task, pairs: list[Pair], hard: bool = False) -
 
 @dataclass
 class MapBlock:
-    """Maps of one kind drawn as a grid: weights (layers, heads, Q, K), tokens on both axes."""
+    """Maps of one kind drawn as a grid: weights (L, H, T_q, T_k), tokens on both axes."""
 
     kind: str
     layers: list[int]
@@ -141,7 +142,8 @@ def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
         per_layer = getattr(probe.maps, kind)
         chosen_layers = list(range(len(per_layer))) if layers is None else layers
         chosen_heads = list(range(per_layer[0].size(0))) if heads is None else heads
-        weights = torch.stack([per_layer[i][chosen_heads] for i in chosen_layers])  # (L, H, Q, K)
+        chosen = [per_layer[i][chosen_heads] for i in chosen_layers]  # (H, T_q, T_k) each
+        weights = torch.stack(chosen)  # (L, H, T_q, T_k)
         blocks.append(MapBlock(kind, chosen_layers, chosen_heads, weights.numpy(), *axes[kind]))
     return blocks
 
@@ -286,7 +288,8 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
               layer: int | None = None, head: int | None = None,
               out: Path | None = None) -> AttentionReport:
     """Run one input through a checkpoint, write its attention maps as a PNG, score alignment."""
-    from minitfm.checkpoint import load_model, resolve_checkpoint
+    from minitfm.checkpoint import resolve_checkpoint
+    from minitfm.evaluate import load_model
     from minitfm.tasks import eval_set
 
     kinds = parse_kind(kind)

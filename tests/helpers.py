@@ -15,6 +15,9 @@ TINY = [
     "train.eval_samples=200", "train.checkpoint_every=100", "log.log_every=10",
     "log.attention_every=0",
 ]
+# TINY cut to 50 steps at a higher lr: it learns a little (exact match ~0.2), enough for the
+# tests that read a run and need no fully trained model (the fast suite's shared runs).
+QUICK = [*TINY, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01"]
 
 
 def run_cli(*args: str, input: str | None = None):

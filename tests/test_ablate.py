@@ -86,7 +86,7 @@ def short_run(tmp_path_factory):
 
 
 def loaded(run_dir):
-    from minitfm.checkpoint import load_model
+    from minitfm.evaluate import load_model
 
     cfg, task, model, _ = load_model(run_dir / "checkpoints" / "last.pt")
     return model, task, eval_set(task, 200, cfg.task.eval_seed)

@@ -47,6 +47,7 @@ def test_solve_step_reads_metrics(tmp_path):
                                                 "steps": 200}
 
 
+@pytest.mark.slow
 def test_bench_quick_json():
     result = run_cli("bench", "--quick", "--json", "--device", "cpu")
     assert result.exit_code == 0, result.stderr
@@ -63,6 +64,7 @@ def test_bench_quick_json():
     assert report["memory"]["peak_rss_mb"] > 0
 
 
+@pytest.mark.slow
 def test_peak_rss_is_the_childs_own_not_this_process():
     # getrusage's peak for children counts the parent's pages from the fork: with 1 GB held
     # here, it would report over 1 GB for a child that never needs it.
@@ -77,6 +79,7 @@ def test_peak_rss_of_a_process_that_is_gone_is_none():
     assert peak_rss_mb(2**22 + 12345) is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_keep_freed_memory_stops_refaulting_reused_blocks():
     # In a fresh process: a 4 MB tensor made and freed 20 times faults its pages in each time

@@ -1,5 +1,8 @@
 """The CLI through Typer's CliRunner: help, version, --print-config, bad configs."""
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,7 @@ import yaml
 from minitfm import __version__
 from tests.helpers import assert_clean_error, run_cli
 
+ROOT = Path(__file__).parent.parent
 COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench", "sweep", "runs"]
 
 
@@ -28,6 +32,21 @@ def test_each_command_has_real_help(command):
     result = run_cli(command, "--help")
     assert result.exit_code == 0
     assert "Usage" in result.stdout and len(result.stdout.splitlines()) > 5
+
+
+def test_usage_mistakes_are_one_line():
+    assert_clean_error(run_cli("train", "--bogus"), 2, "No such option: --bogus",
+                       "(see 'minitfm train --help')")
+    assert_clean_error(run_cli("nosuch"), 2, "No such command 'nosuch'", "(see 'minitfm --help')")
+
+
+def test_help_loads_no_torch_and_no_private_module():
+    code = ("import sys\nfrom minitfm.cli import app\ntry:\n    app(['--help'])\n"
+            "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.splitlines()[-1] == "0 False", result.stdout[-500:] + result.stderr
+    for path in (ROOT / "minitfm").glob("*.py"):  # e.g. typer._click: it moves between versions
+        assert not re.search(r"^\s*(from|import) \w+\._", path.read_text(), re.M), path
 
 
 def test_print_config_with_overrides(tmp_path):
@@ -97,9 +116,10 @@ def test_run_commands_without_runs_say_so(tmp_path, monkeypatch):
     assert_clean_error(run_cli("predict", "1 2 3"), 2, "no runs")
 
 
-SHIPPED = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda path: path.stem)
 def test_every_shipped_config_trains_evaluates_and_visualizes(tmp_path, config):
     run_dir, png = tmp_path / "run", tmp_path / "attention.png"

@@ -30,6 +30,8 @@ from minitfm.tasks import make_batch
 from minitfm.train import init_state, train, train_step
 from tests.helpers import TINY, run_cli
 
+pytestmark = pytest.mark.slow  # torchrun launches: several seconds each
+
 ROOT = Path(__file__).resolve().parents[1]
 NPROC = 2
 CHECKS = ("one_step", "learn", "resume", "single", "nan", "signal")  # what `worker` records
@@ -205,7 +207,7 @@ def test_nan_on_one_rank_stops_every_rank(worker_out):
     seen = [outcome(worker_out, "nan", r) for r in range(NPROC)]
     assert all(s["error"] == "RunFailed" and "loss became nan at step 1" in s["message"]
                for s in seen), seen
-    assert [s["echo"] for s in seen] == [False, True]  # the CLI prints rank 0's line only
+    assert [s["silent"] for s in seen] == [False, True]  # the CLI prints rank 0's line only
     assert not list((worker_out / "nan" / "checkpoints").glob("*.pt"))
 
 
@@ -222,7 +224,7 @@ def record(out: Path, name: str, rank: int, fn) -> None:
         result = fn() or {}
     except MinitfmError as err:
         result = {"error": type(err).__name__, "message": str(err), "code": err.exit_code,
-                  "echo": getattr(err, "echo", False)}
+                  "silent": getattr(err, "silent", False)}
     (out / f"{name}-{rank}.json").write_text(json.dumps(result))
 
 

@@ -39,6 +39,7 @@ def wait_for_steps(run_dir, n, proc, timeout=60):
     pytest.fail("training did not start in time")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_saves_and_resume_finishes(tmp_path, signum, code):
     run_dir = tmp_path / "run"
@@ -62,6 +63,7 @@ def test_signal_saves_and_resume_finishes(tmp_path, signum, code):
     assert steps == list(range(1, 401))  # no step lost, none repeated
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_training(run_dir)
@@ -76,6 +78,7 @@ def test_sigkill_leaves_a_loadable_checkpoint(tmp_path):
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_run_directory_in_use_is_refused(tmp_path):
     run_dir = tmp_path / "run"
     proc = start_training(run_dir, "train.steps=100000")

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitfm.errors import MinitfmError
 from minitfm.layers import (
     Dropout,
     FeedForward,
@@ -25,6 +24,7 @@ from minitfm.positions import (
     SinusoidalPositions,
     make_positional,
 )
+from tests.helpers import assert_clean_error, run_cli
 
 DTYPE = torch.float64
 
@@ -226,7 +226,10 @@ def test_attention_weights_are_not_stashed_on_the_module():
 
 
 def test_d_model_must_divide_by_heads():
-    with pytest.raises(MinitfmError, match=r"d_model \(10\).*n_heads \(4\)"):
+    """The config refuses it in one line; the layer only asserts its own invariant."""
+    assert_clean_error(run_cli("train", "model.d_model=10", "model.n_heads=4"), 2,
+                       "model.d_model (10) must be divisible by model.n_heads (4)")
+    with pytest.raises(AssertionError, match=r"d_model \(10\).*n_heads \(4\)"):
         MultiHeadAttention(10, 4)
 
 
@@ -257,7 +260,8 @@ def test_dropout_uses_the_global_rng():
 
 
 def test_dropout_rejects_p_of_one():
-    with pytest.raises(MinitfmError, match=r"dropout \(1.0\)"):
+    assert_clean_error(run_cli("train", "model.dropout=1.0"), 2, "model.dropout (1.0)")
+    with pytest.raises(AssertionError, match=r"dropout p \(1.0\) must be in \[0, 1\)"):
         Dropout(1.0)
 
 
@@ -290,10 +294,11 @@ def test_sinusoids_with_offset_and_beyond_the_cached_length():
     assert "table" not in positions.state_dict()  # a cache, not saved in checkpoints
 
 
-def test_learned_positions_beyond_max_len_raise():
+def test_learned_positions_beyond_max_len_assert():
+    """Run-time lengths are checked before the model runs (tasks.positions_short)."""
     positions = LearnedPositions(8, 4)
     assert positions(torch.zeros(2, 8, 4)).shape == (2, 8, 4)
-    with pytest.raises(MinitfmError, match=r"sequence length 9 exceeds model.max_len \(8\)"):
+    with pytest.raises(AssertionError, match=r"position 8 is past the 8 learned ones"):
         positions(torch.zeros(2, 1, 4), offset=8)
 
 
@@ -308,8 +313,10 @@ def test_make_positional_kinds():
     for kind in ("none", "rope", "alibi"):  # nothing added to the embeddings
         assert torch.equal(make_positional(kind, 8, 4)(x, offset=2), x)
     assert isinstance(make_positional("none", 8, 4), NoPositions)
-    with pytest.raises(MinitfmError, match="rotary"):
+    with pytest.raises(AssertionError, match="'rotary' is not one of"):
         make_positional("rotary", 8, 4)
+    assert_clean_error(run_cli("train", "model.positional=rotary"), 2,
+                       "model.positional ('rotary') must be one of", "did you mean 'rope'")
 
 
 def test_positions_given_explicitly_index_the_table():

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from minitfm.config import ModelConfig
-from minitfm.errors import MinitfmError
 from minitfm.model import (
     AttentionMaps,
     DecoderLayer,
@@ -200,10 +199,12 @@ def test_dropout_is_active_only_in_training():
     assert not torch.equal(model(src, tgt), model(src, tgt))
 
 
-def test_learned_positions_beyond_max_len_raise():
+def test_learned_positions_beyond_max_len_assert():
+    """Eval, predict and training refuse such lengths first, in one line (tasks.positions_short);
+    see test_evaluate's test_learned_positions_say_when_a_length_is_out_of_reach."""
     model = make_model(positional="learned", max_len=8)
     model(symbols(1, 8), symbols(1, 8))
-    with pytest.raises(MinitfmError, match=r"sequence length 9 exceeds model.max_len \(8\)"):
+    with pytest.raises(AssertionError, match=r"position 8 is past the 8 learned ones"):
         model(symbols(1, 9), symbols(1, 3))
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minitfm.config import POSITIONALS, ModelConfig, load_config
-from minitfm.errors import ConfigError, MinitfmError
+from minitfm.errors import ConfigError
 from minitfm.layers import KVCache, MultiHeadAttention
 from minitfm.model import Seq2SeqTransformer, greedy_decode
 from minitfm.positions import (
@@ -19,7 +19,7 @@ from minitfm.positions import (
     make_positional,
     sample_positions,
 )
-from minitfm.tasks import make_task
+from minitfm.tasks import make_task, positions_short
 from minitfm.train import train
 from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.test_model import BOS, EOS, PAD, VOCAB, padded, reference_decode, symbols
@@ -180,10 +180,11 @@ def test_rope_cross_attention_turns_keys_by_source_position():
 
 
 def test_rope_needs_an_even_head_width():
-    with pytest.raises(MinitfmError, match="even d_head"):
+    result = run_cli("train", "model.positional=rope", "model.d_model=12", "model.n_heads=4")
+    assert_clean_error(result, 2, "model.positional rope turns pairs of features",
+                       "model.d_model / model.n_heads (3) must be even")
+    with pytest.raises(AssertionError, match=r"d_head \(5\) must be even"):
         RotaryPositions(5)
-    with pytest.raises(ConfigError, match=r"d_head .*\(3\) must be even"):
-        load_config(None, ["model.positional=rope", "model.d_model=12", "model.n_heads=4"])
 
 
 # ALiBi
@@ -293,8 +294,9 @@ def test_sampled_positions_use_the_global_rng():
     assert not torch.equal(sample_positions(lengths, 5, 32), a)
 
 
-def test_sampling_more_positions_than_the_range_is_an_error():
-    with pytest.raises(MinitfmError, match=r"model.random_positions \(8\)"):
+def test_sampling_more_positions_than_the_range_asserts():
+    """Training refuses such lengths first (test_train_refuses_a_range_shorter_than_...)."""
+    with pytest.raises(AssertionError, match=r"9 distinct positions cannot be drawn from \[0, 8\)"):
         sample_positions(torch.tensor([9]), width=9, limit=8)
 
 
@@ -367,7 +369,8 @@ def test_lengthgen_configs_take_every_setting_of_the_readme(task):
         cfg = load_config(ROOT / "configs" / f"lengthgen-{task}.yaml", overrides)
         assert (cfg.task.name, cfg.task.min_len, cfg.task.max_len) == (task, 1, 16)
         # Learned positions must reach the 17..32 evaluation.
-        assert cfg.model.max_len >= make_task(cfg.task).positions_needed(32)
+        made = make_task(cfg.task)
+        assert positions_short(cfg.model, made, made.max_source_len(32)) is None
 
 
 def test_train_refuses_a_range_shorter_than_the_sequences(tmp_path):
@@ -385,9 +388,9 @@ def test_train_refuses_a_range_shorter_than_the_sequences(tmp_path):
                          + [("rope", 24), ("learned", 24)])
 def test_eval_beyond_the_trained_lengths(tmp_path, positional, limit):
     run_dir = tmp_path / "run"
-    result = run_cli("train", *TINY, "train.steps=20", "log.tensorboard=false",
-                     f"model.positional={positional}", f"model.random_positions={limit or 'null'}",
-                     "--run-dir", run_dir)
+    result = run_cli("train", *TINY, "train.steps=5", "train.eval_samples=20",
+                     "log.tensorboard=false", f"model.positional={positional}",
+                     f"model.random_positions={limit or 'null'}", "--run-dir", run_dir)
     assert result.exit_code == 0, result.stderr
     result = run_cli("eval", run_dir, "--min-len", "7", "--max-len", "10", "--samples", "40",
                      "--json")

@@ -288,6 +288,7 @@ def test_second_sigterm_keeps_its_exit_code():
 
 # --- with real processes: signals at start-up, streams, a full disk ---
 
+@pytest.mark.slow
 def test_ctrl_c_while_torch_loads_is_not_swallowed(tmp_path):
     # The report's M5: a SIGINT landing inside `import torch` was lost and training ran to
     # exit 0. Wherever it lands now, the process stops with 130 (or dies by the signal).
@@ -305,6 +306,7 @@ def test_ctrl_c_while_torch_loads_is_not_swallowed(tmp_path):
             assert stderr.startswith("interrupted: ") and "error:" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_output_errors_are_one_line(run):
     proc = minitfm("tasks", shell_suffix="> /dev/full")  # L10
     assert_one_line(proc, 1, "No space left on device")
@@ -314,6 +316,7 @@ def test_output_errors_are_one_line(run):
     assert_one_line(proc, 2, "stdin is closed")
 
 
+@pytest.mark.slow
 def test_training_goes_on_when_stdout_goes_away(tmp_path):
     run_dir = tmp_path / "head"  # L15: `minitfm train ... | head -1`
     proc = minitfm("train", *SHORT, "train.steps=30", "log.log_every=2", "--run-dir", run_dir,
@@ -330,6 +333,7 @@ def fill_disk_after(limit: int):
     return apply
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path):
     run_dir = tmp_path / "full"  # M6: the first checkpoint cannot be written
     proc = minitfm("train", *SHORT, "train.eval_every=10", "--run-dir", run_dir,

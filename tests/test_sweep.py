@@ -24,6 +24,7 @@ def sweep(out, *args):
     return run_cli("sweep", *FAST, *args, "--out", out, "--eval-samples", "50")
 
 
+@pytest.mark.slow
 def test_a_2x2_sweep_end_to_end_then_resume_skips_it(tmp_path):
     out = tmp_path / "sw"
     result = sweep(out, *GRID, "--eval-lengths", "7..8")
@@ -70,6 +71,7 @@ LONG = [*TINY, "train.steps=300", "train.eval_every=0", "train.target_exact_matc
         "log.log_every=1", "log.tensorboard=false", "train.checkpoint_every=5"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_job_with_a_checkpoint_then_resumes(tmp_path):
     out = tmp_path / "sw"
     cmd = [sys.executable, "-m", "minitfm", "sweep", *LONG, "--seeds", "0,1", "--jobs", "2",

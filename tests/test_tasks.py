@@ -23,6 +23,7 @@ from minitfm.tasks import (
     eval_set,
     make_batch,
     make_task,
+    positions_short,
 )
 
 SEQUENCE_RULES = {
@@ -147,6 +148,22 @@ def test_max_lengths_bound_samples(name):
     longest = t.parse("9999999+9999999" if name == "add" else "9999999")
     assert len(longest) == t.max_source_len(7)
     assert len(t.target(longest)) <= t.max_target_len(len(longest))
+
+
+def test_positions_short_is_the_one_length_check():
+    def model(**kw):
+        return load_config(None, [f"model.{k}={v}" for k, v in kw.items()]).model
+
+    learned, duplicate = model(positional="learned", max_len=12), task("duplicate")
+    assert positions_short(learned, task("copy"), 11) is None  # 11 source, BOS + 11 target
+    assert positions_short(learned, task("copy"), 12) == ("model.max_len", 12, 13)
+    assert positions_short(learned, duplicate, 5) is None  # BOS + 10 target
+    assert positions_short(learned, duplicate, 6) == ("model.max_len", 12, 13)
+    assert positions_short(model(), task("copy"), 10_000) is None  # sinusoids have no end
+    randomized = model(positional="rope", random_positions=20)
+    assert positions_short(randomized, task("copy"), 30) is None  # evaluation: 0..n-1
+    assert positions_short(randomized, task("copy"), 20, training=True) == \
+        ("model.random_positions", 20, 21)
 
 
 # --- alignment ---

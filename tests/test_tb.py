@@ -16,7 +16,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from minitfm.config import load_config
 from minitfm.train import train
-from tests.helpers import TINY
+from tests.helpers import QUICK
 
 KINDS = ("encoder", "decoder", "cross")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -26,10 +26,10 @@ LAYERS = {"encoder": 1, "decoder": 2, "cross": 2}
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A tiny copy run with attention images at steps 50 and 100, read back once."""
+    """A quick copy run with attention images at steps 25 and 50, read back once."""
     run_dir = tmp_path_factory.mktemp("tb") / "copy"
-    cfg = load_config(None, [*TINY, "model.n_decoder_layers=2", "train.steps=100",
-                             "train.target_exact_match=null", "log.attention_every=50"])
+    cfg = load_config(None, [*QUICK, "model.n_decoder_layers=2", "train.eval_every=25",
+                             "train.target_exact_match=null", "log.attention_every=25"])
     summary = train(cfg, run_dir=run_dir)
     events = EventAccumulator(str(run_dir),
                               size_guidance={"images": 0, "scalars": 0, "tensors": 0})
@@ -50,9 +50,9 @@ def png_size(data: bytes) -> tuple[int, int]:
 def test_train_and_eval_scalars_have_their_steps(run):
     _, _, events = run
     for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
-        assert steps(events, f"train/{key}") == list(range(10, 101, 10)), key
+        assert steps(events, f"train/{key}") == list(range(10, 51, 10)), key
     for key in ("loss", "token_accuracy", "exact_match"):
-        assert steps(events, f"eval/{key}") == [50, 100], key
+        assert steps(events, f"eval/{key}") == [25, 50], key
 
 
 def test_alignment_scalars_per_head_when_attention_is_logged(run):
@@ -60,10 +60,10 @@ def test_alignment_scalars_per_head_when_attention_is_logged(run):
     for layer in range(LAYERS["cross"]):
         for head in range(2):
             values = events.Scalars(f"alignment/layer{layer}/head{head}")
-            assert [v.step for v in values] == [50, 100]
+            assert [v.step for v in values] == [25, 50]
             assert all(0.0 <= v.value <= 1.0 for v in values)
     best = events.Scalars("alignment/best")
-    assert [v.step for v in best] == [50, 100] and best[-1].value > 0.3
+    assert [v.step for v in best] == [25, 50] and best[-1].value > 0.3
 
 
 def test_attention_images_for_every_kind_and_layer(run):
@@ -72,7 +72,7 @@ def test_attention_images_for_every_kind_and_layer(run):
     assert set(events.Tags()["images"]) == expected
     for tag in expected:
         images = events.Images(tag)
-        assert [image.step for image in images] == [50, 100], tag  # the end is not doubled
+        assert [image.step for image in images] == [25, 50], tag  # the end is not doubled
         for image in images:
             width, height = png_size(image.encoded_image_string)
             assert (width, height) == (image.width, image.height)
@@ -98,7 +98,7 @@ def test_config_and_samples_text(run):
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "n_symbols: 5" in config and config.startswith("```")
     samples = events.Tensors("samples/text_summary")
-    assert [s.step for s in samples] == [50, 100]
+    assert [s.step for s in samples] == [25, 50]
     table = samples[-1].tensor_proto.string_val[0].decode()
     assert table.startswith("| input | target | prediction | ok |")
     assert len(table.splitlines()) == 2 + 5
@@ -118,7 +118,7 @@ def test_hparams_with_final_metrics_in_the_same_run(run):
     metrics = {m.name.tag for m in experiment.metric_infos}
     assert metrics == {"hparam/exact_match", "hparam/token_accuracy", "hparam/loss"}
     final = events.Scalars("hparam/exact_match")
-    assert [(e.step, round(e.value, 6)) for e in final] == [(100, round(summary["exact_match"], 6))]
+    assert [(e.step, round(e.value, 6)) for e in final] == [(50, round(summary["exact_match"], 6))]
 
 
 def free_port() -> int:
@@ -170,12 +170,12 @@ def test_tensorboard_server_serves_images_and_scalars(run, tmp_path):
         assert "attention/cross/layer0" in tags, tags
         images = json.loads(get(port, "/data/plugin/images/images", run=run_dir.name,
                                 tag="attention/cross/layer0", sample=0))
-        assert [image["step"] for image in images] == [50, 100]
+        assert [image["step"] for image in images] == [25, 50]
         blob = get(port, "/data/plugin/images/individualImage?" + images[-1]["query"])
         assert png_size(blob)[0] >= 400
         scalars = json.loads(get(port, "/data/plugin/scalars/scalars", run=run_dir.name,
                                  tag="train/loss"))
-        assert [step for _, step, _ in scalars] == list(range(10, 101, 10))
+        assert [step for _, step, _ in scalars] == list(range(10, 51, 10))
     finally:
         server.terminate()
         try:

@@ -1,15 +1,19 @@
 """Training end to end: learning, run directory, checkpoints, exact resume, failures."""
 
+import inspect
 import json
 
 import pytest
 import torch
 
-from minitfm.checkpoint import load_checkpoint, load_model
+from minitfm.checkpoint import load_checkpoint
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
-from minitfm.train import lr_factor, train
-from tests.helpers import TINY, assert_clean_error, run_cli
+from minitfm.evaluate import load_model
+from minitfm.progress import ConsoleReporter
+from minitfm.tb import Logger, NullLogger, TensorBoardLogger
+from minitfm.train import NullReporter, Reporter, lr_factor, train
+from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 
 def tiny(*overrides: str):
@@ -23,14 +27,15 @@ def metrics(run_dir, split):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One tiny copy run shared by the tests that only read it."""
+    """One quick tiny copy run (50 steps) shared by the tests that only read it."""
     run_dir = tmp_path_factory.mktemp("runs") / "copy"
-    summary = train(tiny("train.target_exact_match=null"), run_dir=run_dir)
-    return run_dir, summary
+    cfg = load_config(None, [*QUICK, "train.eval_every=25", "train.target_exact_match=null"])
+    return run_dir, train(cfg, run_dir=run_dir)
 
 
-def test_tiny_copy_learns_within_200_steps(trained):
-    run_dir, summary = trained
+@pytest.mark.slow
+def test_tiny_copy_learns_within_200_steps(tmp_path):
+    summary = train(tiny("train.target_exact_match=null"), run_dir=tmp_path / "run")
     assert summary["step"] == 200
     assert summary["exact_match"] >= 0.95, summary
 
@@ -42,9 +47,9 @@ def test_run_directory_has_documented_files(trained):
     assert (run_dir / "checkpoints" / "best.pt").is_file()
     assert list(run_dir.glob("events.out.tfevents.*"))
     train_lines, eval_lines = metrics(run_dir, "train"), metrics(run_dir, "eval")
-    assert [r["step"] for r in train_lines] == list(range(10, 201, 10))
+    assert [r["step"] for r in train_lines] == list(range(10, 51, 10))
     assert {"loss", "lr", "grad_norm", "tokens_per_s"} <= set(train_lines[0])
-    assert [r["step"] for r in eval_lines] == [50, 100, 150, 200]
+    assert [r["step"] for r in eval_lines] == [25, 50]
     assert {"loss", "token_accuracy", "exact_match"} <= set(eval_lines[0])
     assert not list(run_dir.rglob("*.tmp"))
 
@@ -52,13 +57,14 @@ def test_run_directory_has_documented_files(trained):
 def test_checkpoint_round_trips(trained):
     run_dir, _ = trained
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-    assert state["step"] == 200 and state["config"]["task"]["name"] == "copy"
+    assert state["step"] == 50 and state["config"]["task"]["name"] == "copy"
     cfg, task, model, step = load_model(run_dir / "checkpoints" / "last.pt")
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state["model"][name]), name
     assert list(task.vocab.tokens) == state["vocab"]
 
 
+@pytest.mark.slow
 def test_early_stop_at_target(tmp_path):
     summary = train(tiny("train.target_exact_match=0.5", "train.steps=400"),
                     run_dir=tmp_path / "run")
@@ -66,7 +72,7 @@ def test_early_stop_at_target(tmp_path):
 
 
 def test_resume_is_bit_exact_with_dropout(tmp_path):
-    cfg = tiny("model.dropout=0.1", "train.steps=60", "log.log_every=1", "train.eval_every=20",
+    cfg = tiny("model.dropout=0.1", "train.steps=40", "log.log_every=1", "train.eval_every=20",
                "train.target_exact_match=null", "log.tensorboard=false")
     train(cfg, run_dir=tmp_path / "straight")
     first = train(cfg, run_dir=tmp_path / "split", stop_at=30)
@@ -74,7 +80,7 @@ def test_resume_is_bit_exact_with_dropout(tmp_path):
     train(None, resume=tmp_path / "split" / "checkpoints" / "last.pt")
     straight = [r["loss"] for r in metrics(tmp_path / "straight", "train")]
     resumed = [r["loss"] for r in metrics(tmp_path / "split", "train")]
-    assert len(straight) == len(resumed) == 60
+    assert len(straight) == len(resumed) == 40
     assert straight == resumed
 
 
@@ -86,6 +92,21 @@ def test_resume_may_raise_steps_but_not_change_the_model(tmp_path):
     assert summary["step"] == 30
     result = run_cli("train", "--resume", tmp_path / "run", "model.d_model=64")
     assert_clean_error(result, 2, "model.d_model cannot change on --resume")
+
+
+def test_last_pt_follows_every_evaluation(tmp_path):
+    """A run killed at any moment (even by SIGKILL) resumes from its latest evaluation."""
+    last, seen = tmp_path / "run" / "checkpoints" / "last.pt", []
+
+    class Watcher(NullReporter):
+        def train_line(self, record: dict) -> None:  # before the evaluation of the same step
+            seen.append((record["step"], load_checkpoint(last)["step"] if last.exists() else 0))
+
+    train(tiny("train.steps=30", "train.eval_every=10", "train.checkpoint_every=0",
+               "log.log_every=5", "train.target_exact_match=null", "log.tensorboard=false"),
+          run_dir=tmp_path / "run", reporter=Watcher())
+    assert seen == [(5, 0), (10, 0), (15, 10), (20, 10), (25, 20), (30, 20)]
+    assert load_checkpoint(last)["step"] == 30
 
 
 def test_nan_loss_stops_with_exit_1_and_no_nan_checkpoint(tmp_path):
@@ -157,3 +178,21 @@ def test_first_losses_match_the_golden_values(tmp_path):
     losses = [r["loss"] for r in map(json.loads, (run_dir / "metrics.jsonl").open())
               if r["split"] == "train"]
     assert losses == pytest.approx(GOLDEN_LOSSES, rel=1e-3)
+
+
+def protocol_methods(protocol) -> dict[str, list[str]]:
+    """Each method a Protocol declares, with its parameter names."""
+    return {name: list(inspect.signature(getattr(protocol, name)).parameters)
+            for name in vars(protocol) if callable(getattr(protocol, name))
+            and (not name.startswith("_") or name in ("__enter__", "__exit__"))}
+
+
+@pytest.mark.parametrize("protocol, implementations", [
+    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger))])
+def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementations):
+    declared = protocol_methods(protocol)
+    assert len(declared) >= 5, declared
+    for cls in implementations:
+        for name, parameters in declared.items():
+            assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
+                (cls, name)

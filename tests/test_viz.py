@@ -21,7 +21,7 @@ from minitfm.viz import (
     run_probe,
     terminal_maps,
 )
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -51,6 +51,14 @@ def copy_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """A quick copy run (50 steps) for the command's tests, which need no aligned head."""
+    run_dir = tmp_path_factory.mktemp("viz") / "quick"
+    train(load_config(None, [*QUICK, "log.tensorboard=false"]), run_dir=run_dir)
+    return run_dir
+
+
 # --- alignment score ---
 
 def test_alignment_score_is_one_for_a_perfect_map_and_1_over_s_for_uniform():
@@ -69,8 +77,9 @@ def test_alignment_scores_none_without_an_ideal_alignment():
     assert alignment_scores(model, task, pairs) is None
 
 
+@pytest.mark.slow
 def test_trained_copy_model_has_an_aligned_head(copy_run):
-    from minitfm.checkpoint import load_model
+    from minitfm.evaluate import load_model
     from minitfm.tasks import eval_set
 
     cfg, task, model, _ = load_model(copy_run / "checkpoints" / "last.pt")
@@ -167,10 +176,10 @@ def test_terminal_cells_carry_colour_when_the_console_has_it():
 
 # --- the command ---
 
-def test_cli_writes_png_prints_prediction_and_alignment(copy_run):
-    result = run_cli("visualize-attention", copy_run)
+def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
+    result = run_cli("visualize-attention", quick_run)
     assert result.exit_code == 0, result.stderr
-    png = copy_run / "attention" / "best-step200.png"
+    png = quick_run / "attention" / "best-step50.png"
     assert f"wrote {png}" in result.stdout and png_size(png)[0] > 300
     for needle in ("input:", "prediction:", "expected:", "cross-attention", "head 1",
                    "alignment score", "← best", "^ = <bos>"):
@@ -178,9 +187,9 @@ def test_cli_writes_png_prints_prediction_and_alignment(copy_run):
     assert "encoder self-attention" not in result.stdout  # a bare --kind all: cross only
 
 
-def test_cli_honours_out_input_and_selection(copy_run, tmp_path):
+def test_cli_honours_out_input_and_selection(quick_run, tmp_path):
     out = tmp_path / "sub" / "maps.png"
-    result = run_cli("visualize-attention", copy_run, "--input", "3 1 4", "--kind", "encoder",
+    result = run_cli("visualize-attention", quick_run, "--input", "3 1 4", "--kind", "encoder",
                      "--layer", "0", "--head", "1", "--out", out, "--checkpoint", "last")
     assert result.exit_code == 0, result.stderr
     assert out.is_file() and f"wrote {out}" in result.stdout
@@ -189,8 +198,8 @@ def test_cli_honours_out_input_and_selection(copy_run, tmp_path):
     assert "head 0" not in result.stdout
 
 
-def test_cli_no_terminal(copy_run, tmp_path):
-    result = run_cli("visualize-attention", copy_run, "--no-terminal", "--out",
+def test_cli_no_terminal(quick_run, tmp_path):
+    result = run_cli("visualize-attention", quick_run, "--no-terminal", "--out",
                      tmp_path / "a.png")
     assert result.exit_code == 0, result.stderr
     assert "← best" in result.stdout  # the alignment table is still there
@@ -206,8 +215,8 @@ def test_cli_no_terminal(copy_run, tmp_path):
     (["--checkpoint", "middle"], ["--checkpoint ('middle')"]),
     (["--out", "maps.jpg"], ["--out ('maps.jpg')", ".png"]),
 ])
-def test_cli_errors_are_one_clean_line(copy_run, args, needles):
-    result = run_cli("visualize-attention", copy_run, *args)
+def test_cli_errors_are_one_clean_line(quick_run, args, needles):
+    result = run_cli("visualize-attention", quick_run, *args)
     assert_clean_error(result, 2, *needles)
 
 

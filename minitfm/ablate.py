@@ -28,12 +28,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from minitfm.checkpoint import find_run_dir, resolve_checkpoint
 from minitfm.errors import MinitfmError
 from minitfm.evaluate import (
     EVAL_BATCH_SIZE,
     EvalResult,
     evaluate,
     length_chunks,
+    load_model,
     predict,
     score,
 )
@@ -195,8 +197,6 @@ def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "z
 def default_png(checkpoint: Path, step: int, mode: str) -> Path:
     """`<run>/ablate/<checkpoint>-step<N>-<mode>.png`; for a checkpoint outside any run,
     `<checkpoint>-ablate-step<N>-<mode>.png` beside the file (as visualize-attention does)."""
-    from minitfm.checkpoint import find_run_dir
-
     run_dir = find_run_dir(checkpoint)
     if run_dir is None:  # never write into a directory that is not ours
         return checkpoint.with_name(f"{checkpoint.stem}-ablate-step{step}-{mode}.png")

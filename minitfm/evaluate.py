@@ -175,8 +175,10 @@ def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: in
     check_fits(decoding_parts(cfg, samples, hi, batch_size), "evaluation")
     pairs = eval_set(task, samples, cfg.task.eval_seed if seed is None else seed, lo, hi)
     result = evaluate(model, task, pairs, device, batch_size)
+    unknown = task.count_unknown(pairs)  # pairs: symbols never trained on, read as <unk>
     return {**result.as_dict(), "checkpoint": str(path), "step": step, "task": cfg.task.name,
-            "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}
+            "trained_lengths": [cfg.task.min_len, cfg.task.max_len],
+            **({} if unknown is None else {"unknown_symbols": unknown})}
 
 
 def eval_tables(report: dict) -> list:
@@ -197,7 +199,9 @@ def eval_tables(report: dict) -> list:
                   f"{report['token_accuracy']:.1%}", style="bold")
     table.caption = (f"teacher-forced loss {report['loss']:.4f}; trained on lengths {lo}..{hi}"
                      + ("; * outside the trained range" if any(
-                         not lo <= int(n) <= hi for n in report["per_length"]) else ""))
+                         not lo <= int(n) <= hi for n in report["per_length"]) else "")
+                     + (f"; {report['unknown_symbols']} symbols never trained on, read as <unk>"
+                        if report.get("unknown_symbols") else ""))
     return [table]
 
 
@@ -222,9 +226,12 @@ def predict_texts(run, checkpoint: str, lines: list[str], where: str = "input") 
     outputs = predict(model, task, sources, device)
     rows = []
     for text, src, out in zip(lines, sources, outputs):
-        expected = task.target(src)
+        expected = task.target(src)  # pairs: None for a source not in its data
         rows.append({"input": text, "output": task.format(out),
-                     "expected": task.format(expected), "match": out == expected})
+                     "expected": None if expected is None else task.format(expected),
+                     "match": None if expected is None else out == expected})
+        if unknown := task.unknown_symbols(text):
+            rows[-1]["unknown"] = unknown
     return rows
 
 

@@ -50,7 +50,7 @@ class Section(BaseModel):
 
 
 class TaskConfig(Section):
-    """Which synthetic task to learn, and on which sequence lengths."""
+    """Which task to learn (synthetic, or pairs read from files), on which sequence lengths."""
 
     name: str = Field("reverse", description=f"task name: {', '.join(TASK_NAMES)}")
     n_symbols: int = Field(10, ge=2, le=100_000,

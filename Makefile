@@ -12,7 +12,7 @@ CONFIG ?=
 ARGS   ?=
 PORT   ?= 6006
 
-.PHONY: install train test test-fast lint bench tensorboard clean FORCE
+.PHONY: install train test test-fast lint bench tensorboard data clean FORCE
 
 install: $(STAMP)
 
@@ -43,6 +43,10 @@ bench: install
 
 tensorboard: install
 	$(BIN)/tensorboard --logdir runs --port $(PORT) --samples_per_plugin images=100
+
+# The example data of configs/dates.yaml (seeded; standard library only, so no install).
+data:
+	$(PYTHON) examples/dates/make_data.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

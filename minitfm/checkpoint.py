@@ -39,6 +39,8 @@ RESUME_KEYS = {"optimizer": (dict, "a mapping"), "scheduler": (dict, "a mapping"
                "best_exact_match": ((int, float), "a number"), "rng": (dict, "a mapping")}
 RNG_KEYS = {"torch": (torch.Tensor, "a tensor"), "data": (torch.Tensor, "a tensor"),
             "cuda": (list, "a list")}
+MAX_VOCAB = 200_000  # tokens: synthetic tasks have at most 100,004, pairs 100,004 too
+MAX_TOKEN_CHARS = 1_000  # the longest token string (a word, with task.tokenize space)
 
 
 def new_run_dir(log_dir: str | Path, name: str) -> Path:
@@ -319,13 +321,23 @@ def check_state(state: dict[str, Any], path: Path, resume: bool = False) -> None
     if resume:
         check_keys(state, RESUME_KEYS, path)
         check_keys(state["rng"], RNG_KEYS, path, "rng.")
-    if not all(isinstance(token, str) for token in state["vocab"]):
+    vocab = state["vocab"]
+    if len(vocab) > MAX_VOCAB or not all(
+            isinstance(token, str) and len(token) <= MAX_TOKEN_CHARS for token in vocab):
         raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
-                              f"('vocab' must be a list of strings)")
+                              f"('vocab' must be a list of strings: at most {MAX_VOCAB:,}, "
+                              f"each of at most {MAX_TOKEN_CHARS:,} characters)")
     try:
-        validate(state["config"])
+        cfg = validate(state["config"])
     except ConfigError as err:
         raise CheckpointError(f"checkpoint '{path}' has an invalid config: {err}") from None
+    if cfg.task.name == "pairs":  # its data comes from the checkpoint: checked like the rest
+        from minitfm.pairs import saved_problem
+
+        problem = saved_problem(state)
+        if problem:
+            raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                                  f"({problem})")
 
 
 def check_keys(state: dict[str, Any], keys: dict[str, tuple], path: Path, prefix: str = "") -> None:

@@ -299,13 +299,14 @@ def train(
             from minitfm.checkpoint import load_checkpoint
             from minitfm.train import resume_config
             console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides)), end="",
-                          markup=False, highlight=False)
+                          markup=False, highlight=False, soft_wrap=True)
             return
         return run_training(None, resume=ckpt, overrides=overrides, run_dir=run_dir,
                             overwrite=overwrite)
     cfg = load_config(config_path, overrides)
     if print_config:
-        console.print(to_yaml(cfg), end="", markup=False, highlight=False)
+        console.print(to_yaml(cfg), end="", markup=False, highlight=False,
+                      soft_wrap=True)  # a long path stays on its line: the output is YAML
         return
     run_training(cfg, run_dir=run_dir, overwrite=overwrite)
 
@@ -427,6 +428,10 @@ def predict(
         result = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
     if result.warning:
         err_console.print(f"warning: {result.warning}", markup=False)
+    for (number, _), row in zip(lines, result.rows):
+        if row.get("unknown"):
+            err_console.print(f"note: {where} {number}: {', '.join(map(repr, row['unknown']))} "
+                              f"never seen in training, read as <unk>", markup=False)
     for row in result.rows:
         print(json.dumps(row) if as_json else row["output"])
     if result.error is not None:
@@ -479,8 +484,12 @@ def visualize_attention(
                               console.width):
         console.print(line, **plain)
     console.print(f"input:      {fmt(report.probe.src)}", **plain)
-    console.print(f"prediction: {fmt(report.probe.prediction)}  ({verdict})", **plain)
-    console.print(f"expected:   {fmt(report.target)}", **plain)
+    if report.target is None:  # pairs: an input that is not in the data
+        console.print(f"prediction: {fmt(report.probe.prediction)}", **plain)
+        console.print("expected:   (unknown: this input is not a held-out pair)", **plain)
+    else:
+        console.print(f"prediction: {fmt(report.probe.prediction)}  ({verdict})", **plain)
+        console.print(f"expected:   {fmt(report.target)}", **plain)
     maps = terminal_maps(report.terminal_blocks) if terminal else []
     needed = max(map(widest, maps), default=0)
     if needed > console.width:  # wrapped, a map's rows would fall apart
@@ -542,15 +551,14 @@ def ablate(
 @app.command()
 @clean_errors
 def tasks() -> None:
-    """List the synthetic tasks with an example each."""
-    from minitfm.config import TaskConfig
+    """List the tasks (synthetic ones, and pairs read from your files) with an example each."""
     from minitfm.tasks import TASKS
 
     table = Table(title="tasks (task.name)")
     for column in ("name", "what it learns", "example input", "target"):
         table.add_column(column)
     for name, cls in TASKS.items():
-        example_in, example_out = cls(TaskConfig(name=name)).example()
+        example_in, example_out = cls.catalog_example()
         table.add_row(name, cls.summary, example_in, example_out)
     show(table)
 

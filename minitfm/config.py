@@ -28,7 +28,9 @@ from minitfm.limits import check_fits, training_parts
 from minitfm.threads import parse_threads
 
 # The names `minitfm.tasks` registers; kept here so validation needs no torch.
-TASK_NAMES = ("copy", "reverse", "sort", "duplicate", "shift", "add")
+SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
+TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.pairs)
+PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
 POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
@@ -49,14 +51,26 @@ class Section(BaseModel):
 
 
 class TaskConfig(Section):
-    """Which synthetic task to learn, and on which sequence lengths."""
+    """Which task to learn (synthetic, or pairs read from files), on which sequence lengths."""
 
     name: str = Field("reverse", description=f"task name: {', '.join(TASK_NAMES)}")
     n_symbols: int = Field(10, ge=2, le=100_000,
                            description="number of data symbols (digits 0..n_symbols-1)")
     min_len: int = Field(1, ge=1, le=65_536, description="shortest input length in training")
-    max_len: int = Field(16, ge=1, le=65_536, description="longest input length in training")
+    max_len: int = Field(16, ge=1, le=65_536, description="longest input length in training "
+                         "(pairs: longest source trained on, default model.max_len)")
     eval_seed: int = Field(1234, **SEED_RANGE, description="seed of the held-out evaluation set")
+    train_path: str | None = Field(
+        None, description="pairs: training pairs, .tsv (source<TAB>target) or .jsonl "
+        "({\"source\": ..., \"target\": ...}); relative to the config file's folder")
+    eval_path: str | None = Field(
+        None, description="pairs: held-out pairs, same formats (null: a share of train_path)")
+    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, **FINITE, description="pairs without "
+                                 "eval_path: share of train_path held out (by a hash of the "
+                                 "source)")
+    tokenize: Literal["char", "space"] = Field(
+        "char", description="pairs: char (each character a symbol) or space (whitespace-"
+        "separated words)")
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -64,6 +78,9 @@ class TaskConfig(Section):
             hint = _did_you_mean(self.name, TASK_NAMES)
             raise ValueError(f"task.name ({quote(self.name)}) is not a task; choose one of "
                              f"{', '.join(TASK_NAMES)}{hint}")
+        self._check_pairs_keys()
+        if self.name == "pairs" and "max_len" not in self.model_fields_set:
+            return self  # Config sets it to model.max_len, then this runs again
         if self.min_len > self.max_len:
             raise ValueError(f"task.min_len ({self.min_len}) must be <= task.max_len "
                              f"({self.max_len})")
@@ -71,6 +88,30 @@ class TaskConfig(Section):
             raise ValueError(f"task.n_symbols ({self.n_symbols}) must be at most 10 for task "
                              f"'add': its symbols are the digits of base n_symbols")
         return self
+
+    def _check_pairs_keys(self) -> None:
+        """The keys of task pairs only with it; n_symbols not with it (its data has symbols)."""
+        if self.name != "pairs":
+            for key, default in PAIRS_KEYS.items():
+                if getattr(self, key) != default:
+                    raise ValueError(f"task.{key} ({quote(getattr(self, key))}) applies only "
+                                     f"to task 'pairs' (task.name is {quote(self.name)})")
+            return
+        if self.n_symbols != 10:
+            raise ValueError(f"task.n_symbols ({self.n_symbols}) does not apply to task "
+                             f"'pairs': its symbols are those of task.train_path")
+        if self.train_path is None:
+            raise ValueError("task 'pairs' needs task.train_path: a .tsv file of "
+                             "source<TAB>target lines or a .jsonl file of "
+                             "{\"source\": ..., \"target\": ...} lines")
+        if self.eval_path is not None and self.eval_fraction != PAIRS_KEYS["eval_fraction"]:
+            raise ValueError(f"task.eval_fraction ({self.eval_fraction}) applies only without "
+                             f"task.eval_path: the held-out pairs are task.eval_path's")
+        for key in ("train_path", "eval_path"):
+            path = getattr(self, key)
+            if path is not None and not path.lower().endswith((".tsv", ".jsonl")):
+                raise ValueError(f"task.{key} ({quote(path)}) must end in .tsv "
+                                 f"(source<TAB>target) or .jsonl (JSON lines)")
 
 
 class ModelConfig(Section):
@@ -191,6 +232,8 @@ class Config(Section):
     @model_validator(mode="after")
     def _check(self) -> Config:
         check_device(self.device, ValueError)
+        if self.task.name == "pairs" and "max_len" not in self.task.model_fields_set:
+            self.task.max_len = self.model.max_len  # lengths come from the data: all that fit
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", self.name):
             raise ValueError(f"name ({quote(self.name)}) may hold only letters, digits, '_', "
                              f"'-', '.' (at most 100)")
@@ -285,12 +328,24 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
         data = copy.deepcopy(path)  # set_path writes into it
     else:
         data = read_yaml(Path(path)) if path is not None else {}
+        if path is not None:
+            resolve_data_paths(data, Path(path).parent)
     for item in overrides:
         key, value = item if isinstance(item, tuple) else parse_override(item)
         set_path(data, key, value)
+    resolve_data_paths(data, Path.cwd())  # overrides name files from where you are
     cfg = validate(data)
     check_fits(training_parts(cfg), "training")
     return cfg
+
+
+def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
+    """task.train_path and task.eval_path made absolute, relative ones read from `base`, so
+    that a run's stored config.yaml names the same files from anywhere."""
+    task = data.get("task")
+    for key in ("train_path", "eval_path"):
+        if isinstance(task, dict) and isinstance(task.get(key), str) and task[key]:
+            task[key] = str((base / Path(task[key]).expanduser()).resolve())
 
 
 def read_yaml(path: Path) -> dict[str, Any]:

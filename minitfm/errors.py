@@ -35,6 +35,10 @@ class TaskInputError(MinitfmError):
     """Text given to a task cannot be parsed into tokens."""
 
 
+class DataError(MinitfmError):
+    """A data file (task.train_path, task.eval_path) cannot be read as pairs."""
+
+
 class CheckpointError(MinitfmError):
     """A checkpoint or run directory is missing, corrupt or not ours."""
 

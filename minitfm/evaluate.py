@@ -170,7 +170,7 @@ def load_model(path: Path, device: torch.device | str = "cpu"
     state = load_checkpoint(path)
     try:
         cfg = validate(state["config"])
-        task = make_task(cfg.task)
+        task = make_task(cfg.task, state)
         check_vocab(state, task, path)
         check_fits(model_parts(cfg), "the model")
         model = build_model(cfg, task)
@@ -212,8 +212,10 @@ def eval_report(cfg, task: Task, model, device, path, step: int, *, samples: int
     check_fits(decoding_parts(cfg, samples, hi, batch_size), "evaluation")
     pairs = eval_set(task, samples, cfg.task.eval_seed if seed is None else seed, lo, hi)
     result = evaluate(model, task, pairs, device, batch_size)
+    unknown = task.count_unknown(pairs)  # pairs: symbols never trained on, read as <unk>
     return {**result.as_dict(), "checkpoint": str(path), "step": step, "task": cfg.task.name,
-            "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}
+            "trained_lengths": [cfg.task.min_len, cfg.task.max_len],
+            **({} if unknown is None else {"unknown_symbols": unknown})}
 
 
 def eval_tables(report: dict) -> list:
@@ -234,7 +236,9 @@ def eval_tables(report: dict) -> list:
                   f"{report['token_accuracy']:.1%}", style="bold")
     table.caption = (f"teacher-forced loss {report['loss']:.4f}; trained on lengths {lo}..{hi}"
                      + ("; * outside the trained range" if any(
-                         not lo <= int(n) <= hi for n in report["per_length"]) else ""))
+                         not lo <= int(n) <= hi for n in report["per_length"]) else "")
+                     + (f"; {report['unknown_symbols']} symbols never trained on, read as <unk>"
+                        if report.get("unknown_symbols") else ""))
     return [table]
 
 
@@ -277,9 +281,12 @@ def predict_lines(cfg, task: Task, model, device, lines: list[tuple[int, str]],
     outputs = predict(model, task, sources, device)
     rows = []
     for (_, text), src, out in zip(lines, sources, outputs):
-        expected = task.target(src)
+        expected = task.target(src)  # pairs: None for a source not in its data
         rows.append({"input": text, "output": task.format_like(out, text),
-                     "expected": task.format_like(expected, text), "match": out == expected})
+                     "expected": None if expected is None else task.format_like(expected, text),
+                     "match": None if expected is None else out == expected})
+        if unknown := task.unknown_symbols(text):
+            rows[-1]["unknown"] = unknown
     return Predictions(rows, length_warning(cfg, task, sources, where), error)
 
 

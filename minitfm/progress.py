@@ -127,9 +127,9 @@ class ConsoleReporter:
         self._print(f"run directory: {run_dir}", highlight=False)
         params = sum(p.numel() for p in state.model.parameters())
         threads = f", {threads}" if threads and device.type == "cpu" else ""
-        self._print(f"task {cfg.task.name} (lengths {cfg.task.min_len}..{cfg.task.max_len},"
-                    f" {cfg.task.n_symbols} symbols), {params:,} parameters, device "
-                    f"{device}{threads}, steps {state.step}/{cfg.train.steps}", highlight=False)
+        self._print(f"task {cfg.task.name} ({state.task.describe()}), {params:,} parameters, "
+                    f"device {device}{threads}, steps {state.step}/{cfg.train.steps}",
+                    highlight=False)
         ranks = state.dist.world_size  # under torchrun only rank 0 reports, for all of them
         if ranks > 1:
             self._print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "

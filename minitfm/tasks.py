@@ -38,7 +38,7 @@ import struct
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -107,6 +107,7 @@ class Task(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
     task_symbols: ClassVar[tuple[str, ...]] = ()
+    separator: str = " "  # between symbols in text (pairs with task.tokenize char: none)
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
@@ -116,6 +117,24 @@ class Task(ABC):
         self.first_data_id = len(SPECIAL_TOKENS) + len(self.task_symbols)
         # The compact form ("314", "12+34") is unambiguous only with one-character symbols.
         self.compact = all(len(t) == 1 for t in self.task_symbols + symbols)
+
+    @classmethod
+    def from_checkpoint(cls, cfg: TaskConfig, state: dict[str, Any]) -> Task:
+        """The task a checkpoint was trained on (synthetic tasks: their config alone)."""
+        return cls(cfg)
+
+    def checkpoint_data(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides config and vocabulary to rebuild the task."""
+        return {}
+
+    def describe(self) -> str:
+        """The task's size in a few words, for the training header."""
+        return f"lengths {self.cfg.min_len}..{self.cfg.max_len}, {self.n_symbols} symbols"
+
+    @classmethod
+    def catalog_example(cls) -> tuple[str, str]:
+        """(input, target) shown by `minitfm tasks`."""
+        return cls(TaskConfig(name=cls.name)).example()
 
     # --- the rule, one override per task ---
 
@@ -138,6 +157,11 @@ class Task(ABC):
     def input_length(self, src: list[int]) -> int:
         """The length of `src` in the sense of task.min_len/max_len (for per-length tables)."""
         return len(src)
+
+    def check_positions(self, max_len: int) -> None:
+        """Refuse data that needs more than `max_len` (model.max_len) positions; a synthetic
+        task's lengths are its config's, checked with the model (train.check_lengths)."""
+        return None
 
     # --- sampling ---
 
@@ -261,12 +285,20 @@ class Task(ABC):
         text = self.example()[0]
         return text.replace(" ", "") if self.compact else text
 
+    def unknown_symbols(self, text: str) -> list[str]:
+        """Symbols of `text` read as <unk> (synthetic tasks have none: `parse` refuses them)."""
+        return []
+
+    def count_unknown(self, pairs: list[Pair]) -> int | None:
+        """How many symbols of `pairs` are <unk> (None: the task has no such symbol)."""
+        return None
+
     def _check_structure(self, ids: list[int], text: str) -> None:
         """Raise TaskInputError if valid symbols form an invalid input (e.g. two '+')."""
         return None  # an optional hook: most tasks take any sequence of their symbols
 
     def format(self, ids: list[int], compact: bool = False) -> str:
-        """Ids -> text, tokens separated by spaces (none if `compact`); PAD and BOS are
+        """Ids -> text, tokens separated by `separator` (none if `compact`); PAD and BOS are
         dropped, EOS ends it."""
         words = []
         for i in ids:
@@ -275,7 +307,7 @@ class Task(ABC):
                 break
             if i not in (PAD_ID, BOS_ID):
                 words.append(self.vocab.token(i))
-        return ("" if compact else " ").join(words)
+        return ("" if compact else self.separator).join(words)
 
     def example(self) -> tuple[str, str]:
         """A worked example as text: (input, target)."""
@@ -469,13 +501,17 @@ class AddTask(Task):
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
     CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask)}
 
+import minitfm.pairs  # noqa: E402, F401  (registers task 'pairs', built on Task above)
 
-def make_task(cfg: TaskConfig) -> Task:
-    """The task named by `cfg.name`, set up for `cfg`."""
+
+def make_task(cfg: TaskConfig, state: dict[str, Any] | None = None) -> Task:
+    """The task named by `cfg.name`, set up for `cfg`; with a checkpoint's `state`, as it
+    was trained (pairs: from the checkpoint, without its files)."""
     if cfg.name not in TASKS:
         raise ConfigError(f"task.name ({cfg.name!r}) is not a task; choose one of "
                           f"{', '.join(TASKS)}")
-    return TASKS[cfg.name](cfg)
+    cls = TASKS[cfg.name]
+    return cls(cfg) if state is None else cls.from_checkpoint(cfg, state)
 
 
 def positions_short(model: ModelConfig, task: Task, src_len: int,

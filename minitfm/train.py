@@ -124,6 +124,7 @@ class TrainState:
             "step": self.step,
             "config": self.cfg.model_dump(),
             "vocab": list(self.task.vocab.tokens),
+            **self.task.checkpoint_data(),  # pairs: its held-out pairs, lengths, file hash
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -189,6 +190,7 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
 
 def check_lengths(cfg: Config, task: Task) -> None:
     """The model must have positions for the longest source and target of training."""
+    task.check_positions(cfg.model.max_len)  # a pairs task: every pair of its files
     short = positions_short(cfg.model, task, task.max_source_len(cfg.task.max_len), training=True)
     if short is not None:
         key, limit, needed = short
@@ -377,6 +379,11 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
 def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
     """Load a checkpoint into a fresh state; a mismatch is the checkpoint's fault, not a bug."""
     check_vocab(checkpoint, state.task, path)
+    for key, value in state.task.checkpoint_data().items():
+        if checkpoint.get(key) != value:  # pairs: files changed since the checkpoint
+            raise CheckpointError(f"checkpoint '{path}' was trained on other data than "
+                                  f"task.train_path and task.eval_path hold now: resuming "
+                                  f"would change the task; start a new run")
     try:
         state.load_state_dict(checkpoint)
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:

@@ -376,7 +376,10 @@ def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,
 def figure_title(task: Task, checkpoint: Path, step: int, probe: Probe, target: list[int]) -> str:
     """Task, checkpoint and step; the input, the prediction and (if wrong) the target."""
     fmt = task.format
-    verdict = "✓" if probe.prediction == target else f"✗ (expected {fmt(target)})"
+    if target is None:  # pairs: an input that is not in the data
+        verdict = "(expected: unknown)"
+    else:
+        verdict = "✓" if probe.prediction == target else f"✗ (expected {fmt(target)})"
     return (f"{task.name} · {checkpoint.name} · step {step}\n"
             f"input {fmt(probe.src)} → prediction {fmt(probe.prediction)} {verdict}")
 

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from minitfm import __version__
+from minitfm.config import load_config
 from tests.helpers import assert_clean_error, run_cli
 
 ROOT = Path(__file__).parent.parent
@@ -119,11 +120,25 @@ def test_run_commands_without_runs_say_so(tmp_path, monkeypatch):
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
 
 
+def example_data(config: Path, folder: Path) -> list[str]:
+    """For a pairs config, small data made by the make_data.py beside its files (a fresh clone
+    has none), and the overrides that point the config at it."""
+    task = load_config(config).task
+    if task.name != "pairs":
+        return []
+    maker = Path(task.train_path).parent / "make_data.py"
+    subprocess.run([sys.executable, maker, "--out", folder, "--train", "300", "--eval", "30"],
+                   check=True, capture_output=True)
+    return [f"task.{key}={folder / f'{split}.tsv'}" for key, split in
+            (("train_path", "train"), ("eval_path", "eval")) if getattr(task, key)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", SHIPPED, ids=lambda path: path.stem)
 def test_every_shipped_config_trains_evaluates_and_visualizes(tmp_path, config):
     run_dir, png = tmp_path / "run", tmp_path / "attention.png"
-    result = run_cli("train", config, "train.steps=2", "train.batch_size=16",
+    result = run_cli("train", config, *example_data(config, tmp_path / "data"),
+                     "train.steps=2", "train.batch_size=16",
                      "train.eval_samples=20", "log.tensorboard=false", "log.attention_every=0",
                      "--run-dir", run_dir)
     assert result.exit_code == 0, result.stderr

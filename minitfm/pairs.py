@@ -1,0 +1,409 @@
+"""Your own data: a task read from files of source/target pairs (`task.name: pairs`).
+
+Example (examples/dates): 2026-11-22 -> 22 November 2026, one pair a line.
+
+Files. `task.train_path` and, optionally, `task.eval_path`: TSV (`source<TAB>target`, one pair a
+line) or JSON lines (`{"source": ..., "target": ...}`), chosen by the extension. Empty lines
+are skipped; any other mistake is one DataError naming the file and the line.
+
+Symbols. `task.tokenize: char` makes every character a symbol (spaces too); `space` splits on
+whitespace, so that a symbol can be a word. The vocabulary is PAD, BOS, EOS, <unk>, then the
+symbols of the pairs trained on, sorted. A symbol never trained on (in a held-out pair, in a
+`predict` input) reads as <unk>.
+
+Held-out rule. With `task.eval_path`, its pairs. Without, the training file's pairs whose source
+(its symbols, joined back to text) has a CRC-32 in the lowest `task.eval_fraction` of the hash
+range: stable from run to run, and a source given twice lands on one side only.
+
+Sampling. Training draws pairs with replacement, uniformly over the training pairs whose source
+length is in task.min_len..task.max_len (all by default: task.max_len defaults to
+model.max_len), from the data generator that checkpoints save, so a resume stays bit-exact.
+Evaluation takes the held-out pairs in file order: the first n, then those in the length range
+asked for (`eval --min-len/--max-len`); its seed plays no part.
+
+Checkpoints keep what eval, predict and visualize-attention need without the files: the
+vocabulary, the first MAX_HELD_OUT held-out pairs (as text), the longest source and target, and
+the SHA-256 of the training file (a resume on changed data is refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from minitfm.config import TaskConfig
+from minitfm.errors import DataError, MinitfmError, quote
+from minitfm.tasks import SPECIAL_TOKENS, SPLITS, TASKS, Pair, Task, Vocab
+
+UNK = "<unk>"
+RESERVED = (*SPECIAL_TOKENS, UNK)  # ids 0..3; data symbols follow
+UNK_ID = RESERVED.index(UNK)
+MAX_FILE_BYTES = 1_000_000_000  # 1 GB
+MAX_PAIRS = 1_000_000  # lines of pairs per file
+MAX_LINE_BYTES = 1_000_000  # a longer line cannot fit model.max_len (at most 65,536 symbols)
+MAX_SYMBOLS = 100_000  # distinct symbols of the pairs trained on
+MAX_SYMBOL_CHARS = 1_000  # with task.tokenize space, the longest word
+MAX_HELD_OUT = 100_000  # held-out pairs kept (and stored in checkpoints): train.eval_samples' max
+JOINERS = {"char": "", "space": " "}
+
+
+class TextPair(NamedTuple):
+    """One pair as read: both sides as their symbols joined back to text, and its line."""
+
+    source: str
+    target: str
+    line: int  # 1-based line number in its file (0: read from a checkpoint)
+
+
+def symbols_of(text: str, tokenize: str) -> list[str]:
+    """The symbols of `text`: its characters (char) or its whitespace-separated words (space)."""
+    return list(text) if tokenize == "char" else text.split()
+
+
+def hashed_out(source: str, fraction: float) -> bool:
+    """The held-out rule without an eval file: the CRC-32 of the source's UTF-8 text."""
+    return zlib.crc32(source.encode("utf-8")) < fraction * 2**32
+
+
+# --- reading files ---
+
+def read_pairs(path: Path, key: str, tokenize: str) -> tuple[list[TextPair], str]:
+    """Every pair of a .tsv or .jsonl file and the file's SHA-256; a mistake is a DataError."""
+    shown = named(key, str(path))
+    check_file(path, shown)
+    split = parse_jsonl if path.suffix.lower() == ".jsonl" else parse_tsv
+    pairs, digest = [], hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for number, raw in enumerate(iter(partial(f.readline, MAX_LINE_BYTES + 2), b""), 1):
+                digest.update(raw)
+                where = f"{shown} line {number:,}"
+                text = decode_line(raw, where, first=number == 1)
+                if not text:
+                    continue
+                if len(pairs) == MAX_PAIRS:
+                    raise DataError(f"{where}: more than {MAX_PAIRS:,} pairs, the limit per "
+                                    f"file: use a part of the file")
+                source, target = split(text, where)
+                pairs.append(TextPair(side(source, "source", where, tokenize),
+                                      side(target, "target", where, tokenize), number))
+    except OSError as err:
+        raise DataError(f"cannot read {shown} ({err.strerror or err})") from None
+    if not pairs:
+        raise DataError(f"{shown} has no pairs: write one pair a line, " + (
+            'as {"source": ..., "target": ...}' if split is parse_jsonl else "source<TAB>target"))
+    return pairs, digest.hexdigest()
+
+
+def check_file(path: Path, shown: str) -> None:
+    """The file exists, is a regular file and is at most MAX_FILE_BYTES."""
+    if not path.exists():
+        maker = path.parent / "make_data.py"  # an example's data is made, never committed
+        hint = (f": make it with python {nearby(maker)}" if maker.is_file()
+                else ": check the path (relative paths start at the config file's folder)")
+        raise DataError(f"{shown} not found{hint}")
+    if not path.is_file():
+        raise DataError(f"{shown} is not a regular file: give a .tsv or .jsonl file")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise DataError(f"{shown} is {size:,} bytes, more than the limit of "
+                        f"{MAX_FILE_BYTES:,} (1 GB): use a part of the file")
+
+
+def nearby(path: Path) -> str:
+    """`path` relative to the current folder when it is inside it, else as it is."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
+
+
+def decode_line(raw: bytes, where: str, first: bool) -> str:
+    """A line's text without its line ending; long lines and non-UTF-8 bytes are refused."""
+    content = raw[:-1] if raw.endswith(b"\n") else raw
+    if len(content) > MAX_LINE_BYTES:
+        raise DataError(f"{where}: longer than {MAX_LINE_BYTES:,} bytes, the limit per line")
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{where}: not UTF-8 (byte 0x{content[err.start]:02x} at byte "
+                        f"{err.start + 1} of the line): save the file as UTF-8") from None
+    text = text[:-1] if text.endswith("\r") else text  # a Windows line ending
+    return text.removeprefix("\ufeff") if first else text  # a byte-order mark
+
+
+def parse_tsv(text: str, where: str) -> tuple[str, str]:
+    fields = text.split("\t")
+    if len(fields) != 2:
+        problem = "no tab" if len(fields) == 1 else f"{len(fields) - 1} tabs"
+        raise DataError(f"{where}: {problem}; a .tsv line is source<TAB>target (use .jsonl "
+                        f"for text with tabs)")
+    return fields[0], fields[1]
+
+
+def parse_jsonl(text: str, where: str) -> tuple[str, str]:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+    except (ValueError, RecursionError):
+        raise DataError(f"{where}: invalid JSON") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a .jsonl line is an object "
+                        f'{{"source": ..., "target": ...}}, not {quote(record, 40)}')
+    for key in ("source", "target"):
+        if key not in record:
+            raise DataError(f"{where}: no {key!r} key; a .jsonl line is "
+                            f'{{"source": ..., "target": ...}}')
+        if not isinstance(record[key], str):
+            raise DataError(f"{where}: {key!r} must be a string, not {quote(record[key], 40)}")
+    return record["source"], record["target"]
+
+
+def side(text: str, name: str, where: str, tokenize: str) -> str:
+    """One side of a pair checked, its symbols joined back to text (`a  b` -> `a b`)."""
+    if tokenize == "char" and text:
+        return text  # its characters joined back: itself (the common case, kept fast)
+    symbols = symbols_of(text, tokenize)
+    if not symbols:
+        raise DataError(f"{where}: empty {name}")
+    if tokenize == "space":
+        for symbol in symbols:
+            if symbol in RESERVED:
+                raise DataError(f"{where}: {symbol!r} in the {name} is a reserved symbol "
+                                f"({', '.join(RESERVED)})")
+            if len(symbol) > MAX_SYMBOL_CHARS:
+                raise DataError(f"{where}: a symbol of {len(symbol):,} characters in the "
+                                f"{name}, more than the limit of {MAX_SYMBOL_CHARS:,}")
+    return JOINERS[tokenize].join(symbols)
+
+
+@dataclass
+class PairsData:
+    """What a pairs task is made of."""
+
+    symbols: list[str]
+    train: list[TextPair]  # the pairs trained on (empty when read from a checkpoint)
+    held_out: list[TextPair]
+    train_sha256: str
+    files: list[tuple[str, list[TextPair]]] = field(default_factory=list)  # (name, as read)
+    longest: list[int] | None = None  # [source, target] of every pair (None: of those here)
+
+
+def load_data(cfg: TaskConfig) -> PairsData:
+    """Read, check and split the files of `cfg`; every mistake is one DataError."""
+    files = [(named("task.train_path", cfg.train_path),
+              *read_pairs(Path(cfg.train_path), "task.train_path", cfg.tokenize))]
+    if cfg.eval_path is not None:
+        files.append((named("task.eval_path", cfg.eval_path),
+                      *read_pairs(Path(cfg.eval_path), "task.eval_path", cfg.tokenize)))
+    (where, lines, digest), *given = files
+    train, held_out = (lines, given[0][1]) if given else split_held_out(cfg, lines, where)
+    in_range = [p for p in train
+                if cfg.min_len <= len(symbols_of(p.source, cfg.tokenize)) <= cfg.max_len]
+    if not in_range:
+        raise DataError(f"{where}: no training pair has a source of task.min_len..task.max_len "
+                        f"({cfg.min_len}..{cfg.max_len}) symbols (task.max_len defaults to "
+                        f"model.max_len)")
+    return PairsData(collect_symbols(in_range, cfg.tokenize, where), in_range,
+                     held_out[:MAX_HELD_OUT], digest, [(name, pairs) for name, pairs, _ in files])
+
+
+def named(key: str, path: str) -> str:
+    """How messages name a data file: `task.train_path '/data/train.tsv'`."""
+    return f"{key} {quote(path)}"
+
+
+def split_held_out(cfg: TaskConfig, lines: list[TextPair],
+                   where: str) -> tuple[list[TextPair], list[TextPair]]:
+    """(training, held-out) pairs of one file by the hash of the source (module docstring)."""
+    held = [hashed_out(pair.source, cfg.eval_fraction) for pair in lines]
+    train = [pair for pair, out in zip(lines, held) if not out]
+    held_out = [pair for pair, out in zip(lines, held) if out]
+    if not held_out or not train:
+        share = "no pair" if not held_out else "every pair"
+        raise DataError(f"{where}: task.eval_fraction ({cfg.eval_fraction}) holds out {share} "
+                        f"of its {len(lines):,}: change it or give task.eval_path")
+    return train, held_out
+
+
+def collect_symbols(pairs: list[TextPair], tokenize: str, where: str) -> list[str]:
+    """The sorted symbols of `pairs`, at most MAX_SYMBOLS of them."""
+    seen: set[str] = set()
+    for pair in pairs:
+        seen.update(symbols_of(pair.source, tokenize), symbols_of(pair.target, tokenize))
+        if len(seen) > MAX_SYMBOLS:
+            raise DataError(f"{where} line {pair.line:,}: more than {MAX_SYMBOLS:,} distinct "
+                            f"symbols, the limit (task.tokenize {tokenize})")
+    return sorted(seen)
+
+
+# --- the task ---
+
+class PairsTask(Task):
+    """Pairs read from a file: the target is what the file says. Example (examples/dates):
+    2026-11-22 -> 22 November 2026 (task.tokenize char: every character is a symbol)."""
+
+    name = "pairs"
+    summary = "your own source/target pairs, read from task.train_path"
+
+    def __init__(self, cfg: TaskConfig, data: PairsData | None = None) -> None:
+        self.cfg = cfg
+        self.data = data if data is not None else load_data(cfg)
+        self.vocab = Vocab((*RESERVED, *self.data.symbols))
+        self.n_symbols = len(self.data.symbols)
+        self.first_data_id = len(RESERVED)
+        self.compact = cfg.tokenize == "char"
+        self.separator = JOINERS[cfg.tokenize]  # text joined as the files are: format, example
+        self.train = [self._ids(p) for p in self.data.train]
+        self.held_out = [self._ids(p) for p in self.data.held_out]
+        known = [*self.held_out, *self.train]  # a held-out source's target first
+        self.targets = {tuple(src): tgt for src, tgt in reversed(known)}
+        self.longest = self.data.longest or [max(len(s) for s, _ in known),
+                                             max(len(t) for _, t in known)]
+
+    @classmethod
+    def from_checkpoint(cls, cfg: TaskConfig, state: dict[str, Any]) -> PairsTask:
+        """The task as trained, from a checkpoint alone (checked by `saved_problem`)."""
+        saved = state["pairs"]
+        held_out = [TextPair(source, target, 0) for source, target in saved["held_out"]]
+        return cls(cfg, PairsData(list(state["vocab"][len(RESERVED):]), [], held_out,
+                                  saved["train_sha256"], longest=list(saved["longest"])))
+
+    def checkpoint_data(self) -> dict[str, Any]:
+        return {"pairs": {"held_out": [[p.source, p.target] for p in self.data.held_out],
+                          "longest": list(self.longest),
+                          "train_sha256": self.data.train_sha256}}
+
+    def _ids(self, pair: TextPair) -> Pair:
+        return self._symbol_ids(pair.source), self._symbol_ids(pair.target)
+
+    def _symbol_ids(self, text: str) -> list[int]:
+        return [self._symbol_id(symbol) for symbol in self._tokenize(text)]
+
+    # --- the rule: whatever the data says ---
+
+    def target(self, src: list[int]) -> list[int] | None:
+        """The target the data gives `src` (None: a source not in the data)."""
+        return self.targets.get(tuple(src))
+
+    def max_target_len(self, src_len: int) -> int:
+        return self.longest[1]  # decoding never needs more than the longest target
+
+    def check_positions(self, max_len: int) -> None:
+        """Every pair of the files must fit model.max_len: the source, and BOS + the target."""
+        for where, pairs in self.data.files:
+            for pair in pairs:
+                src, tgt = (len(symbols_of(text, self.cfg.tokenize))
+                            for text in (pair.source, pair.target))
+                if max(src, tgt + 1) > max_len:
+                    raise DataError(
+                        f"{where} line {pair.line:,}: the pair needs {max(src, tgt + 1)} "
+                        f"positions (source {src} symbols, <bos> + target {tgt + 1}), more "
+                        f"than model.max_len ({max_len}): raise model.max_len or shorten it")
+
+    def is_held_out(self, src: list[int]) -> bool:
+        """In the eval file, or (without one) held out by the hash of its text."""
+        if self.cfg.eval_path is not None:
+            return any(src == held for held, _ in self.held_out)
+        return hashed_out(self.format(src), self.cfg.eval_fraction)
+
+    # --- sampling ---
+
+    def sample(self, n: int, generator: torch.Generator, *, min_len: int | None = None,
+               max_len: int | None = None, split: str = "train") -> list[Pair]:
+        """Training: `n` pairs drawn with replacement; eval: the first `n` held-out pairs, then
+        those with a source length in [min_len, max_len] (default task.min_len..max_len)."""
+        if split not in SPLITS:
+            raise ValueError(f"split ({split!r}) must be one of {SPLITS}")
+        lo = self.cfg.min_len if min_len is None else min_len
+        hi = self.cfg.max_len if max_len is None else max_len
+        pool = self._pool(split, n, lo, hi)
+        if split == "eval":
+            return pool
+        picks = torch.randint(len(pool), (n,), generator=generator).tolist()
+        return [pool[i] for i in picks]
+
+    def _pool(self, split: str, n: int, lo: int, hi: int) -> list[Pair]:
+        """The pairs `sample` chooses from: training ones, or the first `n` held-out ones."""
+        pairs = self.held_out[:n] if split == "eval" else self.train
+        if split == "train" and (lo, hi) == (self.cfg.min_len, self.cfg.max_len):
+            return pairs  # already the ones in range (load_data): no filtering every step
+        pool = [pair for pair in pairs if lo <= len(pair[0]) <= hi]
+        if not pool:
+            lengths = sorted(len(src) for src, _ in pairs)
+            kind = "held-out" if split == "eval" else "training"
+            raise MinitfmError(f"no {kind} pairs have a source of {lo}..{hi} symbols (their "
+                               f"sources have {lengths[0]}..{lengths[-1]}): pick another range")
+        return pool
+
+    # --- text ---
+
+    # `Task.parse` reads text with these: symbols never trained on read as <unk>.
+
+    def _tokenize(self, text: str) -> list[str]:
+        return symbols_of(text, self.cfg.tokenize)
+
+    def _symbol_id(self, token: str) -> int:
+        return self.vocab.id(token) if token in self.vocab and token not in RESERVED else UNK_ID
+
+    def _allowed(self) -> str:
+        return (f"a source as in its files (task.tokenize {self.cfg.tokenize}: "
+                f"{'each character' if self.cfg.tokenize == 'char' else 'each word'} a symbol)")
+
+    def _example_text(self) -> str:
+        return self.example()[0]
+
+    def unknown_symbols(self, text: str) -> list[str]:
+        """The symbols of `text` never trained on (read as <unk>), each once."""
+        symbols = symbols_of(text, self.cfg.tokenize)
+        return list(dict.fromkeys(s for s in symbols if s in RESERVED or s not in self.vocab))
+
+    def count_unknown(self, pairs: list[Pair]) -> int:
+        """How many symbols of `pairs` (sources and targets) read as <unk>."""
+        return sum(ids.count(UNK_ID) for pair in pairs for ids in pair)
+
+    def example(self) -> tuple[str, str]:
+        """The first held-out pair, as text."""
+        src, tgt = self.held_out[0]
+        return self.format(src), self.format(tgt)
+
+    @classmethod
+    def catalog_example(cls) -> tuple[str, str]:
+        return "2026-11-22", "22 November 2026"
+
+    def describe(self) -> str:
+        lengths = sorted(len(src) for src, _ in self.train)
+        return (f"{len(self.train):,} training pairs, {len(self.held_out):,} held out, "
+                f"{self.n_symbols:,} symbols ({self.cfg.tokenize}), sources of "
+                f"{lengths[0]}..{lengths[-1]} symbols")
+
+
+TASKS[PairsTask.name] = PairsTask
+
+
+def saved_problem(state: dict[str, Any]) -> str | None:
+    """What is wrong with a checkpoint's pairs data (None: nothing), read as untrusted."""
+    if tuple(state["vocab"][:len(RESERVED)]) != RESERVED:
+        return f"a pairs vocabulary starts with {', '.join(RESERVED)}"
+    saved = state.get("pairs")
+    if not isinstance(saved, dict) or set(saved) != {"held_out", "longest", "train_sha256"}:
+        return "'pairs' must be a mapping of held_out, longest, train_sha256"
+    held_out, longest = saved["held_out"], saved["longest"]
+    if not isinstance(held_out, list) or not 1 <= len(held_out) <= MAX_HELD_OUT or not all(
+            isinstance(pair, list) and len(pair) == 2 and all(
+                isinstance(text, str) and 0 < len(text) <= MAX_LINE_BYTES for text in pair)
+            for pair in held_out):
+        return f"'pairs.held_out' must be 1 to {MAX_HELD_OUT:,} [source, target] strings"
+    if not isinstance(longest, list) or len(longest) != 2 or not all(
+            type(n) is int and 1 <= n <= 65_536 for n in longest):
+        return "'pairs.longest' must be two lengths"
+    if not isinstance(saved["train_sha256"], str) or len(saved["train_sha256"]) != 64:
+        return "'pairs.train_sha256' must be a SHA-256 in hex"
+    return None

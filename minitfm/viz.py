@@ -42,6 +42,10 @@ PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, da
            "#28ae80", "#5ec962", "#addc30", "#fde725")
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the same levels without colour
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
+COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA
+TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
+PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
+TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
 
 
 @dataclass
@@ -59,14 +63,19 @@ class Probe:
 
 
 @torch.no_grad()
-def run_probe(model, task: Task, src: list[int]) -> Probe:
-    """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding."""
+def run_probe(model, task: Task, src: list[int], teacher: list[int] | None = None) -> Probe:
+    """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding.
+
+    With `teacher` (e.g. the true target) the maps are teacher-forced on it instead: their axes
+    stay the same whatever the model writes, as TensorBoard's frames of one probe need.
+    """
     vocab, device = task.vocab, next(model.parameters()).device
     with eval_mode(model):
         source = torch.tensor([src], device=device)  # (1, S)
         cap = task.max_target_len(len(src)) + 1  # + EOS
         decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
-        decoder_input = ([vocab.bos_id] + decoded)[:len(decoded)]  # the last output is not read
+        read = decoded if teacher is None else [*teacher, vocab.eos_id]
+        decoder_input = ([vocab.bos_id] + read)[:len(read)]  # the last output is not read
         _, maps = model(source, torch.tensor([decoder_input], device=device),
                         return_attention=True)
     first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, Q, K) each
@@ -147,29 +156,84 @@ def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
 
 
 def attention_figure(blocks: list[MapBlock], title: str):
-    """A matplotlib Figure: per block a titled grid (rows layers, columns heads), a colour bar."""
+    """A matplotlib Figure: per block a titled grid (rows layers, columns heads), a colour bar.
+
+    Titles are wrapped to the figure's width, and the figure grows by their extra lines, so no
+    title is ever cut off, whatever the number of heads and the length of the input.
+    """
     from matplotlib.figure import Figure
 
     n_cols = max(len(b.heads) for b in blocks)
     tokens = max(max(len(b.queries), len(b.keys)) for b in blocks)
     panel = max(2.4, 0.9 + 0.16 * tokens)  # inches: room for one readable label per token
-    heights = [len(b.layers) * panel + 0.5 for b in blocks]  # + the block's title
-    fig = Figure(figsize=(n_cols * panel + 1.2, sum(heights) + 0.6), dpi=100,
+    width = n_cols * panel + 1.2
+    title_size, kind_size = TITLE_SIZES
+    title = wrap_to_width(title, width - TITLE_MARGIN, title_size)
+    kind_titles = [wrap_to_width(KIND_TITLES[b.kind], width - TITLE_MARGIN, kind_size)
+                   for b in blocks]
+    heights = [len(b.layers) * panel + 0.3 + text_height(t, kind_size)  # + the block's title
+               for b, t in zip(blocks, kind_titles, strict=True)]
+    fig = Figure(figsize=(width, sum(heights) + 0.2 + text_height(title, title_size)), dpi=100,
                  layout="constrained")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(title, fontsize=title_size)
     subfigures = fig.subfigures(len(blocks), 1, height_ratios=heights, squeeze=False)[:, 0]
-    for subfigure, block in zip(subfigures, blocks, strict=True):
-        draw_block(subfigure, block, n_cols)
+    for subfigure, block, kind_title in zip(subfigures, blocks, kind_titles, strict=True):
+        draw_block(subfigure, block, n_cols, kind_title)
     return fig
 
 
-def draw_block(subfigure, block: MapBlock, n_cols: int) -> None:
+def text_height(text: str, size: float) -> float:
+    """Inches that `text` takes up, at `size` points with matplotlib's line spacing (1.2)."""
+    return (text.count("\n") + 1) * size * 1.2 / 72
+
+
+def wrap_to_width(text: str, width: float, size: float) -> str:
+    """`text` broken into lines no wider than `width` inches at `size` points, measured with
+    the Agg renderer that draws it: a line too wide breaks first before " → " and " (", then
+    at spaces (a word too long alone, anywhere)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer, font = RendererAgg(1, 1, 72), FontProperties(size=size)  # 72 dpi: 1 px = 1 pt
+
+    def fits(line: str) -> bool:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= width * 72
+
+    lines = []
+    for line in text.split("\n"):
+        if not fits(line):
+            for mark in PREFERRED_BREAKS:
+                line = line.replace(mark, "\n" + mark.lstrip())
+        for part in line.split("\n"):
+            lines.extend(wrap_words(part, fits))
+    return "\n".join(lines)
+
+
+def wrap_words(text: str, fits) -> list[str]:
+    """Greedy word wrap of one line by a `fits(line)` test."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        candidate = f"{line} {word}" if line else word
+        if fits(candidate):
+            line = candidate
+            continue
+        if line:
+            lines.append(line)
+        while not fits(word) and len(word) > 1:  # a file name wider than the figure
+            cut = max([n for n in range(1, len(word)) if fits(word[:n])] or [1])
+            lines.append(word[:cut])
+            word = word[cut:]
+        line = word
+    return [*lines, line]
+
+
+def draw_block(subfigure, block: MapBlock, n_cols: int, title: str) -> None:
     """One kind's heatmaps into `subfigure`, tokens on the axes, one shared colour bar."""
     from matplotlib.colors import PowerNorm
 
     norm = PowerNorm(GAMMA, vmin=0.0, vmax=1.0)  # one scale for all maps: weights are comparable
     axes = subfigure.subplots(len(block.layers), n_cols, squeeze=False)
-    subfigure.suptitle(KIND_TITLES[block.kind], fontsize=10)
+    subfigure.suptitle(title, fontsize=TITLE_SIZES[1])
     image = None
     for r, layer in enumerate(block.layers):
         for c in range(n_cols):
@@ -177,13 +241,16 @@ def draw_block(subfigure, block: MapBlock, n_cols: int) -> None:
             if c >= len(block.heads):
                 ax.set_axis_off()
                 continue
-            image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm)
+            # aspect "auto": the map fills its panel (cells about square, as the panel is), so
+            # constrained layout places every label inside the figure; a fixed aspect moves the
+            # axes after layout and can push labels of large maps off the edge.
+            image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm, aspect="auto")
             ax.set_title(f"layer {layer} · head {block.heads[c]}", fontsize=9)
             ax.set_xticks(range(len(block.keys)), block.keys, fontsize=7,
                           rotation=90 if max(map(len, block.keys)) > 2 else 0)  # <bos>
             ax.set_yticks(range(len(block.queries)), block.queries if c == 0 else [], fontsize=7)
             ax.tick_params(length=0)
-    subfigure.colorbar(image, ax=axes, shrink=0.9, label="attention weight", pad=0.01)
+    subfigure.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
 
 
 def figure_to_array(fig) -> np.ndarray:
@@ -387,7 +454,8 @@ def alignment_table(report: AttentionReport):
         return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
     best = divmod(int(report.held_out_scores.argmax()), report.held_out_scores.size(1))
     table = Table(title="alignment score of each cross-attention head")
-    for column in ("layer", "head", "this input", f"held-out ({ALIGNMENT_SAMPLES})", "argmax"):
+    held_out = f"held-out ({ALIGNMENT_SAMPLES})"
+    for column in ("layer", "head", "this input", held_out, "held-out argmax"):
         table.add_column(column, justify="right")
     table.add_column("")
     for layer, head in np.ndindex(*report.scores.shape):
@@ -398,5 +466,6 @@ def alignment_table(report: AttentionReport):
                       style="bold green" if is_best else None)
     table.caption = ("weight on the ideal source position, mean over target positions (EOS "
                      "excluded), teacher-forced on the true target: 1 = exact, about 1/S = "
-                     "uniform; argmax: share of rows whose strongest key is the ideal one")
+                     f"uniform; held-out argmax: share of the target positions of the same "
+                     f"{ALIGNMENT_SAMPLES} held-out pairs whose strongest key is the ideal one")
     return table

@@ -5,6 +5,7 @@ import struct
 
 import pytest
 import torch
+from matplotlib.text import Text
 from rich.console import Console
 
 from minitfm.config import load_config
@@ -12,6 +13,7 @@ from minitfm.model import Seq2SeqTransformer
 from minitfm.tasks import make_task
 from minitfm.train import train
 from minitfm.viz import (
+    KIND_TITLES,
     KINDS,
     alignment_score,
     alignment_scores,
@@ -125,7 +127,65 @@ def test_figure_has_a_panel_per_layer_and_head_of_each_kind(n_layers, n_heads):
     assert len(images) == len(KINDS) * n_layers * n_heads
     assert images[0].get_xticklabels()[0].get_text() == "3"  # tokens on the axes
     labels = {ax.get_ylabel() for ax in fig.get_axes()}
-    assert "attention weight" in labels  # the colour bars
+    assert "attention weight\n(sqrt scale)" in labels  # the colour bars say how they scale
+
+
+def texts_outside(fig) -> list[str]:
+    """The visible texts of `fig` whose box, drawn by Agg, pokes out of the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer, box = canvas.get_renderer(), fig.bbox
+    out = []
+    for text in fig.findobj(Text):
+        if text.get_visible() and text.get_text():
+            b = text.get_window_extent(renderer)
+            if b.x0 < -0.5 or b.y0 < -0.5 or b.x1 > box.x1 + 0.5 or b.y1 > box.y1 + 0.5:
+                out.append(text.get_text())
+    return out
+
+
+# Every layout `visualize-attention` can make: one head or four, one kind or all, one layer or
+# all, an input of 1, 16 or 64 tokens (the --input limit); an untrained model is wrong, so the
+# title carries the longest verdict ("✗ (expected ...)").
+@pytest.mark.parametrize("n_layers,n_heads,n_tokens,kinds,layer,head", [
+    (1, 1, 1, KINDS, None, None), (1, 1, 16, ("decoder",), None, None),
+    (2, 4, 16, KINDS, 1, 1), (2, 4, 16, ("decoder",), 1, 1), (2, 4, 16, KINDS, None, None),
+    (2, 4, 1, ("cross",), None, 0), (2, 2, 64, ("cross",), 1, None), (2, 4, 64, KINDS, None, 0),
+])
+def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_tokens, kinds,
+                                                      layer, head):
+    from pathlib import Path
+
+    from minitfm.viz import figure_title
+
+    model, task = untrained(n_layers, n_heads)
+    src = task.parse(" ".join(str(i % 10) for i in range(n_tokens)))
+    probe = run_probe(model, task, src)
+    blocks = map_blocks(probe, task, kinds, None if layer is None else [layer],
+                        None if head is None else [head])
+    title = figure_title(task, Path("runs/reverse-20260101-000000/checkpoints/best.pt"), 12345,
+                         probe, task.target(src))
+    fig = attention_figure(blocks, title)
+    assert texts_outside(fig) == []
+    shown = {text.get_text().replace("\n", " ") for text in fig.findobj(Text)}
+    assert {KIND_TITLES[kind] for kind in kinds} <= shown  # wrapped, never cut
+    assert title.replace("\n", " ") in shown
+
+
+def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
+    from minitfm.viz import wrap_to_width
+
+    text = "decoder self-attention (query: decoder input, key: decoder input)"
+    assert wrap_to_width(text, 20, 10) == text  # room enough: one line
+    assert wrap_to_width(text, 3.3, 10) == ("decoder self-attention\n"
+                                            "(query: decoder input, key: decoder input)")
+    assert wrap_to_width("input 3 1 4 → prediction 4 1 3 ✓", 1.6, 11) == \
+        "input 3 1 4\n→ prediction 4 1 3 ✓"
+    name = "x" * 200 + ".pt"  # a word wider than the figure is cut, not left to overflow
+    assert all(len(line) < 200 for line in wrap_to_width(name, 3, 11).split("\n"))
 
 
 def test_png_grows_with_layers_and_heads(tmp_path):
@@ -173,8 +233,10 @@ def test_cli_writes_png_prints_prediction_and_alignment(copy_run):
     png = copy_run / "attention" / "best-step200.png"
     assert f"wrote {png}" in result.stdout and png_size(png)[0] > 300
     for needle in ("input:", "prediction:", "expected:", "cross-attention", "head 1",
-                   "alignment score", "← best", "^ = <bos>"):
+                   "alignment score", "← best", "^ = <bos>", "held-out argmax"):
         assert needle in result.stdout, needle
+    caption = " ".join(result.stdout.split())  # the caption wraps to the table's width
+    assert "held-out argmax: share of the target positions of the same 200 held-out" in caption
     assert "encoder self-attention" not in result.stdout  # a bare --kind all: cross only
 
 

@@ -1,25 +1,37 @@
 """TensorBoard logging: the one module that imports tensorboard.
 
-Tags: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `eval/loss`,
-`eval/token_accuracy`, `eval/exact_match`; text `config` and `samples`; hparams with the
-final metrics (`hparam/...`) in the same event file. Every `log.attention_every` steps and at
-the end: images `attention/{encoder,decoder,cross}/layer<L>` (all heads of one layer side by
-side, drawn by `viz.attention_figure` on a fixed held-out probe) and, for tasks with an ideal
-alignment, scalars `alignment/layer<L>/head<H>` and `alignment/best`.
+TensorBoard shows tag groups (the part of a tag before its first '/') in name order, so the
+groups are numbered in the order a learner reads them:
+
+- `1_loss/train`, `1_loss/eval`; `2_accuracy/exact_match`, `2_accuracy/token_accuracy`;
+- `3_attention/{encoder,decoder,cross}`: images of every layer (rows) and head (columns) on a
+  fixed held-out probe, teacher-forced on its target so that every frame has the same axes
+  (the title shows the model's greedy output at that step);
+- `4_alignment/best` and `4_alignment/layer<L>/head<H>`, for tasks with an ideal alignment;
+- `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`.
+
+Pictures and alignment come every `log.attention_every` steps (by default at every evaluation)
+and at the end; each kind's figure is laid out once and only redrawn (see `viz.MapFrames`).
+Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from minitfm.config import Config, flatten, to_yaml
 
-TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
-EVAL_SCALARS = ("loss", "token_accuracy", "exact_match")
+TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/grad_norm",
+              "tokens_per_s": "5_train/tokens_per_s"}
+EVAL_TAGS = {"loss": "1_loss/eval", "exact_match": "2_accuracy/exact_match",
+             "token_accuracy": "2_accuracy/token_accuracy"}
+ATTENTION_TAG = "3_attention/{kind}"
+ALIGNMENT_TAG = "4_alignment/{name}"
+HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
+LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
 
 
@@ -50,9 +62,10 @@ class TensorBoardLogger(NullLogger):
         threading.excepthook = self._quiet_write_errors
         self.cfg, self.task = cfg, task
         # The same probe at every step, so the images show how one example's maps evolve.
-        self.probe_src = pick_probe(eval_pairs)[0] if eval_pairs else None
+        self.probe = pick_probe(eval_pairs) if eval_pairs else None
         self.alignment_pairs = eval_pairs[:ALIGNMENT_SAMPLES]
         self.attention_step: int | None = None
+        self.frames: dict = {}  # kind -> its viz.MapFrames, drawn once and reused
         self.writer.add_text("config", "```\n" + to_yaml(cfg) + "\n```", 0)
 
     def __exit__(self, *exc) -> None:
@@ -65,12 +78,12 @@ class TensorBoardLogger(NullLogger):
             self.previous_hook(args)
 
     def train(self, step: int, record: dict) -> None:
-        for key in TRAIN_SCALARS:
-            self.writer.add_scalar(f"train/{key}", record[key], step)
+        for key, tag in TRAIN_TAGS.items():
+            self.writer.add_scalar(tag, record[key], step)
 
     def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
-        for key in EVAL_SCALARS:
-            self.writer.add_scalar(f"eval/{key}", record[key], step)
+        for key, tag in EVAL_TAGS.items():
+            self.writer.add_scalar(tag, record[key], step)
         self.writer.add_text("samples", self._samples_table(pairs, predictions), step)
         self.writer.flush()
 
@@ -83,47 +96,67 @@ class TensorBoardLogger(NullLogger):
         return "\n".join(rows)
 
     def attention(self, step: int, model) -> None:
-        """Heatmaps of every layer and kind on the probe, and per-head alignment scores."""
-        from minitfm.viz import (
-            KINDS,
-            alignment_scores,
-            attention_figure,
-            figure_to_array,
-            map_blocks,
-            run_probe,
-        )
+        """Heatmaps of every kind on the probe, and per-head alignment scores."""
+        from minitfm.viz import alignment_scores, map_blocks, run_probe
 
-        if self.probe_src is None or step == self.attention_step:
+        if self.probe is None or step == self.attention_step:
             return  # train.finish logs the end again when it fell on an interval
         self.attention_step = step
-        probe = run_probe(model, self.task, self.probe_src)
-        text = f"{self.task.format(probe.src)} → {self.task.format(probe.prediction)}"
-        for block in map_blocks(probe, self.task, KINDS):
-            for r, layer in enumerate(block.layers):
-                one_layer = replace(block, layers=[layer], weights=block.weights[r:r + 1])
-                fig = attention_figure([one_layer], f"{self.task.name} · step {step} · {text}")
-                # uint8 RGB: add_image would multiply floats by 255.
-                self.writer.add_image(f"attention/{block.kind}/layer{layer}",
-                                      figure_to_array(fig), step, dataformats="HWC")
+        src, target = self.probe
+        probe = run_probe(model, self.task, src, teacher=target)
+        caption = self._caption(step, probe.prediction)
+        for block in map_blocks(probe, self.task):
+            # uint8 RGB: add_image would multiply floats by 255.
+            self.writer.add_image(ATTENTION_TAG.format(kind=block.kind),
+                                  self._frames(block).frame([block], caption), step,
+                                  dataformats="HWC")
         scores = alignment_scores(model, self.task, self.alignment_pairs)  # (L, H) or None
         if scores is not None:
             for (layer, head), value in np.ndenumerate(scores.numpy()):
-                self.writer.add_scalar(f"alignment/layer{layer}/head{head}", value, step)
-            self.writer.add_scalar("alignment/best", float(scores.max()), step)
+                self.writer.add_scalar(ALIGNMENT_TAG.format(name=f"layer{layer}/head{head}"),
+                                       value, step)
+            self.writer.add_scalar(ALIGNMENT_TAG.format(name="best"), float(scores.max()), step)
+
+    def _frames(self, block):
+        """The kind's reusable figure, laid out for the longest caption a frame can have."""
+        from minitfm.viz import MapFrames
+
+        if block.kind not in self.frames:
+            tokens = self.task.vocab.tokens
+            widest = max((i for i, t in enumerate(tokens) if not t.startswith("<")),
+                         key=lambda i: len(tokens[i]))
+            cap = self.task.max_target_len(len(self.probe[0])) + 1  # greedy decoding's limit
+            longest = self._caption(LONGEST_STEP, [widest] * cap)  # an output without EOS
+            self.frames[block.kind] = MapFrames([block], self._header(), longest)
+        return self.frames[block.kind]
+
+    def _header(self) -> str:
+        """The probe, as every frame shows it."""
+        src, target = self.probe
+        fmt = self.task.format
+        return (f"{self.task.name} · input {fmt(src)} → target {fmt(target)} "
+                f"(maps teacher-forced on the target)")
+
+    def _caption(self, step: int, prediction: list[int]) -> str:
+        """The model's greedy output on the probe at `step`."""
+        verdict = "✓" if prediction == self.probe[1] else "✗"
+        return f"step {step} · greedy output {self.task.format(prediction)} {verdict}"
 
     def finish(self, summary: dict) -> None:
-        """Hyperparameters and final metrics, written into this run's own event file."""
+        """The run's hyperparameters (see `hparam_values`), in its own event file.
+
+        No experiment summary: TensorBoard then builds the HPARAMS table from every run's keys
+        (ticking first the keys that differ between runs) and takes its metrics from the
+        scalars above, in name order: loss and accuracy first. So no `hparam/*` copies.
+        """
         from torch.utils.tensorboard.summary import hparams
 
-        metrics = {f"hparam/{k}": float(summary[k])
-                   for k in ("exact_match", "token_accuracy", "loss") if k in summary}
-        if not metrics:  # paused before any evaluation: nothing to compare yet
+        if "exact_match" not in summary:  # paused before any evaluation: nothing to compare yet
             return
         # add_hparams would open a second writer; the same summaries go into ours instead.
-        for summary_proto in hparams(flatten(self.cfg.model_dump()), metrics):
+        _, start, end = hparams(hparam_values(self.cfg), {EVAL_TAGS["exact_match"]: 0.0})
+        for summary_proto in (start, end):
             self.writer.file_writer.add_summary(summary_proto, summary["step"])
-        for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, summary["step"])
         self.writer.flush()
 
     def close(self) -> None:
@@ -131,6 +164,13 @@ class TensorBoardLogger(NullLogger):
             self.writer.close()
         finally:
             threading.excepthook = self.previous_hook
+
+
+def hparam_values(cfg: Config) -> dict:
+    """`seed` and the task.*, model.* and train.* keys: what makes runs learn differently
+    (not name, device, threads or log.*, which say where a run went and how fast)."""
+    return {key: value for key, value in flatten(cfg.model_dump()).items()
+            if key == "seed" or key.partition(".")[0] in HPARAM_SECTIONS}
 
 
 def open_logger(run_dir: Path, cfg: Config, task, eval_pairs: list):

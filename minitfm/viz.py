@@ -246,11 +246,56 @@ def draw_block(subfigure, block: MapBlock, n_cols: int, title: str) -> None:
             # axes after layout and can push labels of large maps off the edge.
             image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm, aspect="auto")
             ax.set_title(f"layer {layer} · head {block.heads[c]}", fontsize=9)
-            ax.set_xticks(range(len(block.keys)), block.keys, fontsize=7,
-                          rotation=90 if max(map(len, block.keys)) > 2 else 0)  # <bos>
-            ax.set_yticks(range(len(block.queries)), block.queries if c == 0 else [], fontsize=7)
-            ax.tick_params(length=0)
+            label_tokens(ax, block, bottom=r == len(block.layers) - 1, left=c == 0)
     subfigure.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
+
+
+class MapFrames:
+    """One figure of a fixed probe's maps, laid out and drawn once; each frame then redraws
+    only the heatmaps and the title on the saved background (Agg blitting), a small fraction
+    of drawing a new figure. The probe's axes must not change (see `run_probe`'s `teacher`)."""
+
+    def __init__(self, blocks: list[MapBlock], header: str, longest_caption: str):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        # Laid out for the longest caption a frame can have: its title lines are reserved.
+        self.fig = attention_figure(blocks, f"{header}\n{longest_caption}")
+        self.canvas = FigureCanvasAgg(self.fig)
+        self.title = self.fig.texts[0]  # the suptitle: the figure's only text of its own
+        self.width = self.fig.get_figwidth() - TITLE_MARGIN
+        self.header = wrap_to_width(header, self.width, TITLE_SIZES[0])  # lines wrap alone
+        self.images = [ax.images[0] for ax in self.fig.get_axes() if ax.images]
+        spines = [spine for image in self.images for spine in image.axes.spines.values()]
+        self.animated = [*self.images, *spines, self.title]  # in drawing order: frames on top
+        for artist in self.animated:
+            artist.set_animated(True)  # drawn by each frame, left out of the background
+        self.canvas.draw()
+        self.fig.set_layout_engine("none")  # laid out once: frames move nothing
+        self.background = self.canvas.copy_from_bbox(self.fig.bbox)
+
+    def frame(self, blocks: list[MapBlock], caption: str) -> np.ndarray:
+        """The figure with the blocks' new weights and `caption` under the header: RGB
+        (height, width, 3) uint8."""
+        maps = [w for b in blocks for w in b.weights.reshape(-1, *b.weights.shape[-2:])]
+        for image, weights in zip(self.images, maps, strict=True):  # (Q, K) each
+            image.set_data(weights)
+        caption = wrap_to_width(caption, self.width, TITLE_SIZES[0])
+        self.title.set_text(f"{self.header}\n{caption}")
+        self.canvas.restore_region(self.background)
+        for artist in self.animated:
+            self.fig.draw_artist(artist)
+        return np.asarray(self.canvas.buffer_rgba())[..., :3].copy()
+
+
+def label_tokens(ax, block: MapBlock, bottom: bool, left: bool) -> None:
+    """Key tokens under the bottom row of a grid, query tokens left of its first column (the
+    maps of a grid share their axes; fewer labels also lay out and draw faster)."""
+    keys = range(len(block.keys)) if bottom else []
+    rotation = 90 if max(map(len, block.keys)) > 2 else 0  # <bos>
+    ax.set_xticks(keys, block.keys if bottom else [], fontsize=7, rotation=rotation)
+    ax.set_yticks(range(len(block.queries)) if left else [], block.queries if left else [],
+                  fontsize=7)
+    ax.tick_params(length=0)
 
 
 def figure_to_array(fig) -> np.ndarray:

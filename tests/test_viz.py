@@ -125,7 +125,11 @@ def test_figure_has_a_panel_per_layer_and_head_of_each_kind(n_layers, n_heads):
     fig = attention_figure(map_blocks(probe, task), "title")
     images = [ax for ax in fig.get_axes() if ax.images]
     assert len(images) == len(KINDS) * n_layers * n_heads
-    assert images[0].get_xticklabels()[0].get_text() == "3"  # tokens on the axes
+    # Tokens on the axes: keys under each grid's bottom row, queries left of its first column.
+    bottom_left = images[(n_layers - 1) * n_heads]
+    assert [t.get_text() for t in bottom_left.get_xticklabels()] == list("31415")
+    assert [t.get_text() for t in images[0].get_yticklabels()] == list("31415")
+    assert images[-1].get_yticklabels() == [] or n_heads == 1
     labels = {ax.get_ylabel() for ax in fig.get_axes()}
     assert "attention weight\n(sqrt scale)" in labels  # the colour bars say how they scale
 
@@ -173,6 +177,27 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
     shown = {text.get_text().replace("\n", " ") for text in fig.findobj(Text)}
     assert {KIND_TITLES[kind] for kind in kinds} <= shown  # wrapped, never cut
     assert title.replace("\n", " ") in shown
+
+
+def test_map_frames_redraw_exactly_what_a_new_figure_draws():
+    import numpy as np
+
+    from minitfm.viz import MapFrames, figure_to_array
+
+    model, task = untrained(2, 2)
+    src = task.parse("3 1 4 1 5")
+    target = task.target(src)
+    blocks = map_blocks(run_probe(model, task, src, teacher=target), task, ("cross",))
+    assert blocks[0].queries == ["<bos>", *"51413"]  # teacher-forced: the target's axes
+    frames = MapFrames(blocks, "header", "step 1000000000 · greedy output 9 9 9 9 9 9 ✗")
+    with torch.no_grad():  # a model further in training: other maps on the same axes
+        for p in model.parameters():
+            p.mul_(3)
+    later = map_blocks(run_probe(model, task, src, teacher=target), task, ("cross",))
+    assert not np.allclose(later[0].weights, blocks[0].weights)
+    caption = "step 20 · greedy output 5 1 4 ✗"
+    fresh = figure_to_array(attention_figure(later, f"header\n{caption}"))
+    np.testing.assert_array_equal(frames.frame(later, caption), fresh)
 
 
 def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():

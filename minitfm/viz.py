@@ -26,6 +26,7 @@ from torch import Tensor
 from minitfm.errors import MinitfmError, quote
 from minitfm.evaluate import strip_eos
 from minitfm.model import AttentionMaps, default_device, eval_mode, greedy_decode
+from minitfm.plots import save_png, wrap_to_width
 from minitfm.tasks import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")
@@ -44,7 +45,6 @@ SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the sam
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
 COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA
 TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
-PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
 TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
 
 
@@ -187,46 +187,6 @@ def text_height(text: str, size: float) -> float:
     return (text.count("\n") + 1) * size * 1.2 / 72
 
 
-def wrap_to_width(text: str, width: float, size: float) -> str:
-    """`text` broken into lines no wider than `width` inches at `size` points, measured with
-    the Agg renderer that draws it: a line too wide breaks first before " → " and " (", then
-    at spaces (a word too long alone, anywhere)."""
-    from matplotlib.backends.backend_agg import RendererAgg
-    from matplotlib.font_manager import FontProperties
-
-    renderer, font = RendererAgg(1, 1, 72), FontProperties(size=size)  # 72 dpi: 1 px = 1 pt
-
-    def fits(line: str) -> bool:
-        return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= width * 72
-
-    lines = []
-    for line in text.split("\n"):
-        if not fits(line):
-            for mark in PREFERRED_BREAKS:
-                line = line.replace(mark, "\n" + mark.lstrip())
-        for part in line.split("\n"):
-            lines.extend(wrap_words(part, fits))
-    return "\n".join(lines)
-
-
-def wrap_words(text: str, fits) -> list[str]:
-    """Greedy word wrap of one line by a `fits(line)` test."""
-    lines, line = [], ""
-    for word in text.split(" "):
-        candidate = f"{line} {word}" if line else word
-        if fits(candidate):
-            line = candidate
-            continue
-        if line:
-            lines.append(line)
-        while not fits(word) and len(word) > 1:  # a file name wider than the figure
-            cut = max([n for n in range(1, len(word)) if fits(word[:n])] or [1])
-            lines.append(word[:cut])
-            word = word[cut:]
-        line = word
-    return [*lines, line]
-
-
 def draw_block(subfigure, block: MapBlock, n_cols: int, title: str) -> None:
     """One kind's heatmaps into `subfigure`, tokens on the axes, one shared colour bar."""
     from matplotlib.colors import PowerNorm
@@ -305,18 +265,6 @@ def figure_to_array(fig) -> np.ndarray:
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
-def save_figure(fig, path: Path) -> None:
-    """Write `fig` as a PNG; an unwritable path is a clear error."""
-    if path.suffix.lower() != ".png":
-        raise MinitfmError(f"--out ('{path}') must be a .png file")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    except OSError as err:
-        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another --out") \
-            from None
 
 
 # --- terminal ---
@@ -413,7 +361,7 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
                         None if head is None else [head])
     png = out if out is not None else default_png(path, step, kind, layer, head)
     fig = attention_figure(blocks, figure_title(task, path, step, probe, target))
-    save_figure(fig, png)
+    save_png(fig, png, "--out", force=True)  # as before: --out is replaced
     shown = terminal_selection(kind, layer, head)
     pairs = held_out[:ALIGNMENT_SAMPLES]
     return AttentionReport(task, path, step, probe, target, blocks, png,

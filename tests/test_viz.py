@@ -201,7 +201,7 @@ def test_map_frames_redraw_exactly_what_a_new_figure_draws():
 
 
 def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
-    from minitfm.viz import wrap_to_width
+    from minitfm.plots import wrap_to_width
 
     text = "decoder self-attention (query: decoder input, key: decoder input)"
     assert wrap_to_width(text, 20, 10) == text  # room enough: one line
@@ -214,14 +214,14 @@ def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
 
 
 def test_png_grows_with_layers_and_heads(tmp_path):
-    from minitfm.viz import save_figure
+    from minitfm.plots import save_png
 
     sizes = []
     for n_layers, n_heads in [(1, 1), (2, 2)]:
         model, task = untrained(n_layers, n_heads)
         probe = run_probe(model, task, task.parse("3 1 4 1 5"))
         path = tmp_path / f"{n_layers}x{n_heads}.png"
-        save_figure(attention_figure(map_blocks(probe, task), "title"), path)
+        save_png(attention_figure(map_blocks(probe, task), "title"), path)
         sizes.append(png_size(path))
     (w1, h1), (w2, h2) = sizes
     assert w2 > 1.5 * w1 and h2 > 1.5 * h1, sizes  # one more panel each way

@@ -11,12 +11,14 @@ groups are numbered in the order a learner reads them:
 - `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`.
 
 Pictures and alignment come every `log.attention_every` steps (by default at every evaluation)
-and at the end; each kind's figure is laid out once and only redrawn (see `viz.MapFrames`).
+and at the end; the pictures are drawn with numpy and Pillow (see `viz.MapGrid`), so that they
+cost little next to training.
 Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 from pathlib import Path
 
@@ -65,7 +67,8 @@ class TensorBoardLogger(NullLogger):
         self.probe = pick_probe(eval_pairs) if eval_pairs else None
         self.alignment_pairs = eval_pairs[:ALIGNMENT_SAMPLES]
         self.attention_step: int | None = None
-        self.frames: dict = {}  # kind -> its viz.MapFrames, drawn once and reused
+        self.probe_output: tuple[int, list[int]] | None = None  # (step, the eval's output)
+        self.grids: dict = {}  # kind -> its viz.MapGrid, made at the first picture
         self.writer.add_text("config", "```\n" + to_yaml(cfg) + "\n```", 0)
 
     def __exit__(self, *exc) -> None:
@@ -86,6 +89,9 @@ class TensorBoardLogger(NullLogger):
             self.writer.add_scalar(tag, record[key], step)
         self.writer.add_text("samples", self._samples_table(pairs, predictions), step)
         self.writer.flush()
+        for pair, prediction in zip(pairs, predictions, strict=True):
+            if pair is self.probe:  # decoded just now: the picture at this step reuses it
+                self.probe_output = step, prediction
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
         fmt = self.task.format
@@ -103,13 +109,14 @@ class TensorBoardLogger(NullLogger):
             return  # train.finish logs the end again when it fell on an interval
         self.attention_step = step
         src, target = self.probe
-        probe = run_probe(model, self.task, src, teacher=target)
+        known = self.probe_output[1] if self.probe_output and self.probe_output[0] == step \
+            else None
+        probe = run_probe(model, self.task, src, teacher=target, output=known)
         caption = self._caption(step, probe.prediction)
         for block in map_blocks(probe, self.task):
-            # uint8 RGB: add_image would multiply floats by 255.
-            self.writer.add_image(ATTENTION_TAG.format(kind=block.kind),
-                                  self._frames(block).frame([block], caption), step,
-                                  dataformats="HWC")
+            picture = self._grid(block).frame(block, caption)
+            self.writer.file_writer.add_summary(
+                image_summary(ATTENTION_TAG.format(kind=block.kind), picture), step)
         scores = alignment_scores(model, self.task, self.alignment_pairs)  # (L, H) or None
         if scores is not None:
             for (layer, head), value in np.ndenumerate(scores.numpy()):
@@ -117,25 +124,26 @@ class TensorBoardLogger(NullLogger):
                                        value, step)
             self.writer.add_scalar(ALIGNMENT_TAG.format(name="best"), float(scores.max()), step)
 
-    def _frames(self, block):
-        """The kind's reusable figure, laid out for the longest caption a frame can have."""
-        from minitfm.viz import MapFrames
+    def _grid(self, block):
+        """The kind's picture maker, sized for the longest caption any step can have."""
+        from minitfm.viz import KIND_TITLES, MapGrid
 
-        if block.kind not in self.frames:
+        if block.kind not in self.grids:
             tokens = self.task.vocab.tokens
             widest = max((i for i, t in enumerate(tokens) if not t.startswith("<")),
                          key=lambda i: len(tokens[i]))
             cap = self.task.max_target_len(len(self.probe[0])) + 1  # greedy decoding's limit
-            longest = self._caption(LONGEST_STEP, [widest] * cap)  # an output without EOS
-            self.frames[block.kind] = MapFrames([block], self._header(), longest)
-        return self.frames[block.kind]
+            header = f"{KIND_TITLES[block.kind]}\n{self._header()}"
+            self.grids[block.kind] = MapGrid(block, header,
+                                             self._caption(LONGEST_STEP, [widest] * cap))
+        return self.grids[block.kind]
 
     def _header(self) -> str:
         """The probe, as every frame shows it."""
         src, target = self.probe
         fmt = self.task.format
-        return (f"{self.task.name} · input {fmt(src)} → target {fmt(target)} "
-                f"(maps teacher-forced on the target)")
+        return (f"{self.task.name} · input {fmt(src)} → target {fmt(target)} (maps teacher-"
+                f"forced on the target; colour ∝ √weight; ^ = <bos>)")
 
     def _caption(self, step: int, prediction: list[int]) -> str:
         """The model's greedy output on the probe at `step`."""
@@ -164,6 +172,17 @@ class TensorBoardLogger(NullLogger):
             self.writer.close()
         finally:
             threading.excepthook = self.previous_hook
+
+
+def image_summary(tag: str, picture):
+    """A PIL image as a TensorBoard image summary (PNG), as `add_image` writes one."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    png = io.BytesIO()
+    picture.save(png, format="PNG", compress_level=1)  # flat colour cells: level 1 is enough
+    image = Summary.Image(height=picture.height, width=picture.width, colorspace=3,
+                          encoded_image_string=png.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
 def hparam_values(cfg: Config) -> dict:

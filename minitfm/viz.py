@@ -1,4 +1,5 @@
-"""Attention you can see: heatmap figures (PNG, TensorBoard), terminal heatmaps, alignment scores.
+"""Attention you can see: heatmap figures (PNG), pictures for TensorBoard, terminal heatmaps,
+alignment scores.
 
 One input is run through the model (a `Probe`): greedy decoding first, then one teacher-forced
 pass on BOS + the decoded tokens. With a causal decoder that pass gives exactly the maps of
@@ -9,12 +10,16 @@ position (`task.alignment`) over the real target positions (EOS excluded). It is
 teacher-forced maps of the *true* target: the ideal positions are defined for the true target,
 so a wrong prediction cannot shift which row is scored against which position.
 
+The PNG figures are drawn with matplotlib; TensorBoard's pictures, one per kind at every
+evaluation, with numpy and Pillow (`MapGrid`), milliseconds each instead of about a second.
+
 Shapes: B batch, H n_heads, S source len, T target len (+1 for BOS), Q query len, K key len.
-matplotlib is imported inside functions, so `minitfm --help` does not pay for it.
+matplotlib and Pillow are imported inside functions, so `minitfm --help` does not pay for them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +31,7 @@ from torch import Tensor
 from minitfm.errors import MinitfmError, quote
 from minitfm.evaluate import strip_eos
 from minitfm.model import AttentionMaps, default_device, eval_mode, greedy_decode
-from minitfm.plots import save_png, wrap_to_width
+from minitfm.plots import save_png, wrap_to_width, wrap_words
 from minitfm.tasks import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")
@@ -43,6 +48,8 @@ PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, da
            "#28ae80", "#5ec962", "#addc30", "#fde725")
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the same levels without colour
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
+GRID_MAP_PIXELS = 256  # TensorBoard pictures: a map's longer side, at most (cells <= 16 px)
+GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, the bar's width
 COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA
 TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
 TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
@@ -63,17 +70,22 @@ class Probe:
 
 
 @torch.no_grad()
-def run_probe(model, task: Task, src: list[int], teacher: list[int] | None = None) -> Probe:
+def run_probe(model, task: Task, src: list[int], teacher: list[int] | None = None,
+              output: list[int] | None = None) -> Probe:
     """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding.
 
     With `teacher` (e.g. the true target) the maps are teacher-forced on it instead: their axes
-    stay the same whatever the model writes, as TensorBoard's frames of one probe need.
+    stay the same whatever the model writes, as TensorBoard's frames of one probe need. With
+    `output` (EOS stripped, as an evaluation that just decoded `src` has it), no decoding.
     """
     vocab, device = task.vocab, next(model.parameters()).device
     with eval_mode(model):
         source = torch.tensor([src], device=device)  # (1, S)
-        cap = task.max_target_len(len(src)) + 1  # + EOS
-        decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
+        if output is None:
+            cap = task.max_target_len(len(src)) + 1  # + EOS
+            decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
+        else:
+            decoded = [*output, vocab.eos_id]
         read = decoded if teacher is None else [*teacher, vocab.eos_id]
         decoder_input = ([vocab.bos_id] + read)[:len(read)]  # the last output is not read
         _, maps = model(source, torch.tensor([decoder_input], device=device),
@@ -210,43 +222,6 @@ def draw_block(subfigure, block: MapBlock, n_cols: int, title: str) -> None:
     subfigure.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
 
 
-class MapFrames:
-    """One figure of a fixed probe's maps, laid out and drawn once; each frame then redraws
-    only the heatmaps and the title on the saved background (Agg blitting), a small fraction
-    of drawing a new figure. The probe's axes must not change (see `run_probe`'s `teacher`)."""
-
-    def __init__(self, blocks: list[MapBlock], header: str, longest_caption: str):
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        # Laid out for the longest caption a frame can have: its title lines are reserved.
-        self.fig = attention_figure(blocks, f"{header}\n{longest_caption}")
-        self.canvas = FigureCanvasAgg(self.fig)
-        self.title = self.fig.texts[0]  # the suptitle: the figure's only text of its own
-        self.width = self.fig.get_figwidth() - TITLE_MARGIN
-        self.header = wrap_to_width(header, self.width, TITLE_SIZES[0])  # lines wrap alone
-        self.images = [ax.images[0] for ax in self.fig.get_axes() if ax.images]
-        spines = [spine for image in self.images for spine in image.axes.spines.values()]
-        self.animated = [*self.images, *spines, self.title]  # in drawing order: frames on top
-        for artist in self.animated:
-            artist.set_animated(True)  # drawn by each frame, left out of the background
-        self.canvas.draw()
-        self.fig.set_layout_engine("none")  # laid out once: frames move nothing
-        self.background = self.canvas.copy_from_bbox(self.fig.bbox)
-
-    def frame(self, blocks: list[MapBlock], caption: str) -> np.ndarray:
-        """The figure with the blocks' new weights and `caption` under the header: RGB
-        (height, width, 3) uint8."""
-        maps = [w for b in blocks for w in b.weights.reshape(-1, *b.weights.shape[-2:])]
-        for image, weights in zip(self.images, maps, strict=True):  # (Q, K) each
-            image.set_data(weights)
-        caption = wrap_to_width(caption, self.width, TITLE_SIZES[0])
-        self.title.set_text(f"{self.header}\n{caption}")
-        self.canvas.restore_region(self.background)
-        for artist in self.animated:
-            self.fig.draw_artist(artist)
-        return np.asarray(self.canvas.buffer_rgba())[..., :3].copy()
-
-
 def label_tokens(ax, block: MapBlock, bottom: bool, left: bool) -> None:
     """Key tokens under the bottom row of a grid, query tokens left of its first column (the
     maps of a grid share their axes; fewer labels also lay out and draw faster)."""
@@ -258,13 +233,125 @@ def label_tokens(ax, block: MapBlock, bottom: bool, left: bool) -> None:
     ax.tick_params(length=0)
 
 
-def figure_to_array(fig) -> np.ndarray:
-    """Render a Figure with Agg into an RGB array (height, width, 3) of uint8."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+# --- TensorBoard pictures ---
 
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+class MapGrid:
+    """One kind's maps of a fixed probe as RGB pictures, drawn with numpy and Pillow: rows
+    layers, columns heads, tokens on the axes, a colour bar, a title. Labels and title are
+    drawn once; a frame pastes the maps and writes its caption. Milliseconds, where a
+    matplotlib figure takes about a second: TensorBoard gets one at every evaluation."""
+
+    def __init__(self, block: MapBlock, header: str, longest_caption: str, size: int = 11):
+        from PIL import Image, ImageDraw, ImageFont
+
+        self.font = ImageFont.truetype(font_path(), size)
+        self.title_font = ImageFont.truetype(font_path(), size + 2)
+        self.layout = GridLayout(self.font, self.title_font, block)
+        header_lines = self.wrap(header)
+        self.caption_y = GRID_PAD + len(header_lines) * self.layout.title_line
+        # room for the longest caption any frame can have: every frame has the same size
+        self.top = self.caption_y + len(self.wrap(longest_caption)) * self.layout.title_line \
+            + GRID_PAD // 2
+        canvas = np.full((self.top + self.layout.height, self.layout.width, 3), 255, np.uint8)
+        x, y, height = self.layout.bar(self.top)
+        canvas[y:y + height, x:x + GRID_BAR] = colours(np.linspace(1, 0, height) ** 2)[:, None]
+        image = Image.fromarray(canvas)
+        draw = ImageDraw.Draw(image)
+        self.write(draw, header_lines, GRID_PAD)
+        self.layout.label(draw, block, self.top)
+        self.background = np.asarray(image)
+
+    def frame(self, block: MapBlock, caption: str):
+        """A PIL image of the block's weights (layers, heads, Q, K), with `caption`."""
+        from PIL import Image, ImageDraw
+
+        canvas, cell = self.background.copy(), self.layout.cell
+        for r, c, x, y in self.layout.maps(self.top):
+            cells = colours(block.weights[r, c])  # (Q, K, 3)
+            canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
+                cells.repeat(cell, axis=0).repeat(cell, axis=1)
+        image = Image.fromarray(canvas)
+        self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
+        return image
+
+    def wrap(self, text: str) -> list[str]:
+        """`text`'s lines, each wrapped to the picture's width."""
+        width = self.layout.width - 2 * GRID_PAD
+        fits = lambda line: self.title_font.getlength(line) <= width  # noqa: E731
+        return [part for line in text.split("\n") for part in wrap_words(line, fits)]
+
+    def write(self, draw, lines: list[str], y: int) -> None:
+        for i, line in enumerate(lines):
+            draw.text((GRID_PAD, y + i * self.layout.title_line), line, fill="black",
+                      font=self.title_font)
+
+
+def colours(weights: np.ndarray) -> np.ndarray:
+    """(...,) attention weights -> (..., 3) uint8 viridis, on the figures' scale (colour ∝
+    weight**GAMMA), from the palette's 9 stops."""
+    stops = np.array([[int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in PALETTE])  # (9, 3)
+    scaled = np.clip(np.nan_to_num(weights), 0.0, 1.0) ** GAMMA
+    position = np.linspace(0.0, 1.0, len(PALETTE))
+    rgb = [np.interp(scaled, position, stops[:, i]) for i in range(3)]
+    return np.stack(rgb, axis=-1).round().astype(np.uint8)
+
+
+class GridLayout:
+    """Where `MapGrid` puts each map, label and the colour bar, in pixels."""
+
+    def __init__(self, font, title_font, block: MapBlock):
+        n_layers, n_heads, n_queries, n_keys = block.weights.shape
+        self.font, self.line = font, font.size + 4
+        self.title_line = title_font.size + 4
+        self.cell = max(4, min(16, GRID_MAP_PIXELS // max(n_queries, n_keys)))
+        self.map_w, self.map_h = n_keys * self.cell, n_queries * self.cell
+        self.queries = [SHORT_TOKENS.get(t, t) for t in block.queries]
+        self.keys = [SHORT_TOKENS.get(t, t) for t in block.keys]
+        # one label per row or column where they fit, else every n-th
+        self.query_every = math.ceil(self.line / self.cell)
+        self.key_every = math.ceil((max(map(self.font.getlength, self.keys)) + 3) / self.cell)
+        self.left = GRID_PAD + math.ceil(max(map(self.font.getlength, self.queries))) + 4
+        self.row_h = self.line + self.map_h + self.line + GRID_GAP  # head title, map, keys
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.bar_x = self.left + n_heads * (self.map_w + GRID_GAP)
+        self.width = self.bar_x + GRID_BAR + 4 + math.ceil(self.font.getlength("0.25")) + GRID_PAD
+        self.height = n_layers * self.row_h + GRID_PAD
+
+    def maps(self, top: int):
+        """(layer row, head column, x, y) of each map's top-left corner."""
+        for r in range(self.n_layers):
+            for c in range(self.n_heads):
+                yield r, c, self.left + c * (self.map_w + GRID_GAP), \
+                    top + r * self.row_h + self.line
+
+    def bar(self, top: int) -> tuple[int, int, int]:
+        """The colour bar's x, y and height: beside the first layer's maps."""
+        return self.bar_x, top + self.line, self.map_h
+
+    def label(self, draw, block: MapBlock, top: int) -> None:
+        """Head titles, query tokens left of the first column, key tokens under every map,
+        and the colour bar's ticks."""
+        for r, c, x, y in self.maps(top):
+            draw.text((x, y - 2), f"layer {block.layers[r]} · head {block.heads[c]}",
+                      fill="black", font=self.font, anchor="ld")
+            for j in range(0, len(self.keys), self.key_every):
+                draw.text((x + (j + 0.5) * self.cell, y + self.map_h + 2), self.keys[j],
+                          fill="black", font=self.font, anchor="mt")
+            for i in range(0, len(self.queries) * (c == 0), self.query_every):
+                draw.text((x - 4, y + (i + 0.5) * self.cell), self.queries[i], fill="black",
+                          font=self.font, anchor="rm")
+        x, y, height = self.bar(top)
+        for weight in (0.0, 0.1, 0.25, 0.5, 1.0):  # placed on the sqrt scale, as coloured
+            draw.text((x + GRID_BAR + 4, y + (1 - weight ** GAMMA) * (height - 1)), f"{weight:g}",
+                      fill="black", font=self.font, anchor="lm")
+
+
+def font_path() -> str:
+    """matplotlib's DejaVu Sans (the PNG figures' letters), found without importing it."""
+    import importlib.util
+
+    package = Path(importlib.util.find_spec("matplotlib").submodule_search_locations[0])
+    return str(package / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf")
 
 
 # --- terminal ---

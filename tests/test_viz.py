@@ -2,7 +2,9 @@
 
 import io
 import struct
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from matplotlib.text import Text
@@ -179,25 +181,36 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
     assert title.replace("\n", " ") in shown
 
 
-def test_map_frames_redraw_exactly_what_a_new_figure_draws():
-    import numpy as np
+def test_grid_colours_follow_the_palette_on_the_square_root_scale():
+    from minitfm.viz import PALETTE, colours
 
-    from minitfm.viz import MapFrames, figure_to_array
+    def rgb(hex_colour):
+        return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+
+    got = colours(np.array([0.0, 0.25, 1.0, float("nan")]))
+    assert got.tolist() == [rgb(PALETTE[0]), rgb(PALETTE[4]), rgb(PALETTE[-1]), rgb(PALETTE[0])]
+
+
+def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame():
+    from minitfm.viz import MapGrid, colours
 
     model, task = untrained(2, 2)
     src = task.parse("3 1 4 1 5")
     target = task.target(src)
-    blocks = map_blocks(run_probe(model, task, src, teacher=target), task, ("cross",))
-    assert blocks[0].queries == ["<bos>", *"51413"]  # teacher-forced: the target's axes
-    frames = MapFrames(blocks, "header", "step 1000000000 · greedy output 9 9 9 9 9 9 ✗")
-    with torch.no_grad():  # a model further in training: other maps on the same axes
-        for p in model.parameters():
-            p.mul_(3)
-    later = map_blocks(run_probe(model, task, src, teacher=target), task, ("cross",))
-    assert not np.allclose(later[0].weights, blocks[0].weights)
-    caption = "step 20 · greedy output 5 1 4 ✗"
-    fresh = figure_to_array(attention_figure(later, f"header\n{caption}"))
-    np.testing.assert_array_equal(frames.frame(later, caption), fresh)
+    block = map_blocks(run_probe(model, task, src, teacher=target), task, ("cross",))[0]
+    assert block.queries == ["<bos>", *"51413"]  # teacher-forced: the target's axes
+    grid = MapGrid(block, "cross-attention\nheader", "step 1000000000 · output 9 9 9 9 9 9 ✗")
+    sharp = np.zeros_like(block.weights)  # (L, H, Q, K): every row on its ideal key
+    sharp[..., np.arange(6), [4, 3, 2, 1, 0, 0]] = 1.0
+    first, later = grid.frame(block, "step 10 · output 5 ✗"), grid.frame(
+        replace(block, weights=sharp), "step 20 · output 5 1 4 1 3 ✓")
+    assert first.size == later.size  # frames of one probe never change size
+    pixels = np.asarray(later)
+    for r, c, x, y in grid.layout.maps(grid.top):
+        for i, j, weight in [(0, 4, 1.0), (0, 0, 0.0), (3, 1, 1.0), (3, 4, 0.0)]:
+            centre = pixels[y + i * grid.layout.cell + 2, x + j * grid.layout.cell + 2]
+            assert centre.tolist() == colours(np.array(weight)).tolist(), (r, c, i, j)
+    assert (np.asarray(first) != pixels).any(axis=2).sum() > 100  # the maps, the caption
 
 
 def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():

@@ -18,8 +18,9 @@ Text: `config` and `samples`. At the end, the run's hyperparameters for the HPAR
 
 from __future__ import annotations
 
-import io
+import struct
 import threading
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,7 @@ ALIGNMENT_TAG = "4_alignment/{name}"
 HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
 LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class NullLogger:
@@ -174,15 +176,34 @@ class TensorBoardLogger(NullLogger):
             threading.excepthook = self.previous_hook
 
 
-def image_summary(tag: str, picture):
-    """A PIL image as a TensorBoard image summary (PNG), as `add_image` writes one."""
+def image_summary(tag: str, picture: np.ndarray):
+    """An RGB picture (height, width, 3) as a TensorBoard image summary, as `add_image` writes."""
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    png = io.BytesIO()
-    picture.save(png, format="PNG", compress_level=1)  # flat colour cells: level 1 is enough
-    image = Summary.Image(height=picture.height, width=picture.width, colorspace=3,
-                          encoded_image_string=png.getvalue())
+    height, width, _ = picture.shape
+    image = Summary.Image(height=height, width=width, colorspace=3,
+                          encoded_image_string=png_bytes(picture))
     return Summary(value=[Summary.Value(tag=tag, image=image)])
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """(height, width, 3) uint8 as a PNG file (IHDR, one IDAT, IEND; the W3C PNG spec). Every
+    row is stored as its difference to the row above (filter type 2, "Up"): the pictures are
+    cells of flat colour, so the differences are mostly 0, and zlib level 1 packs them as
+    small as Pillow's adaptive filters do, in a third of the time."""
+    height, width, _ = rgb.shape
+    flat = rgb.reshape(height, -1)  # (height, 3 * width)
+    rows = np.full((height, 1 + 3 * width), 2, dtype=np.uint8)  # each row: its filter type
+    rows[0, 1:] = flat[0]  # the first row's "row above" is zeros
+    rows[1:, 1:] = flat[1:] - flat[:-1]  # uint8: differences modulo 256, as PNG defines them
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return (PNG_SIGNATURE + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + chunk(b"IEND", b""))
 
 
 def hparam_values(cfg: Config) -> dict:

@@ -261,8 +261,9 @@ class MapGrid:
         self.layout.label(draw, block, self.top)
         self.background = np.asarray(image)
 
-    def frame(self, block: MapBlock, caption: str):
-        """A PIL image of the block's weights (layers, heads, Q, K), with `caption`."""
+    def frame(self, block: MapBlock, caption: str) -> np.ndarray:
+        """The picture of the block's weights (layers, heads, Q, K) with `caption`: RGB
+        (height, width, 3) uint8."""
         from PIL import Image, ImageDraw
 
         canvas, cell = self.background.copy(), self.layout.cell
@@ -272,7 +273,7 @@ class MapGrid:
                 cells.repeat(cell, axis=0).repeat(cell, axis=1)
         image = Image.fromarray(canvas)
         self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
-        return image
+        return np.asarray(image)
 
     def wrap(self, text: str) -> list[str]:
         """`text`'s lines, each wrapped to the picture's width."""

@@ -223,3 +223,16 @@ def test_attention_every_n_steps_and_at_the_end(tmp_path):
     events.Reload()
     assert [image.step for image in events.Images("3_attention/cross")] == [40, 60]
     assert [event.step for event in events.Scalars("2_accuracy/exact_match")] == [25, 50, 60]
+
+
+def test_png_bytes_decode_to_the_same_pixels():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from minitfm.tb import png_bytes
+
+    pixels = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    decoded = Image.open(io.BytesIO(png_bytes(pixels)))
+    assert decoded.mode == "RGB" and (np.asarray(decoded) == pixels).all()

@@ -316,7 +316,7 @@ def eval_command(
         length_chart(report, plot, force)
         # beside --json's one object, on stderr: stdout stays one JSON document
         (err_console if as_json else console).print(f"wrote {plot}", markup=False,
-                                                    highlight=False)
+                                                    highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -400,7 +400,7 @@ def visualize_attention(
             console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
                           "--head for the others, all of them are in the PNG)", **plain)
     console.print(alignment_table(report))
-    console.print(f"wrote {report.png}", **plain)
+    console.print(f"wrote {report.png}", soft_wrap=True, **plain)  # a path, never cut in two
 
 
 @app.command()
@@ -418,7 +418,7 @@ def plot(
     from minitfm.plots import plot_runs
 
     path = plot_runs(runs or [], out, force)
-    console.print(f"wrote {path}", markup=False, highlight=False)
+    console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -379,9 +379,18 @@ def eval_command(
                                     "lower it to save memory."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
+    plot: Path | None = typer.Option(None, "--plot", metavar="FILE", help="Also draw exact "
+                                     "match per length as a PNG bar chart (trained lengths and "
+                                     "beyond in two colours)."),
+    force: bool = typer.Option(False, "--force", help="Replace the --plot file even if it is "
+                               "not a picture minitfm wrote."),
     threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
+    if plot is not None:
+        from minitfm.plots import check_output
+
+        check_output(plot, "--plot", force)  # before the decoding, not after
     with claim_threads(threads) as claim:
         from minitfm.evaluate import eval_tables, evaluate_run
 
@@ -393,6 +402,13 @@ def eval_command(
     else:
         for table in eval_tables(report):
             show(table)
+    if plot is not None:
+        from minitfm.plots import length_chart
+
+        length_chart(report, plot, force)
+        # beside --json's one object, on stderr: stdout stays one JSON document
+        (err_console if as_json else console).print(f"wrote {plot}", markup=False,
+                                                    highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -503,7 +519,25 @@ def visualize_attention(
             console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
                           "--head for the others, all of them are in the PNG)", **plain)
     show(alignment_table(report))
-    console.print(f"wrote {report.png}", **plain)
+    console.print(f"wrote {report.png}", soft_wrap=True, **plain)  # a path, never cut in two
+
+
+@app.command()
+@clean_errors
+def plot(
+    runs: list[Path] | None = typer.Argument(
+        None, metavar="[RUN]...", help="Run directories (or checkpoints in them) to overlay; "
+        "default: the most recent run under ./runs."),
+    out: Path | None = typer.Option(None, help="PNG path (default: plot.png in the run "
+                                    "directory; for several runs, in the current directory)."),
+    force: bool = typer.Option(False, "--force", help="Replace --out even if it is not a "
+                               "picture minitfm wrote."),
+) -> None:
+    """Plot loss and exact match against step, several runs overlaid (no TensorBoard needed)."""
+    from minitfm.plots import plot_runs
+
+    path = plot_runs(runs or [], out, force)
+    console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
 
 
 def widest(renderable) -> int:

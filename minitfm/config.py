@@ -199,8 +199,19 @@ class LogConfig(Section):
     dir: str = Field("runs", description="folder that holds the run directories")
     log_every: int = Field(25, ge=1, le=10**9, description="steps between train log lines")
     tensorboard: bool = Field(True, description="write TensorBoard event files")
-    attention_every: int = Field(500, ge=0, le=10**9,
-                                 description="steps between attention images (0 = off)")
+    attention_every: int | Literal["eval"] = Field(
+        "eval", description="steps between attention images and alignment scores in "
+        "TensorBoard: eval (at every evaluation), a number of steps, or 0 (off)")
+
+    @field_validator("attention_every", mode="before")
+    @classmethod
+    def _attention_every(cls, value: Any) -> Any:
+        """`eval` or a step count: one clear message instead of pydantic's two."""
+        steps = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 10**9
+        if value == "eval" or steps:
+            return value
+        raise ValueError(f"log.attention_every ({quote(value)}) must be eval (at every "
+                         f"evaluation), a number of steps, or 0 (off)")
 
 
 class Config(Section):

@@ -1,17 +1,26 @@
 """TensorBoard logging: the one module that imports tensorboard.
 
-Tags: `train/loss`, `train/lr`, `train/grad_norm`, `train/tokens_per_s`, `eval/loss`,
-`eval/token_accuracy`, `eval/exact_match`; text `config` and `samples`; hparams with the
-final metrics (`hparam/...`) in the same event file. Every `log.attention_every` steps and at
-the end: images `attention/{encoder,decoder,cross}/layer<L>` (all heads of one layer side by
-side, drawn by `viz.attention_figure` on a fixed held-out probe) and, for tasks with an ideal
-alignment, scalars `alignment/layer<L>/head<H>` and `alignment/best`.
+TensorBoard shows tag groups (the part of a tag before its first '/') in name order, so the
+groups are numbered in the order a learner reads them:
+
+- `1_loss/train`, `1_loss/eval`; `2_accuracy/exact_match`, `2_accuracy/token_accuracy`;
+- `3_attention/{encoder,decoder,cross}`: images of every layer (rows) and head (columns) on a
+  fixed held-out probe, teacher-forced on its target so that every frame has the same axes
+  (the title shows the model's greedy output at that step);
+- `4_alignment/best` and `4_alignment/layer<L>/head<H>`, for tasks with an ideal alignment;
+- `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`.
+
+Pictures and alignment come every `log.attention_every` steps (by default at every evaluation)
+and at the end; the pictures are drawn with numpy and Pillow (see `viz.MapGrid`), so that they
+cost little next to training.
+Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
-from dataclasses import replace
+import zlib
 from pathlib import Path
 from typing import Protocol
 
@@ -19,9 +28,16 @@ import numpy as np
 
 from minitfm.config import Config, flatten, to_yaml
 
-TRAIN_SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
-EVAL_SCALARS = ("loss", "token_accuracy", "exact_match")
+TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/grad_norm",
+              "tokens_per_s": "5_train/tokens_per_s"}
+EVAL_TAGS = {"loss": "1_loss/eval", "exact_match": "2_accuracy/exact_match",
+             "token_accuracy": "2_accuracy/token_accuracy"}
+ATTENTION_TAG = "3_attention/{kind}"
+ALIGNMENT_TAG = "4_alignment/{name}"
+HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
+LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 class Logger(Protocol):
@@ -76,9 +92,11 @@ class TensorBoardLogger(NullLogger):
         threading.excepthook = self._quiet_write_errors
         self.cfg, self.task = cfg, task
         # The same probe at every step, so the images show how one example's maps evolve.
-        self.probe_src = pick_probe(eval_pairs)[0] if eval_pairs else None
+        self.probe = pick_probe(eval_pairs) if eval_pairs else None
         self.alignment_pairs = eval_pairs[:ALIGNMENT_SAMPLES]
         self.attention_step: int | None = None
+        self.probe_output: tuple[int, list[int]] | None = None  # (step, the eval's output)
+        self.grids: dict = {}  # kind -> its viz.MapGrid, made at the first picture
         self.writer.add_text("config", "```\n" + to_yaml(cfg) + "\n```", 0)
 
     def __exit__(self, *exc) -> None:
@@ -91,14 +109,17 @@ class TensorBoardLogger(NullLogger):
             self.previous_hook(args)
 
     def train(self, step: int, record: dict) -> None:
-        for key in TRAIN_SCALARS:
-            self.writer.add_scalar(f"train/{key}", record[key], step)
+        for key, tag in TRAIN_TAGS.items():
+            self.writer.add_scalar(tag, record[key], step)
 
     def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
-        for key in EVAL_SCALARS:
-            self.writer.add_scalar(f"eval/{key}", record[key], step)
+        for key, tag in EVAL_TAGS.items():
+            self.writer.add_scalar(tag, record[key], step)
         self.writer.add_text("samples", self._samples_table(pairs, predictions), step)
         self.writer.flush()
+        for pair, prediction in zip(pairs, predictions, strict=True):
+            if pair is self.probe:  # decoded just now: the picture at this step reuses it
+                self.probe_output = step, prediction
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
         fmt = self.task.format
@@ -109,47 +130,69 @@ class TensorBoardLogger(NullLogger):
         return "\n".join(rows)
 
     def attention(self, step: int, model) -> None:
-        """Heatmaps of every layer and kind on the probe, and per-head alignment scores."""
-        from minitfm.viz import (
-            KINDS,
-            alignment_scores,
-            attention_figure,
-            figure_to_array,
-            map_blocks,
-            run_probe,
-        )
+        """Heatmaps of every kind on the probe, and per-head alignment scores."""
+        from minitfm.viz import alignment_scores, map_blocks, run_probe
 
-        if self.probe_src is None or step == self.attention_step:
+        if self.probe is None or step == self.attention_step:
             return  # train.finish logs the end again when it fell on an interval
         self.attention_step = step
-        probe = run_probe(model, self.task, self.probe_src)
-        text = f"{self.task.format(probe.src)} → {self.task.format(probe.prediction)}"
-        for block in map_blocks(probe, self.task, KINDS):
-            for r, layer in enumerate(block.layers):
-                one_layer = replace(block, layers=[layer], weights=block.weights[r:r + 1])
-                fig = attention_figure([one_layer], f"{self.task.name} · step {step} · {text}")
-                # uint8 RGB: add_image would multiply floats by 255.
-                self.writer.add_image(f"attention/{block.kind}/layer{layer}",
-                                      figure_to_array(fig), step, dataformats="HWC")
+        src, target = self.probe
+        known = self.probe_output[1] if self.probe_output and self.probe_output[0] == step \
+            else None
+        probe = run_probe(model, self.task, src, teacher=target, output=known)
+        caption = self._caption(step, probe.prediction)
+        for block in map_blocks(probe, self.task):
+            picture = self._grid(block).frame(block, caption)
+            self.writer.file_writer.add_summary(
+                image_summary(ATTENTION_TAG.format(kind=block.kind), picture), step)
         scores = alignment_scores(model, self.task, self.alignment_pairs)  # (L, H) or None
         if scores is not None:
             for (layer, head), value in np.ndenumerate(scores.numpy()):
-                self.writer.add_scalar(f"alignment/layer{layer}/head{head}", value, step)
-            self.writer.add_scalar("alignment/best", float(scores.max()), step)
+                self.writer.add_scalar(ALIGNMENT_TAG.format(name=f"layer{layer}/head{head}"),
+                                       value, step)
+            self.writer.add_scalar(ALIGNMENT_TAG.format(name="best"), float(scores.max()), step)
+
+    def _grid(self, block):
+        """The kind's picture maker, sized for the longest caption any step can have."""
+        from minitfm.viz import KIND_TITLES, MapGrid
+
+        if block.kind not in self.grids:
+            tokens = self.task.vocab.tokens
+            widest = max((i for i, t in enumerate(tokens) if not t.startswith("<")),
+                         key=lambda i: len(tokens[i]))
+            cap = self.task.max_target_len(len(self.probe[0])) + 1  # greedy decoding's limit
+            header = f"{KIND_TITLES[block.kind]}\n{self._header()}"
+            self.grids[block.kind] = MapGrid(block, header,
+                                             self._caption(LONGEST_STEP, [widest] * cap))
+        return self.grids[block.kind]
+
+    def _header(self) -> str:
+        """The probe, as every frame shows it."""
+        src, target = self.probe
+        fmt = self.task.format
+        return (f"{self.task.name} · input {fmt(src)} → target {fmt(target)} (maps teacher-"
+                f"forced on the target; colour ∝ √weight; ^ = <bos>)")
+
+    def _caption(self, step: int, prediction: list[int]) -> str:
+        """The model's greedy output on the probe at `step`."""
+        verdict = "✓" if prediction == self.probe[1] else "✗"
+        return f"step {step} · greedy output {self.task.format(prediction)} {verdict}"
 
     def finish(self, summary: dict) -> None:
-        """Hyperparameters and final metrics, written into this run's own event file."""
+        """The run's hyperparameters (see `hparam_values`), in its own event file.
+
+        No experiment summary: TensorBoard then builds the HPARAMS table from every run's keys
+        (ticking first the keys that differ between runs) and takes its metrics from the
+        scalars above, in name order: loss and accuracy first. So no `hparam/*` copies.
+        """
         from torch.utils.tensorboard.summary import hparams
 
-        metrics = {f"hparam/{k}": float(summary[k])
-                   for k in ("exact_match", "token_accuracy", "loss") if k in summary}
-        if not metrics:  # paused before any evaluation: nothing to compare yet
+        if "exact_match" not in summary:  # paused before any evaluation: nothing to compare yet
             return
         # add_hparams would open a second writer; the same summaries go into ours instead.
-        for summary_proto in hparams(flatten(self.cfg.model_dump()), metrics):
+        _, start, end = hparams(hparam_values(self.cfg), {EVAL_TAGS["exact_match"]: 0.0})
+        for summary_proto in (start, end):
             self.writer.file_writer.add_summary(summary_proto, summary["step"])
-        for tag, value in metrics.items():
-            self.writer.add_scalar(tag, value, summary["step"])
         self.writer.flush()
 
     def close(self) -> None:
@@ -157,6 +200,43 @@ class TensorBoardLogger(NullLogger):
             self.writer.close()
         finally:
             threading.excepthook = self.previous_hook
+
+
+def image_summary(tag: str, picture: np.ndarray):
+    """An RGB picture (height, width, 3) as a TensorBoard image summary, as `add_image` writes."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    height, width, _ = picture.shape
+    image = Summary.Image(height=height, width=width, colorspace=3,
+                          encoded_image_string=png_bytes(picture))
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
+
+
+def png_bytes(rgb: np.ndarray) -> bytes:
+    """(height, width, 3) uint8 as a PNG file (IHDR, one IDAT, IEND; the W3C PNG spec). Every
+    row is stored as its difference to the row above (filter type 2, "Up"): the pictures are
+    cells of flat colour, so the differences are mostly 0, and zlib level 1 packs them as
+    small as Pillow's adaptive filters do, in a third of the time."""
+    height, width, _ = rgb.shape
+    flat = rgb.reshape(height, -1)  # (height, 3 * width)
+    rows = np.full((height, 1 + 3 * width), 2, dtype=np.uint8)  # each row: its filter type
+    rows[0, 1:] = flat[0]  # the first row's "row above" is zeros
+    rows[1:, 1:] = flat[1:] - flat[:-1]  # uint8: differences modulo 256, as PNG defines them
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data)
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return (PNG_SIGNATURE + chunk(b"IHDR", header)
+            + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + chunk(b"IEND", b""))
+
+
+def hparam_values(cfg: Config) -> dict:
+    """`seed` and the task.*, model.* and train.* keys: what makes runs learn differently
+    (not name, device, threads or log.*, which say where a run went and how fast)."""
+    return {key: value for key, value in flatten(cfg.model_dump()).items()
+            if key == "seed" or key.partition(".")[0] in HPARAM_SECTIONS}
 
 
 def open_logger(run_dir: Path, cfg: Config, task, eval_pairs: list) -> Logger:

@@ -485,7 +485,8 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
             last_eval = run_eval(state, ctx)
             if reached_target(state, last_eval):
                 break
-        if cfg.log.attention_every and state.step % cfg.log.attention_every == 0:
+        every = attention_every(cfg)
+        if every and state.step % every == 0:
             ctx.logger.attention(state.step, state.model)
         every = cfg.train.checkpoint_every
         if last_eval is not None or (every and state.step % every == 0):
@@ -496,6 +497,12 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
         if ctx.pacer.tick():  # another minitfm process started or ended
             ctx.reporter.message(f"step {state.step}: now {ctx.pacer.claim.describe()}")
     return finish(state, ctx, last_eval)
+
+
+def attention_every(cfg: Config) -> int:
+    """Steps between attention images: log.attention_every, or train.eval_every for `eval`."""
+    every = cfg.log.attention_every
+    return cfg.train.eval_every if every == "eval" else every
 
 
 def reached_target(state: TrainState, result: EvalResult) -> bool:
@@ -524,7 +531,7 @@ def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> 
     """Final evaluation (unless the last step had one), attention images, `last.pt`."""
     if last_eval is None:
         last_eval = run_eval(state, ctx)
-    if state.cfg.log.attention_every:
+    if state.cfg.log.attention_every:  # `eval` too: the end has an evaluation
         ctx.logger.attention(state.step, state.model)
     save(state, ctx, "last")
     status = "finished" if state.step >= state.cfg.train.steps else "stopped at target"

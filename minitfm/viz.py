@@ -1,4 +1,5 @@
-"""Attention you can see: heatmap figures (PNG, TensorBoard), terminal heatmaps, alignment scores.
+"""Attention you can see: heatmap figures (PNG), pictures for TensorBoard, terminal heatmaps,
+alignment scores.
 
 One input is run through the model (a `Probe`): greedy decoding first, then one teacher-forced
 pass on BOS + the decoded tokens. With a causal decoder that pass gives exactly the maps of
@@ -9,13 +10,17 @@ position (`task.alignment`) over the real target positions (EOS excluded). It is
 teacher-forced maps of the *true* target: the ideal positions are defined for the true target,
 so a wrong prediction cannot shift which row is scored against which position.
 
+The PNG figures are drawn with matplotlib; TensorBoard's pictures, one per kind at every
+evaluation, with numpy and Pillow (`MapGrid`), milliseconds each instead of about a second.
+
 Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
 query and key len (as in layers.py, where K is the head width).
-matplotlib is imported inside functions, so `minitfm --help` does not pay for it.
+matplotlib and Pillow are imported inside functions, so `minitfm --help` does not pay for them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +32,7 @@ from torch import Tensor
 from minitfm.errors import MinitfmError, quote
 from minitfm.evaluate import strip_eos
 from minitfm.model import AttentionMaps, default_device, eval_mode, greedy_decode
+from minitfm.plots import save_png, wrap_to_width, wrap_words
 from minitfm.tasks import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")
@@ -43,6 +49,11 @@ PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, da
            "#28ae80", "#5ec962", "#addc30", "#fde725")
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the same levels without colour
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
+GRID_MAP_PIXELS = 256  # TensorBoard pictures: a map's longer side, at most (cells <= 16 px)
+GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, the bar's width
+COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA
+TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
+TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
 
 
 @dataclass
@@ -60,14 +71,24 @@ class Probe:
 
 
 @torch.no_grad()
-def run_probe(model, task: Task, src: list[int]) -> Probe:
-    """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding."""
+def run_probe(model, task: Task, src: list[int], teacher: list[int] | None = None,
+              output: list[int] | None = None) -> Probe:
+    """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding.
+
+    With `teacher` (e.g. the true target) the maps are teacher-forced on it instead: their axes
+    stay the same whatever the model writes, as TensorBoard's frames of one probe need. With
+    `output` (EOS stripped, as an evaluation that just decoded `src` has it), no decoding.
+    """
     vocab, device = task.vocab, next(model.parameters()).device
     with eval_mode(model):
         source = torch.tensor([src], device=device)  # (1, S)
-        cap = task.max_target_len(len(src)) + 1  # + EOS
-        decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
-        decoder_input = ([vocab.bos_id] + decoded)[:len(decoded)]  # the last output is not read
+        if output is None:
+            cap = task.max_target_len(len(src)) + 1  # + EOS
+            decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
+        else:
+            decoded = [*output, vocab.eos_id]
+        read = decoded if teacher is None else [*teacher, vocab.eos_id]
+        decoder_input = ([vocab.bos_id] + read)[:len(read)]  # the last output is not read
         _, maps = model(source, torch.tensor([decoder_input], device=device),
                         return_attention=True)
     first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, T_q, T_k) each
@@ -149,29 +170,44 @@ def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
 
 
 def attention_figure(blocks: list[MapBlock], title: str):
-    """A matplotlib Figure: per block a titled grid (rows layers, columns heads), a colour bar."""
+    """A matplotlib Figure: per block a titled grid (rows layers, columns heads), a colour bar.
+
+    Titles are wrapped to the figure's width, and the figure grows by their extra lines, so no
+    title is ever cut off, whatever the number of heads and the length of the input.
+    """
     from matplotlib.figure import Figure
 
     n_cols = max(len(b.heads) for b in blocks)
     tokens = max(max(len(b.queries), len(b.keys)) for b in blocks)
     panel = max(2.4, 0.9 + 0.16 * tokens)  # inches: room for one readable label per token
-    heights = [len(b.layers) * panel + 0.5 for b in blocks]  # + the block's title
-    fig = Figure(figsize=(n_cols * panel + 1.2, sum(heights) + 0.6), dpi=100,
+    width = n_cols * panel + 1.2
+    title_size, kind_size = TITLE_SIZES
+    title = wrap_to_width(title, width - TITLE_MARGIN, title_size)
+    kind_titles = [wrap_to_width(KIND_TITLES[b.kind], width - TITLE_MARGIN, kind_size)
+                   for b in blocks]
+    heights = [len(b.layers) * panel + 0.3 + text_height(t, kind_size)  # + the block's title
+               for b, t in zip(blocks, kind_titles, strict=True)]
+    fig = Figure(figsize=(width, sum(heights) + 0.2 + text_height(title, title_size)), dpi=100,
                  layout="constrained")
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(title, fontsize=title_size)
     subfigures = fig.subfigures(len(blocks), 1, height_ratios=heights, squeeze=False)[:, 0]
-    for subfigure, block in zip(subfigures, blocks, strict=True):
-        draw_block(subfigure, block, n_cols)
+    for subfigure, block, kind_title in zip(subfigures, blocks, kind_titles, strict=True):
+        draw_block(subfigure, block, n_cols, kind_title)
     return fig
 
 
-def draw_block(subfigure, block: MapBlock, n_cols: int) -> None:
+def text_height(text: str, size: float) -> float:
+    """Inches that `text` takes up, at `size` points with matplotlib's line spacing (1.2)."""
+    return (text.count("\n") + 1) * size * 1.2 / 72
+
+
+def draw_block(subfigure, block: MapBlock, n_cols: int, title: str) -> None:
     """One kind's heatmaps into `subfigure`, tokens on the axes, one shared colour bar."""
     from matplotlib.colors import PowerNorm
 
     norm = PowerNorm(GAMMA, vmin=0.0, vmax=1.0)  # one scale for all maps: weights are comparable
     axes = subfigure.subplots(len(block.layers), n_cols, squeeze=False)
-    subfigure.suptitle(KIND_TITLES[block.kind], fontsize=10)
+    subfigure.suptitle(title, fontsize=TITLE_SIZES[1])
     image = None
     for r, layer in enumerate(block.layers):
         for c in range(n_cols):
@@ -179,34 +215,146 @@ def draw_block(subfigure, block: MapBlock, n_cols: int) -> None:
             if c >= len(block.heads):
                 ax.set_axis_off()
                 continue
-            image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm)
+            # aspect "auto": the map fills its panel (cells about square, as the panel is), so
+            # constrained layout places every label inside the figure; a fixed aspect moves the
+            # axes after layout and can push labels of large maps off the edge.
+            image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm, aspect="auto")
             ax.set_title(f"layer {layer} · head {block.heads[c]}", fontsize=9)
-            ax.set_xticks(range(len(block.keys)), block.keys, fontsize=7,
-                          rotation=90 if max(map(len, block.keys)) > 2 else 0)  # <bos>
-            ax.set_yticks(range(len(block.queries)), block.queries if c == 0 else [], fontsize=7)
-            ax.tick_params(length=0)
-    subfigure.colorbar(image, ax=axes, shrink=0.9, label="attention weight", pad=0.01)
+            label_tokens(ax, block, bottom=r == len(block.layers) - 1, left=c == 0)
+    subfigure.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
 
 
-def figure_to_array(fig) -> np.ndarray:
-    """Render a Figure with Agg into an RGB array (height, width, 3) of uint8."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+def label_tokens(ax, block: MapBlock, bottom: bool, left: bool) -> None:
+    """Key tokens under the bottom row of a grid, query tokens left of its first column (the
+    maps of a grid share their axes; fewer labels also lay out and draw faster)."""
+    keys = range(len(block.keys)) if bottom else []
+    rotation = 90 if max(map(len, block.keys)) > 2 else 0  # <bos>
+    ax.set_xticks(keys, block.keys if bottom else [], fontsize=7, rotation=rotation)
+    ax.set_yticks(range(len(block.queries)) if left else [], block.queries if left else [],
+                  fontsize=7)
+    ax.tick_params(length=0)
 
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+
+# --- TensorBoard pictures ---
+
+class MapGrid:
+    """One kind's maps of a fixed probe as RGB pictures, drawn with numpy and Pillow: rows
+    layers, columns heads, tokens on the axes, a colour bar, a title. Labels and title are
+    drawn once; a frame pastes the maps and writes its caption. Milliseconds, where a
+    matplotlib figure takes about a second: TensorBoard gets one at every evaluation."""
+
+    def __init__(self, block: MapBlock, header: str, longest_caption: str, size: int = 11):
+        from PIL import Image, ImageDraw, ImageFont
+
+        self.font = ImageFont.truetype(font_path(), size)
+        self.title_font = ImageFont.truetype(font_path(), size + 2)
+        self.layout = GridLayout(self.font, self.title_font, block)
+        header_lines = self.wrap(header)
+        self.caption_y = GRID_PAD + len(header_lines) * self.layout.title_line
+        # room for the longest caption any frame can have: every frame has the same size
+        self.top = self.caption_y + len(self.wrap(longest_caption)) * self.layout.title_line \
+            + GRID_PAD // 2
+        canvas = np.full((self.top + self.layout.height, self.layout.width, 3), 255, np.uint8)
+        x, y, height = self.layout.bar(self.top)
+        canvas[y:y + height, x:x + GRID_BAR] = colours(np.linspace(1, 0, height) ** 2)[:, None]
+        image = Image.fromarray(canvas)
+        draw = ImageDraw.Draw(image)
+        self.write(draw, header_lines, GRID_PAD)
+        self.layout.label(draw, block, self.top)
+        self.background = np.asarray(image)
+
+    def frame(self, block: MapBlock, caption: str) -> np.ndarray:
+        """The picture of the block's weights (L, H, T_q, T_k) with `caption`: RGB
+        (height, width, 3) uint8."""
+        from PIL import Image, ImageDraw
+
+        canvas, cell = self.background.copy(), self.layout.cell
+        for r, c, x, y in self.layout.maps(self.top):
+            cells = colours(block.weights[r, c])  # (T_q, T_k, 3)
+            canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
+                cells.repeat(cell, axis=0).repeat(cell, axis=1)
+        image = Image.fromarray(canvas)
+        self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
+        return np.asarray(image)
+
+    def wrap(self, text: str) -> list[str]:
+        """`text`'s lines, each wrapped to the picture's width."""
+        width = self.layout.width - 2 * GRID_PAD
+        fits = lambda line: self.title_font.getlength(line) <= width  # noqa: E731
+        return [part for line in text.split("\n") for part in wrap_words(line, fits)]
+
+    def write(self, draw, lines: list[str], y: int) -> None:
+        for i, line in enumerate(lines):
+            draw.text((GRID_PAD, y + i * self.layout.title_line), line, fill="black",
+                      font=self.title_font)
 
 
-def save_figure(fig, path: Path) -> None:
-    """Write `fig` as a PNG; an unwritable path is a clear error."""
-    if path.suffix.lower() != ".png":
-        raise MinitfmError(f"--out ('{path}') must be a .png file")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    except OSError as err:
-        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another --out") \
-            from None
+def colours(weights: np.ndarray) -> np.ndarray:
+    """(...,) attention weights -> (..., 3) uint8 viridis, on the figures' scale (colour ∝
+    weight**GAMMA), from the palette's 9 stops."""
+    stops = np.array([[int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in PALETTE])  # (9, 3)
+    scaled = np.clip(np.nan_to_num(weights), 0.0, 1.0) ** GAMMA
+    position = np.linspace(0.0, 1.0, len(PALETTE))
+    rgb = [np.interp(scaled, position, stops[:, i]) for i in range(3)]
+    return np.stack(rgb, axis=-1).round().astype(np.uint8)
+
+
+class GridLayout:
+    """Where `MapGrid` puts each map, label and the colour bar, in pixels."""
+
+    def __init__(self, font, title_font, block: MapBlock):
+        n_layers, n_heads, n_queries, n_keys = block.weights.shape
+        self.font, self.line = font, font.size + 4
+        self.title_line = title_font.size + 4
+        self.cell = max(4, min(16, GRID_MAP_PIXELS // max(n_queries, n_keys)))
+        self.map_w, self.map_h = n_keys * self.cell, n_queries * self.cell
+        self.queries = [SHORT_TOKENS.get(t, t) for t in block.queries]
+        self.keys = [SHORT_TOKENS.get(t, t) for t in block.keys]
+        # one label per row or column where they fit, else every n-th
+        self.query_every = math.ceil(self.line / self.cell)
+        self.key_every = math.ceil((max(map(self.font.getlength, self.keys)) + 3) / self.cell)
+        self.left = GRID_PAD + math.ceil(max(map(self.font.getlength, self.queries))) + 4
+        self.row_h = self.line + self.map_h + self.line + GRID_GAP  # head title, map, keys
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.bar_x = self.left + n_heads * (self.map_w + GRID_GAP)
+        self.width = self.bar_x + GRID_BAR + 4 + math.ceil(self.font.getlength("0.25")) + GRID_PAD
+        self.height = n_layers * self.row_h + GRID_PAD
+
+    def maps(self, top: int):
+        """(layer row, head column, x, y) of each map's top-left corner."""
+        for r in range(self.n_layers):
+            for c in range(self.n_heads):
+                yield r, c, self.left + c * (self.map_w + GRID_GAP), \
+                    top + r * self.row_h + self.line
+
+    def bar(self, top: int) -> tuple[int, int, int]:
+        """The colour bar's x, y and height: beside the first layer's maps."""
+        return self.bar_x, top + self.line, self.map_h
+
+    def label(self, draw, block: MapBlock, top: int) -> None:
+        """Head titles, query tokens left of the first column, key tokens under every map,
+        and the colour bar's ticks."""
+        for r, c, x, y in self.maps(top):
+            draw.text((x, y - 2), f"layer {block.layers[r]} · head {block.heads[c]}",
+                      fill="black", font=self.font, anchor="ld")
+            for j in range(0, len(self.keys), self.key_every):
+                draw.text((x + (j + 0.5) * self.cell, y + self.map_h + 2), self.keys[j],
+                          fill="black", font=self.font, anchor="mt")
+            for i in range(0, len(self.queries) * (c == 0), self.query_every):
+                draw.text((x - 4, y + (i + 0.5) * self.cell), self.queries[i], fill="black",
+                          font=self.font, anchor="rm")
+        x, y, height = self.bar(top)
+        for weight in (0.0, 0.1, 0.25, 0.5, 1.0):  # placed on the sqrt scale, as coloured
+            draw.text((x + GRID_BAR + 4, y + (1 - weight ** GAMMA) * (height - 1)), f"{weight:g}",
+                      fill="black", font=self.font, anchor="lm")
+
+
+def font_path() -> str:
+    """matplotlib's DejaVu Sans (the PNG figures' letters), found without importing it."""
+    import importlib.util
+
+    package = Path(importlib.util.find_spec("matplotlib").submodule_search_locations[0])
+    return str(package / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf")
 
 
 # --- terminal ---
@@ -304,7 +452,7 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
                         None if head is None else [head])
     png = out if out is not None else default_png(path, step, kind, layer, head)
     fig = attention_figure(blocks, figure_title(task, path, step, probe, target))
-    save_figure(fig, png)
+    save_png(fig, png, "--out", force=True)  # as before: --out is replaced
     shown = terminal_selection(kind, layer, head)
     pairs = held_out[:ALIGNMENT_SAMPLES]
     return AttentionReport(task, path, step, probe, target, blocks, png,
@@ -393,7 +541,8 @@ def alignment_table(report: AttentionReport):
         return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
     best = divmod(int(report.held_out_scores.argmax()), report.held_out_scores.size(1))
     table = Table(title="alignment score of each cross-attention head")
-    for column in ("layer", "head", "this input", f"held-out ({ALIGNMENT_SAMPLES})", "argmax"):
+    held_out = f"held-out ({ALIGNMENT_SAMPLES})"
+    for column in ("layer", "head", "this input", held_out, "held-out argmax"):
         table.add_column(column, justify="right")
     table.add_column("")
     for layer, head in np.ndindex(*report.scores.shape):
@@ -404,5 +553,6 @@ def alignment_table(report: AttentionReport):
                       style="bold green" if is_best else None)
     table.caption = ("weight on the ideal source position, mean over target positions (EOS "
                      "excluded), teacher-forced on the true target: 1 = exact, about 1/S = "
-                     "uniform; argmax: share of rows whose strongest key is the ideal one")
+                     f"uniform; held-out argmax: share of the target positions of the same "
+                     f"{ALIGNMENT_SAMPLES} held-out pairs whose strongest key is the ideal one")
     return table

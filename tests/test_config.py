@@ -149,3 +149,11 @@ def test_name_lists_match_the_registries():
     from minitfm.tasks import TASKS
 
     assert TASK_NAMES == tuple(TASKS) and POSITIONALS == POSITIONAL_KINDS
+
+
+def test_attention_images_follow_the_evaluations_by_default():
+    assert Config().log.attention_every == "eval"
+    assert load_config(None, ["log.attention_every=40"]).log.attention_every == 40
+    for bad in ("sometimes", "-1", "true"):
+        with pytest.raises(ConfigError, match=r"log.attention_every .* must be eval"):
+            load_config(None, [f"log.attention_every={bad}"])

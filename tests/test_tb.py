@@ -16,20 +16,27 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from minitfm.config import load_config
 from minitfm.train import train
-from tests.helpers import QUICK
+from tests.helpers import QUICK, TINY
 
 KINDS = ("encoder", "decoder", "cross")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # One encoder and two decoder layers, so "every layer" means more than layer 0.
 LAYERS = {"encoder": 1, "decoder": 2, "cross": 2}
+EVALS = [25, 50]
+# The groups TensorBoard shows, in its own order (by name): learning curves first.
+GROUPS = ["1_loss", "2_accuracy", "3_attention", "4_alignment", "5_train"]
+# Tags that say where a run went and how fast, not what it learned: not in HPARAMS.
+NOT_HPARAMS = ("name", "device", "threads", "log.dir", "log.log_every", "log.tensorboard",
+               "log.attention_every")
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A quick copy run with attention images at steps 25 and 50, read back once."""
+    """A quick copy run evaluated every 25 steps, with the default attention logging, read once."""
     run_dir = tmp_path_factory.mktemp("tb") / "copy"
-    cfg = load_config(None, [*QUICK, "model.n_decoder_layers=2", "train.eval_every=25",
-                             "train.target_exact_match=null", "log.attention_every=25"])
+    default_attention = [item for item in QUICK if not item.startswith("log.attention_every")]
+    cfg = load_config(None, [*default_attention, "model.n_decoder_layers=2",
+                             "train.eval_every=25", "train.target_exact_match=null"])
     summary = train(cfg, run_dir=run_dir)
     events = EventAccumulator(str(run_dir),
                               size_guidance={"images": 0, "scalars": 0, "tensors": 0})
@@ -47,49 +54,61 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def test_tag_groups_put_loss_and_exact_match_first(run):
+    _, _, events = run
+    tags = events.Tags()
+    groups = sorted({tag.split("/")[0] for tag in tags["scalars"] + tags["images"]})
+    assert groups == GROUPS  # no `hparam/` copies of the final metrics
+    assert {"1_loss/train", "1_loss/eval", "2_accuracy/exact_match",
+            "2_accuracy/token_accuracy"} <= set(tags["scalars"])
+
+
 def test_train_and_eval_scalars_have_their_steps(run):
     _, _, events = run
-    for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
-        assert steps(events, f"train/{key}") == list(range(10, 51, 10)), key
-    for key in ("loss", "token_accuracy", "exact_match"):
-        assert steps(events, f"eval/{key}") == [25, 50], key
+    for tag in ("1_loss/train", "5_train/lr", "5_train/grad_norm", "5_train/tokens_per_s"):
+        assert steps(events, tag) == list(range(10, 51, 10)), tag
+    for tag in ("1_loss/eval", "2_accuracy/token_accuracy", "2_accuracy/exact_match"):
+        assert steps(events, tag) == EVALS, tag
 
 
-def test_alignment_scalars_per_head_when_attention_is_logged(run):
+def test_alignment_scalars_per_head_at_every_evaluation(run):
     _, _, events = run
     for layer in range(LAYERS["cross"]):
         for head in range(2):
-            values = events.Scalars(f"alignment/layer{layer}/head{head}")
-            assert [v.step for v in values] == [25, 50]
+            values = events.Scalars(f"4_alignment/layer{layer}/head{head}")
+            assert [v.step for v in values] == EVALS
             assert all(0.0 <= v.value <= 1.0 for v in values)
-    best = events.Scalars("alignment/best")
-    assert [v.step for v in best] == [25, 50] and best[-1].value > 0.3
+    best = events.Scalars("4_alignment/best")
+    assert [v.step for v in best] == EVALS and best[-1].value > 0.3
 
 
-def test_attention_images_for_every_kind_and_layer(run):
+def test_attention_images_of_every_kind_at_every_evaluation_by_default(run):
     _, _, events = run
-    expected = {f"attention/{kind}/layer{i}" for kind in KINDS for i in range(LAYERS[kind])}
+    expected = {f"3_attention/{kind}" for kind in KINDS}
     assert set(events.Tags()["images"]) == expected
+    sizes = {}
     for tag in expected:
         images = events.Images(tag)
-        assert [image.step for image in images] == [25, 50], tag  # the end is not doubled
-        for image in images:
-            width, height = png_size(image.encoded_image_string)
-            assert (width, height) == (image.width, image.height)
-            # two heads side by side, tokens on the axes, a colour bar: wider than tall
-            assert 400 <= width <= 2000 and 250 <= height <= 1000, (tag, width, height)
+        assert [image.step for image in images] == EVALS, tag  # the end is not doubled
+        shapes = {png_size(image.encoded_image_string) for image in images}
+        assert shapes == {(images[0].width, images[0].height)}, tag  # one size for all frames
+        sizes[tag.split("/")[1]] = shapes.pop()
+    # two heads side by side (16-pixel cells, 6 or 7 tokens), a row per layer, a colour bar
+    assert all(250 <= width <= 600 for width, _ in sizes.values()), sizes
+    assert sizes["decoder"][1] - sizes["encoder"][1] >= 100, sizes  # 2 decoder layers, 1 encoder
 
 
-def test_attention_image_decodes_as_colour_png(run):
+def test_attention_images_change_as_the_model_learns(run):
     import io
 
     import matplotlib.image
 
     _, _, events = run
-    data = events.Images("attention/cross/layer1")[-1].encoded_image_string
-    pixels = matplotlib.image.imread(io.BytesIO(data), format="png")  # (H, W, 3) in [0, 1]
-    assert pixels.ndim == 3 and pixels.shape[2] in (3, 4)
-    assert pixels[..., :3].std(axis=2).max() > 0.2  # a colour map, not grey
+    first, last = (matplotlib.image.imread(io.BytesIO(image.encoded_image_string), format="png")
+                   for image in (events.Images("3_attention/cross")[i] for i in (0, -1)))
+    assert first.ndim == 3 and first.shape[2] in (3, 4)
+    assert first[..., :3].std(axis=2).max() > 0.2  # a colour map, not grey
+    assert first.shape == last.shape and abs(first - last).max() > 0.2  # new maps each frame
 
 
 def test_config_and_samples_text(run):
@@ -98,27 +117,29 @@ def test_config_and_samples_text(run):
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "n_symbols: 5" in config and config.startswith("```")
     samples = events.Tensors("samples/text_summary")
-    assert [s.step for s in samples] == [25, 50]
+    assert [s.step for s in samples] == EVALS
     table = samples[-1].tensor_proto.string_val[0].decode()
     assert table.startswith("| input | target | prediction | ok |")
     assert len(table.splitlines()) == 2 + 5
 
 
-def test_hparams_with_final_metrics_in_the_same_run(run):
+def test_hparams_hold_the_keys_that_change_what_a_run_learns(run):
     run_dir, summary, events = run
     # No stray run: every event file lies in the run directory itself.
     assert {p.parent for p in run_dir.rglob("events.out.tfevents.*")} == {run_dir}
     content = events.PluginTagToContent("hparams")
+    # No experiment summary: TensorBoard builds it from every run (see minitfm.tb.finish).
+    assert set(content) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     start = plugin_data_pb2.HParamsPluginData.FromString(
         content["_hparams_/session_start_info"]).session_start_info
     assert start.hparams["model.n_decoder_layers"].number_value == 2
     assert start.hparams["task.name"].string_value == "copy"
-    experiment = plugin_data_pb2.HParamsPluginData.FromString(
-        content["_hparams_/experiment"]).experiment
-    metrics = {m.name.tag for m in experiment.metric_infos}
-    assert metrics == {"hparam/exact_match", "hparam/token_accuracy", "hparam/loss"}
-    final = events.Scalars("hparam/exact_match")
-    assert [(e.step, round(e.value, 6)) for e in final] == [(50, round(summary["exact_match"], 6))]
+    assert start.hparams["train.target_exact_match"].string_value == "null"
+    keys = set(start.hparams)
+    assert "seed" in keys and {k.split(".")[0] for k in keys} == {"seed", "task", "model",
+                                                                  "train"}
+    assert not keys & set(NOT_HPARAMS)
+    assert not any(tag.startswith("hparam") for tag in events.Tags()["scalars"])
 
 
 def free_port() -> int:
@@ -151,7 +172,7 @@ def wait_for_run(port: int, name: str, server, log, timeout: float = 60.0) -> No
 
 
 @pytest.mark.slow
-def test_tensorboard_server_serves_images_and_scalars(run, tmp_path):
+def test_tensorboard_server_serves_images_scalars_and_hparams(run, tmp_path):
     run_dir, _, _ = run
     try:
         port = free_port()
@@ -167,15 +188,24 @@ def test_tensorboard_server_serves_images_and_scalars(run, tmp_path):
     try:
         wait_for_run(port, run_dir.name, server, log)
         tags = json.loads(get(port, "/data/plugin/images/tags"))[run_dir.name]
-        assert "attention/cross/layer0" in tags, tags
+        assert "3_attention/cross" in tags, tags
         images = json.loads(get(port, "/data/plugin/images/images", run=run_dir.name,
-                                tag="attention/cross/layer0", sample=0))
-        assert [image["step"] for image in images] == [25, 50]
+                                tag="3_attention/cross", sample=0))
+        assert [image["step"] for image in images] == EVALS
         blob = get(port, "/data/plugin/images/individualImage?" + images[-1]["query"])
-        assert png_size(blob)[0] >= 400
+        assert png_size(blob)[0] >= 250
         scalars = json.loads(get(port, "/data/plugin/scalars/scalars", run=run_dir.name,
-                                 tag="train/loss"))
+                                 tag="1_loss/train"))
         assert [step for _, step, _ in scalars] == list(range(10, 51, 10))
+        # What the HPARAMS tab asks for: its columns, and its metrics (the first 5 shown).
+        experiment = json.loads(get(port, "/data/plugin/hparams/experiment",
+                                    request='{"experimentName": "", "hparamsLimit": 1000}'))
+        names = {info["name"] for info in experiment["hparamInfos"]}
+        assert "model.d_model" in names and "task.name" in names and "seed" in names
+        assert not names & set(NOT_HPARAMS), names
+        metrics = [info["name"]["tag"] for info in experiment["metricInfos"]]
+        assert metrics[:4] == ["1_loss/eval", "1_loss/train", "2_accuracy/exact_match",
+                               "2_accuracy/token_accuracy"], metrics
     finally:
         server.terminate()
         try:
@@ -183,3 +213,26 @@ def test_tensorboard_server_serves_images_and_scalars(run, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def test_attention_every_n_steps_and_at_the_end(tmp_path):
+    cfg = load_config(None, [*TINY, "train.steps=60", "train.eval_every=25",
+                             "train.target_exact_match=null", "log.attention_every=40"])
+    train(cfg, run_dir=tmp_path / "run")
+    events = EventAccumulator(str(tmp_path / "run"), size_guidance={"images": 0})
+    events.Reload()
+    assert [image.step for image in events.Images("3_attention/cross")] == [40, 60]
+    assert [event.step for event in events.Scalars("2_accuracy/exact_match")] == [25, 50, 60]
+
+
+def test_png_bytes_decode_to_the_same_pixels():
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from minitfm.tb import png_bytes
+
+    pixels = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    decoded = Image.open(io.BytesIO(png_bytes(pixels)))
+    assert decoded.mode == "RGB" and (np.asarray(decoded) == pixels).all()

@@ -2,9 +2,12 @@
 
 import io
 import struct
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+from matplotlib.text import Text
 from rich.console import Console
 
 from minitfm.config import load_config
@@ -12,6 +15,7 @@ from minitfm.model import Seq2SeqTransformer
 from minitfm.tasks import make_task
 from minitfm.train import train
 from minitfm.viz import (
+    KIND_TITLES,
     KINDS,
     alignment_score,
     alignment_scores,
@@ -132,20 +136,114 @@ def test_figure_has_a_panel_per_layer_and_head_of_each_kind(n_layers, n_heads):
     fig = attention_figure(map_blocks(probe, task), "title")
     images = [ax for ax in fig.get_axes() if ax.images]
     assert len(images) == len(KINDS) * n_layers * n_heads
-    assert images[0].get_xticklabels()[0].get_text() == "3"  # tokens on the axes
+    # Tokens on the axes: keys under each grid's bottom row, queries left of its first column.
+    bottom_left = images[(n_layers - 1) * n_heads]
+    assert [t.get_text() for t in bottom_left.get_xticklabels()] == list("31415")
+    assert [t.get_text() for t in images[0].get_yticklabels()] == list("31415")
+    assert images[-1].get_yticklabels() == [] or n_heads == 1
     labels = {ax.get_ylabel() for ax in fig.get_axes()}
-    assert "attention weight" in labels  # the colour bars
+    assert "attention weight\n(sqrt scale)" in labels  # the colour bars say how they scale
+
+
+def texts_outside(fig) -> list[str]:
+    """The visible texts of `fig` whose box, drawn by Agg, pokes out of the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer, box = canvas.get_renderer(), fig.bbox
+    out = []
+    for text in fig.findobj(Text):
+        if text.get_visible() and text.get_text():
+            b = text.get_window_extent(renderer)
+            if b.x0 < -0.5 or b.y0 < -0.5 or b.x1 > box.x1 + 0.5 or b.y1 > box.y1 + 0.5:
+                out.append(text.get_text())
+    return out
+
+
+# Every layout `visualize-attention` can make: one head or four, one kind or all, one layer or
+# all, an input of 1, 16 or 64 tokens (the --input limit); an untrained model is wrong, so the
+# title carries the longest verdict ("✗ (expected ...)").
+@pytest.mark.parametrize("n_layers,n_heads,n_tokens,kinds,layer,head", [
+    (1, 1, 1, KINDS, None, None), (1, 1, 16, ("decoder",), None, None),
+    (2, 4, 16, KINDS, 1, 1), (2, 4, 16, ("decoder",), 1, 1), (2, 4, 16, KINDS, None, None),
+    (2, 4, 1, ("cross",), None, 0), (2, 2, 64, ("cross",), 1, None), (2, 4, 64, KINDS, None, 0),
+])
+def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_tokens, kinds,
+                                                      layer, head):
+    from pathlib import Path
+
+    from minitfm.viz import figure_title
+
+    model, task = untrained(n_layers, n_heads)
+    src = task.parse(" ".join(str(i % 10) for i in range(n_tokens)))
+    probe = run_probe(model, task, src)
+    blocks = map_blocks(probe, task, kinds, None if layer is None else [layer],
+                        None if head is None else [head])
+    title = figure_title(task, Path("runs/reverse-20260101-000000/checkpoints/best.pt"), 12345,
+                         probe, task.target(src))
+    fig = attention_figure(blocks, title)
+    assert texts_outside(fig) == []
+    shown = {text.get_text().replace("\n", " ") for text in fig.findobj(Text)}
+    assert {KIND_TITLES[kind] for kind in kinds} <= shown  # wrapped, never cut
+    assert title.replace("\n", " ") in shown
+
+
+def test_grid_colours_follow_the_palette_on_the_square_root_scale():
+    from minitfm.viz import PALETTE, colours
+
+    def rgb(hex_colour):
+        return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+
+    got = colours(np.array([0.0, 0.25, 1.0, float("nan")]))
+    assert got.tolist() == [rgb(PALETTE[0]), rgb(PALETTE[4]), rgb(PALETTE[-1]), rgb(PALETTE[0])]
+
+
+def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame():
+    from minitfm.viz import MapGrid, colours
+
+    model, task = untrained(2, 2)
+    src = task.parse("3 1 4 1 5")
+    target = task.target(src)
+    block = map_blocks(run_probe(model, task, src, teacher=target), task, ("cross",))[0]
+    assert block.queries == ["<bos>", *"51413"]  # teacher-forced: the target's axes
+    grid = MapGrid(block, "cross-attention\nheader", "step 1000000000 · output 9 9 9 9 9 9 ✗")
+    sharp = np.zeros_like(block.weights)  # (L, H, Q, K): every row on its ideal key
+    sharp[..., np.arange(6), [4, 3, 2, 1, 0, 0]] = 1.0
+    first, later = grid.frame(block, "step 10 · output 5 ✗"), grid.frame(
+        replace(block, weights=sharp), "step 20 · output 5 1 4 1 3 ✓")
+    assert first.shape == later.shape  # frames of one probe never change size
+    pixels = later
+    for r, c, x, y in grid.layout.maps(grid.top):
+        for i, j, weight in [(0, 4, 1.0), (0, 0, 0.0), (3, 1, 1.0), (3, 4, 0.0)]:
+            centre = pixels[y + i * grid.layout.cell + 2, x + j * grid.layout.cell + 2]
+            assert centre.tolist() == colours(np.array(weight)).tolist(), (r, c, i, j)
+    assert (first != pixels).any(axis=2).sum() > 100  # the maps, the caption
+
+
+def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
+    from minitfm.plots import wrap_to_width
+
+    text = "decoder self-attention (query: decoder input, key: decoder input)"
+    assert wrap_to_width(text, 20, 10) == text  # room enough: one line
+    assert wrap_to_width(text, 3.3, 10) == ("decoder self-attention\n"
+                                            "(query: decoder input, key: decoder input)")
+    assert wrap_to_width("input 3 1 4 → prediction 4 1 3 ✓", 1.6, 11) == \
+        "input 3 1 4\n→ prediction 4 1 3 ✓"
+    name = "x" * 200 + ".pt"  # a word wider than the figure is cut, not left to overflow
+    assert all(len(line) < 200 for line in wrap_to_width(name, 3, 11).split("\n"))
 
 
 def test_png_grows_with_layers_and_heads(tmp_path):
-    from minitfm.viz import save_figure
+    from minitfm.plots import save_png
 
     sizes = []
     for n_layers, n_heads in [(1, 1), (2, 2)]:
         model, task = untrained(n_layers, n_heads)
         probe = run_probe(model, task, task.parse("3 1 4 1 5"))
         path = tmp_path / f"{n_layers}x{n_heads}.png"
-        save_figure(attention_figure(map_blocks(probe, task), "title"), path)
+        save_png(attention_figure(map_blocks(probe, task), "title"), path)
         sizes.append(png_size(path))
     (w1, h1), (w2, h2) = sizes
     assert w2 > 1.5 * w1 and h2 > 1.5 * h1, sizes  # one more panel each way
@@ -182,8 +280,10 @@ def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
     png = quick_run / "attention" / "best-step50.png"
     assert f"wrote {png}" in result.stdout and png_size(png)[0] > 300
     for needle in ("input:", "prediction:", "expected:", "cross-attention", "head 1",
-                   "alignment score", "← best", "^ = <bos>"):
+                   "alignment score", "← best", "^ = <bos>", "held-out argmax"):
         assert needle in result.stdout, needle
+    caption = " ".join(result.stdout.split())  # the caption wraps to the table's width
+    assert "held-out argmax: share of the target positions of the same 200 held-out" in caption
     assert "encoder self-attention" not in result.stdout  # a bare --kind all: cross only
 
 

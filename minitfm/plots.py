@@ -1,0 +1,252 @@
+"""Pictures without TensorBoard: training curves (`minitfm plot`) and exact match per input
+length (`minitfm eval --plot`), and what every minitfm picture shares: titles wrapped to the
+figure's width, and PNG files marked as minitfm's, so that only those are replaced unasked.
+
+Each run's curves come from its `metrics.jsonl`; several runs are overlaid and labelled by the
+config keys whose values differ between them. matplotlib is imported inside functions, and
+nothing here needs torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minitfm.config import flatten
+from minitfm.errors import CheckpointError, MinitfmError
+from minitfm.runs import HIDDEN_KEYS, read_metrics
+
+SOFTWARE = "minitfm"  # the PNG `Software` text of every picture minitfm writes
+PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
+PLOT_NAME = "plot.png"
+TRAINED, BEYOND = "tab:blue", "tab:orange"  # eval --plot: lengths trained on, and beyond
+
+
+# --- shared by every picture ---
+
+def wrap_to_width(text: str, width: float, size: float) -> str:
+    """`text` broken into lines no wider than `width` inches at `size` points, measured with
+    the Agg renderer that draws it: a line too wide breaks first before " → " and " (", then
+    at spaces (a word too long alone, anywhere)."""
+    from matplotlib.backends.backend_agg import RendererAgg
+    from matplotlib.font_manager import FontProperties
+
+    renderer, font = RendererAgg(1, 1, 72), FontProperties(size=size)  # 72 dpi: 1 px = 1 pt
+
+    def fits(line: str) -> bool:
+        return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= width * 72
+
+    lines = []
+    for line in text.split("\n"):
+        if not fits(line):
+            for mark in PREFERRED_BREAKS:
+                line = line.replace(mark, "\n" + mark.lstrip())
+        for part in line.split("\n"):
+            lines.extend(wrap_words(part, fits))
+    return "\n".join(lines)
+
+
+def wrap_words(text: str, fits) -> list[str]:
+    """Greedy word wrap of one line by a `fits(line)` test."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        candidate = f"{line} {word}" if line else word
+        if fits(candidate):
+            line = candidate
+            continue
+        if line:
+            lines.append(line)
+        while not fits(word) and len(word) > 1:  # a file name wider than the figure
+            cut = max([n for n in range(1, len(word)) if fits(word[:n])] or [1])
+            lines.append(word[:cut])
+            word = word[cut:]
+        line = word
+    return [*lines, line]
+
+
+def is_minitfm_png(path: Path) -> bool:
+    """Whether `path` is a PNG file that minitfm wrote (its `Software` text says so)."""
+    from PIL import Image
+
+    if not path.is_file():  # a FIFO would block the read
+        return False
+    try:
+        with Image.open(path) as image:
+            return image.format == "PNG" and image.info.get("Software") == SOFTWARE
+    except (OSError, ValueError, Image.DecompressionBombError):  # not an image, or not ours
+        return False
+
+
+def check_output(path: Path, option: str, force: bool) -> None:
+    """`option`'s PNG path may be written: a .png name, and (unless `force`) new or minitfm's."""
+    if path.suffix.lower() != ".png":
+        raise MinitfmError(f"{option} ('{path}') must be a .png file")
+    if path.is_dir():
+        raise MinitfmError(f"{option} ('{path}') is a directory: give a .png file in it")
+    if path.exists() and not force and not is_minitfm_png(path):
+        raise MinitfmError(f"{option} ('{path}') exists and is not a picture minitfm wrote: "
+                           f"choose another {option}, or pass --force to replace it")
+
+
+def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> None:
+    """Write `fig` as a PNG marked as minitfm's, atomically (a temp file, then a rename)."""
+    check_output(path, option, force)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(tmp, format="png", metadata={"Software": SOFTWARE})
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another "
+                           f"{option}") from None
+
+
+# --- `minitfm plot` ---
+
+def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) -> Path:
+    """Loss and exact match against step of `runs` (default: the latest run), as one PNG."""
+    from minitfm.checkpoint import latest_run
+
+    run_dirs = [run_directory(Path(run)) for run in runs] or [latest_run()]
+    out = out if out is not None else default_plot_path(run_dirs)
+    check_output(out, "--out", force)  # before any drawing
+    curves = [run_curves(run_dir) for run_dir in run_dirs]
+    save_png(curves_figure(curves, run_labels(run_dirs)), out, "--out", force)
+    return out
+
+
+def run_directory(path: Path) -> Path:
+    """The run directory a RUN argument means: the directory, or the run of a checkpoint."""
+    from minitfm.checkpoint import find_run_dir, is_run_dir
+
+    if not path.exists():
+        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
+    if path.is_file():
+        run_dir = find_run_dir(path)
+        if run_dir is None:
+            raise CheckpointError(f"checkpoint '{path}' is not inside a minitfm run "
+                                  f"(<run>/checkpoints/): plot reads a run's metrics.jsonl")
+        return run_dir
+    if not is_run_dir(path):
+        raise CheckpointError(f"'{path}' is not a minitfm run directory (no config.yaml or "
+                              f"metrics.jsonl written by minitfm)")
+    return path
+
+
+def default_plot_path(run_dirs: list[Path]) -> Path:
+    """plot.png in the run directory; for several runs, in the current directory."""
+    return run_dirs[0] / PLOT_NAME if len(run_dirs) == 1 else Path(PLOT_NAME)
+
+
+def run_curves(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The run's train and eval records, one per step (a resumed run's later record wins)."""
+    records = read_metrics(run_dir)
+    if not records:
+        raise CheckpointError(f"run '{run_dir}' has no metrics yet (metrics.jsonl is missing "
+                              f"or empty): train it first")
+    curves = {}
+    for split in ("train", "eval"):
+        by_step = {r["step"]: r for r in records if r.get("split") == split}
+        curves[split] = [by_step[step] for step in sorted(by_step)]
+    return curves
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """`key=value, ...` of the config keys that differ between the runs (the run's name when
+    none do, or when two runs share a label)."""
+    from minitfm.sweep import short_label
+
+    configs = [flatten(read_config(run_dir)) for run_dir in run_dirs]
+    keys = [key for key in dict.fromkeys(k for config in configs for k in config)
+            if key not in HIDDEN_KEYS and len({repr(c.get(key)) for c in configs}) > 1]
+    labels = [short_label(", ".join(f"{k}={c.get(k, 'null')}" for k in keys)) if keys
+              else run_dir.name for c, run_dir in zip(configs, run_dirs, strict=True)]
+    if len(set(labels)) < len(labels):
+        labels = [run_dir.name if not keys else f"{label} ({run_dir.name})"
+                  for label, run_dir in zip(labels, run_dirs, strict=True)]
+    return labels
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's config.yaml as plain data ({} when it has none)."""
+    try:
+        data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def curves_figure(curves: list[dict], labels: list[str]):
+    """Two panels: loss (training solid, held-out dashed, log scale) and held-out exact match."""
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    fig = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")
+    loss_ax, exact_ax = fig.subplots(1, 2)
+    colours = colormaps["tab10"].colors
+    for i, (curve, label) in enumerate(zip(curves, labels, strict=True)):
+        colour, train, held_out = colours[i % 10], curve["train"], curve["eval"]
+        loss_ax.plot([r["step"] for r in train], [r["loss"] for r in train], color=colour)
+        loss_ax.plot([r["step"] for r in held_out], [r["loss"] for r in held_out],
+                     color=colour, linestyle="--", marker="o", markersize=3)
+        exact_ax.plot([r["step"] for r in held_out], [r["exact_match"] for r in held_out],
+                      color=colour, marker="o", markersize=3, label=label)
+    loss_ax.set(xlabel="step", ylabel="loss per target token", yscale="log",
+                title="loss (solid: training, dashed: held-out)")
+    exact_ax.set(xlabel="step", ylabel="exact match", ylim=(-0.02, 1.02),
+                 title="exact match (greedy decoding, held-out)")
+    exact_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    for ax in (loss_ax, exact_ax):
+        ax.grid(alpha=0.3)
+    # beside the axes, not on them (as the sweep's plot): many runs would hide the curves
+    exact_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+# --- `minitfm eval --plot` ---
+
+def length_chart(report: dict[str, Any], path: Path, force: bool = False) -> None:
+    """`eval --plot`: write `length_figure` of an `evaluate_run` report to `path`."""
+    save_png(length_figure(report), path, "--plot", force)
+
+
+def length_figure(report: dict[str, Any]):
+    """Exact match per input length as bars, the trained lengths and those beyond in two
+    colours (beyond also hatched)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    lo, hi = report["trained_lengths"]
+    rows = sorted((int(n), row["exact_match"]) for n, row in report["per_length"].items())
+    fig = Figure(figsize=(max(6.0, 1.5 + 0.25 * len(rows)), 4.0), dpi=100,
+                 layout="constrained")
+    ax = fig.add_subplot()
+    for inside, colour, hatch, label in ((True, TRAINED, None, f"trained lengths {lo}..{hi}"),
+                                         (False, BEYOND, "//", "beyond the trained lengths")):
+        chosen = [(n, exact) for n, exact in rows if (lo <= n <= hi) == inside]
+        if chosen:
+            bars = ax.bar(*zip(*chosen, strict=True), color=colour, hatch=hatch,
+                          edgecolor="white", label=label)
+            # rounded down: 99.9% is no "100%"; a 0% bar is visible by its label
+            ax.bar_label(bars, [f"{math.floor(exact * 100)}%" for _, exact in chosen],
+                         fontsize=7, rotation=90, padding=2)
+    from minitfm.checkpoint import find_run_dir
+
+    checkpoint = Path(report["checkpoint"])
+    run_dir = find_run_dir(checkpoint)
+    where = f"{run_dir.name}/{checkpoint.name}" if run_dir else checkpoint.name
+    title = f"exact match per input length · {report['task']} · {where} · step {report['step']}"
+    ax.set_title(wrap_to_width(title, fig.get_figwidth() - 0.3, 11), fontsize=11)
+    ax.set(xlabel="input length", ylabel="exact match (greedy decoding, held-out)",
+           ylim=(0, 1.15))  # room for the labels of 100% bars
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig

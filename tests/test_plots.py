@@ -1,0 +1,163 @@
+"""`minitfm plot` (training curves of runs) and `minitfm eval --plot` (exact match per length)."""
+
+import json
+import struct
+
+import pytest
+from matplotlib.colors import to_hex
+
+from minitfm.config import load_config
+from minitfm.plots import (
+    BEYOND,
+    TRAINED,
+    curves_figure,
+    is_minitfm_png,
+    length_figure,
+    run_curves,
+    run_labels,
+)
+from minitfm.train import train
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SHORT = [*TINY, "train.steps=40", "train.eval_every=20", "train.target_exact_match=null",
+         "log.tensorboard=false"]
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()[:24]
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two tiny runs that differ in seed and positions, and a third like the first."""
+    root = tmp_path_factory.mktemp("plots")
+    settings = {"a": ["seed=0"], "b": ["seed=1", "model.positional=rope"], "c": ["seed=0"]}
+    for name, extra in settings.items():
+        train(load_config(None, [*SHORT, *extra]), run_dir=root / name)
+    return root
+
+
+def test_curves_are_read_per_step_from_metrics_jsonl(runs):
+    curves = run_curves(runs / "a")
+    assert [r["step"] for r in curves["train"]] == [10, 20, 30, 40]
+    assert [r["step"] for r in curves["eval"]] == [20, 40]
+    assert all(0.0 <= r["exact_match"] <= 1.0 for r in curves["eval"])
+
+
+def test_a_resumed_runs_repeated_steps_count_once(runs, tmp_path):
+    run_dir = tmp_path / "resumed"
+    run_dir.mkdir()
+    lines = (runs / "a" / "metrics.jsonl").read_text().splitlines()
+    again = {**json.loads(lines[-1]), "exact_match": 0.5}  # the last eval, written again
+    (run_dir / "metrics.jsonl").write_text("\n".join([*lines, json.dumps(again)]) + "\n")
+    evals = run_curves(run_dir)["eval"]
+    assert [r["step"] for r in evals] == [20, 40] and evals[-1]["exact_match"] == 0.5
+
+
+def test_runs_are_labelled_by_the_keys_that_differ(runs):
+    assert run_labels([runs / "a", runs / "b"]) == ["seed=0, positional=sinusoidal",
+                                                    "seed=1, positional=rope"]
+    assert run_labels([runs / "a"]) == ["a"]  # one run: its name
+    assert run_labels([runs / "a", runs / "c"]) == ["a", "c"]  # nothing differs: the names
+    assert run_labels([runs / "a", runs / "b", runs / "c"]) == [
+        "seed=0, positional=sinusoidal (a)", "seed=1, positional=rope (b)",
+        "seed=0, positional=sinusoidal (c)"]  # a label two runs share: with the names
+
+
+def test_curves_figure_has_loss_and_exact_match_with_a_legend_of_runs(runs):
+    labels = ["seed=0", "seed=1"]
+    fig = curves_figure([run_curves(runs / "a"), run_curves(runs / "b")], labels)
+    loss, exact = fig.get_axes()
+    assert loss.get_yscale() == "log" and len(loss.get_lines()) == 4  # train + eval per run
+    assert [t.get_text() for t in exact.get_legend().get_texts()] == labels
+    assert [line.get_xdata().tolist() for line in exact.get_lines()] == [[20, 40], [20, 40]]
+
+
+def test_cli_plots_one_run_into_its_directory(runs):
+    (runs / "a" / "plot.png").unlink(missing_ok=True)
+    result = run_cli("plot", runs / "a")
+    assert result.exit_code == 0, result.stderr
+    png = runs / "a" / "plot.png"
+    assert result.stdout.strip() == f"wrote {png}"
+    assert is_minitfm_png(png) and png_size(png) == (1100, 450)
+    again = run_cli("plot", runs / "a" / "checkpoints" / "last.pt")  # a checkpoint: its run
+    assert again.exit_code == 0, again.stderr  # its own earlier plot is replaced unasked
+
+
+def test_cli_overlays_several_runs_into_the_current_directory(runs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("plot", runs / "a", runs / "b")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "wrote plot.png" and is_minitfm_png(tmp_path / "plot.png")
+
+
+def test_cli_never_replaces_a_file_it_did_not_write_unless_forced(runs, tmp_path):
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(PNG_MAGIC + b"a user's picture")
+    result = run_cli("plot", runs / "a", "--out", mine)
+    assert_clean_error(result, 2, f"--out ('{mine}') exists and is not a picture minitfm "
+                                  f"wrote", "--force")
+    assert mine.read_bytes() == PNG_MAGIC + b"a user's picture"
+    forced = run_cli("plot", runs / "a", "--out", mine, "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert is_minitfm_png(mine)
+
+
+@pytest.mark.parametrize("make,args,needles", [
+    (None, ["nowhere"], ["run 'nowhere' not found"]),
+    ("dir", ["{tmp}"], ["is not a minitfm run directory"]),
+    ("pt", ["{tmp}/model.pt"], ["is not inside a minitfm run"]),
+    ("config", ["{tmp}/run"], ["has no metrics yet"]),
+    (None, ["{runs}/a", "--out", "{tmp}/plot.jpg"], ["--out", "must be a .png file"]),
+    ("pngdir", ["{runs}/a", "--out", "{tmp}/maps.png"], ["is a directory"]),
+])
+def test_cli_errors_are_one_clean_line(runs, tmp_path, make, args, needles):
+    if make == "pt":
+        (tmp_path / "model.pt").write_bytes(b"not a run")
+    elif make == "pngdir":
+        (tmp_path / "maps.png").mkdir()
+    elif make == "config":  # a run that has not logged anything yet
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.yaml").write_text((runs / "a" / "config.yaml").read_text())
+    result = run_cli("plot", *[a.format(tmp=tmp_path, runs=runs) for a in args])
+    assert_clean_error(result, 2, *needles)
+
+
+def test_length_figure_tells_trained_lengths_from_those_beyond():
+    per_length = {str(n): {"count": 10, "exact_match": 1.0 if n <= 4 else 0.0,
+                           "token_accuracy": 1.0} for n in range(1, 7)}
+    report = {"per_length": per_length, "trained_lengths": [1, 4], "task": "copy",
+              "checkpoint": "model.pt", "step": 20}
+    ax = length_figure(report).get_axes()[0]
+    colours = {round(bar.get_x() + bar.get_width() / 2): to_hex(bar.get_facecolor())
+               for bar in ax.patches}
+    assert colours == {n: to_hex(TRAINED if n <= 4 else BEYOND) for n in range(1, 7)}
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "trained lengths 1..4", "beyond the trained lengths"]
+    labels = [t.get_text() for t in ax.texts]  # each bar's value, 0% ones included
+    assert labels == ["100%"] * 4 + ["0%"] * 2
+
+
+def test_eval_plot_writes_the_chart_and_keeps_json_on_stdout(runs, tmp_path):
+    png = tmp_path / "lengths.png"
+    result = run_cli("eval", runs / "a", "--max-len", "8", "--samples", "100", "--plot", png,
+                     "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["trained_lengths"] == [1, 6]
+    assert result.stderr.strip() == f"wrote {png}" and is_minitfm_png(png)
+
+
+def test_eval_plot_refuses_a_users_file_before_decoding(runs, tmp_path):
+    notes = tmp_path / "notes.png"
+    notes.write_text("my notes")
+    result = run_cli("eval", runs / "a", "--plot", notes)
+    assert_clean_error(result, 2, "--plot", "exists and is not a picture minitfm wrote")
+    assert notes.read_text() == "my notes"
+
+
+def test_cli_plot_without_runs_says_so(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_clean_error(run_cli("plot"), 2, "no runs")

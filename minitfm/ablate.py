@@ -42,8 +42,9 @@ from minitfm.evaluate import (
 from minitfm.layers import HeadAblation, HeadEdit
 from minitfm.limits import check_fits, decoding_parts
 from minitfm.model import HeadEdits, default_device, eval_mode
+from minitfm.plots import save_png
 from minitfm.tasks import Batch, Pair, Task, eval_set, make_batch
-from minitfm.viz import KIND_TITLES, KINDS, save_figure
+from minitfm.viz import KIND_TITLES, KINDS
 
 MODES = ("zero", "mean")
 MARKED_DROP = 0.10  # heads whose removal costs more than 10 points of exact match are marked
@@ -190,7 +191,7 @@ def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "z
     report = AblationReport(cfg.task.name, path, step, mode,
                             *ablate_model(model, task, pairs, device, mode, batch_size))
     report.png = out if out is not None else default_png(path, step, mode)
-    save_figure(ablation_figure(report), report.png)
+    save_png(ablation_figure(report), report.png, "--out", force=True)  # as visualize-attention
     return report
 
 

@@ -550,21 +550,22 @@ def widest(renderable) -> int:
 @app.command()
 @clean_errors
 def ablate(
-    run: Path | None = typer.Argument(None, help=RUN_HELP),
-    mode: str = typer.Option("zero", help="zero: a switched-off head outputs 0 (before W^O); "
-                             "mean: its mean output over the held-out set."),
+    run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
+    mode: str = typer.Option("zero", metavar="zero|mean", help="zero: a switched-off head "
+                             "outputs 0 (before W^O); mean: its mean output over the held-out "
+                             "set."),
     samples: int = typer.Option(500, min=1, max=100_000, help="Held-out sequences to decode "
                                 "per ablation."),
-    checkpoint: str = typer.Option("best", help=CHECKPOINT_HELP),
+    checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
     # 250 is evaluate.EVAL_BATCH_SIZE, written out so that --help need not import torch.
     batch_size: int = typer.Option(250, min=1, max=100_000, help="Sequences decoded at once; "
                                     "lower it to save memory."),
-    out: Path | None = typer.Option(None, help="PNG path (default: <run>/ablate/<checkpoint>-"
-                                    "step<N>-<mode>.png; for a .pt outside a run, "
-                                    "<name>-ablate-step<N>-<mode>.png beside it)."),
+    out: Path | None = typer.Option(None, metavar="FILE", help="PNG path (default: a file in "
+                                    "<run>/ablate/ named after the checkpoint, step and mode; "
+                                    "for a .pt outside any run, a file beside it)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
-    threads: str = typer.Option("auto", help=THREADS_HELP),
+    threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Which heads matter: exact match with each attention head, then each layer, switched off."""
     with claim_threads(threads) as claim:
@@ -578,7 +579,7 @@ def ablate(
         print(json.dumps(report.as_dict()))
         return
     for renderable in ablation_tables(report):
-        console.print(renderable)
+        show(renderable)
     console.print(f"wrote {report.png}", markup=False, highlight=False, soft_wrap=True)
 
 

@@ -21,7 +21,8 @@ from tests.helpers import TINY, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 FRAME = re.compile(r"step +(\d+)/(\d+) ")  # a frame of the progress bar
-COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench", "sweep", "runs"]
+COMMANDS = ["train", "eval", "predict", "visualize-attention", "ablate", "plot", "tasks", "bench",
+            "sweep", "runs"]
 
 
 def in_terminal(args: list, cwd=None, columns: int = 80, timeout: float = 120) -> tuple[int, str]:

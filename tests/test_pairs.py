@@ -194,6 +194,16 @@ def test_predict_after_the_files_are_deleted(gone):
     assert_clean_error(run_cli("predict", gone, ""), 2, "empty input")
 
 
+def test_attention_over_training_without_an_ideal_alignment(gone, tmp_path):
+    recorded = [json.loads(line) for line in (gone / "attention.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recorded] == [10, 20, 30]
+    assert all(r["alignment"] is None and len(r["entropy"]) == 1 for r in recorded)
+    result = run_cli("visualize-attention", gone, "--over-training", "--out", tmp_path / "s.png")
+    assert result.exit_code == 0, result.stderr
+    assert "layer 0, the last: the task has no ideal alignment" in result.stdout
+    assert (tmp_path / "s.png").stat().st_size > 0
+
+
 def test_visualize_attention_after_the_files_are_deleted(gone, tmp_path):
     result = run_cli("visualize-attention", gone, "--out", tmp_path / "a.png", "--kind", "cross")
     assert result.exit_code == 0, result.stderr
@@ -206,9 +216,11 @@ def test_visualize_attention_after_the_files_are_deleted(gone, tmp_path):
 def test_tensorboard_of_a_pairs_run(gone):
     events = EventAccumulator(str(gone), size_guidance={"images": 0, "scalars": 0})
     events.Reload()
-    assert [e.step for e in events.Scalars("eval/exact_match")] == [10, 20, 30]
-    assert "attention/cross/layer0" in events.Tags()["images"]
-    assert not [tag for tag in events.Tags()["scalars"] if tag.startswith("alignment/")]
+    assert [e.step for e in events.Scalars("2_accuracy/exact_match")] == [10, 20, 30]
+    assert "3_attention/cross" in events.Tags()["images"]
+    scalars = events.Tags()["scalars"]
+    assert not [tag for tag in scalars if tag.startswith("4_alignment/")]  # no ideal alignment
+    assert [e.step for e in events.Scalars("6_entropy/layer0/head1")] == [10, 20, 30]
 
 
 def test_resume_needs_the_files_and_the_same_data(tmp_path):

@@ -479,8 +479,9 @@ def visualize_attention(
                                      "--over-training, the layer whose heads are drawn."),
     head: int | None = typer.Option(None, help="Only this head (from 0)."),
     out: Path | None = typer.Option(None, help="PNG path (default: a file in <run>/attention/ "
-                                    "named after the checkpoint and step; for a .pt outside "
-                                    "any run, a file beside it)."),
+                                    "named after the checkpoint and step, or "
+                                    "over-training-layer<L>.png; for a .pt outside any run, a "
+                                    "file beside it)."),
     over_training: bool = typer.Option(
         False, "--over-training", help="Draw the cross-attention recorded at each evaluation "
         "of training (the run's attention.jsonl) as one PNG strip: a column per step, a row "

@@ -15,7 +15,7 @@ a step counts):
   entropy -sum_j a_j ln a_j of its weights over the source, averaged over the rows. Uniform
   attention over S keys gives ln S, a head that looks at a single key gives 0;
 - `cross`: (L, H, T_q, T_k) the probe's cross-attention, teacher-forced on its target (the same
-  axes at every step), weights rounded to 3 decimals (about 12 kB a line for the default run).
+  axes at every step), weights rounded to 3 decimals (about 11 kB a line for the default run).
 
 Shapes: N snapshots, L layers, H n_heads, T_q and T_k query and key len.
 """

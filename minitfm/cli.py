@@ -475,11 +475,19 @@ def visualize_attention(
                                                "example TensorBoard shows)."),
     kind: str = typer.Option("all", metavar="KIND",
                              help="Which maps: encoder, decoder, cross or all."),
-    layer: int | None = typer.Option(None, help="Only this layer (from 0)."),
+    layer: int | None = typer.Option(None, help="Only this layer (from 0); with "
+                                     "--over-training, the layer whose heads are drawn."),
     head: int | None = typer.Option(None, help="Only this head (from 0)."),
     out: Path | None = typer.Option(None, help="PNG path (default: a file in <run>/attention/ "
-                                    "named after the checkpoint and step; for a .pt outside "
-                                    "any run, a file beside it)."),
+                                    "named after the checkpoint and step, or "
+                                    "over-training-layer<L>.png; for a .pt outside any run, a "
+                                    "file beside it)."),
+    over_training: bool = typer.Option(
+        False, "--over-training", help="Draw the cross-attention recorded at each evaluation "
+        "of training (the run's attention.jsonl) as one PNG strip: a column per step, a row "
+        "per head of the best aligned layer (or --layer); takes RUN, --layer, --out, --gif."),
+    gif: Path | None = typer.Option(None, metavar="FILE", help="With --over-training, also an "
+                                    "animated GIF: a frame per recorded step."),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
                                   help="Also draw the heatmaps in the terminal; a bare --kind "
                                        "all draws only cross-attention there (the PNG has "
@@ -488,6 +496,11 @@ def visualize_attention(
     threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
+    if over_training or gif is not None:
+        check_over_training(over_training, {"--input": input_text, "--kind": kind,
+                                            "--head": head, "--no-terminal": terminal,
+                                            "--checkpoint": checkpoint, "--threads": threads})
+        return show_over_training(run, layer, out, gif)
     with claim_threads(threads) as claim:
         from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
 
@@ -520,6 +533,38 @@ def visualize_attention(
                           "--head for the others, all of them are in the PNG)", **plain)
     show(alignment_table(report))
     console.print(f"wrote {report.png}", soft_wrap=True, **plain)  # a path, never cut in two
+
+
+# What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
+OVER_TRAINING_UNUSED = {"--input": (None,), "--kind": ("all", "cross"), "--head": (None,),
+                        "--no-terminal": (True,), "--checkpoint": ("best",),
+                        "--threads": ("auto",)}
+
+
+def check_over_training(over_training: bool, given: dict) -> None:
+    """--gif needs --over-training, which draws what training recorded: no options of a model."""
+    if not over_training:
+        raise MinitfmError("--gif needs --over-training (the GIF shows the maps recorded "
+                           "during training)")
+    unused = [name for name, value in given.items() if value not in OVER_TRAINING_UNUSED[name]]
+    if unused:
+        raise MinitfmError(f"--over-training cannot be combined with {', '.join(unused)}: it "
+                           f"draws the cross-attention recorded during training (it takes RUN, "
+                           f"--layer, --out and --gif)")
+
+
+def show_over_training(run: Path | None, layer: int | None, out: Path | None,
+                       gif: Path | None) -> None:
+    """`visualize-attention --over-training`: a table of the heads' scores per step, the files."""
+    from minitfm.timeline import over_training, scores_table
+
+    report = over_training(run, layer, out, gif)
+    plain = {"markup": False, "highlight": False, "soft_wrap": True}
+    console.print(f"{report.timeline.run_dir} · cross-attention over training", **plain)
+    show(scores_table(report))
+    for path in (report.png, report.gif):
+        if path is not None:
+            console.print(f"wrote {path}", **plain)  # a path, never cut in two
 
 
 @app.command()

@@ -200,8 +200,13 @@ class LogConfig(Section):
     log_every: int = Field(25, ge=1, le=10**9, description="steps between train log lines")
     tensorboard: bool = Field(True, description="write TensorBoard event files")
     attention_every: int | Literal["eval"] = Field(
-        "eval", description="steps between attention images and alignment scores in "
-        "TensorBoard: eval (at every evaluation), a number of steps, or 0 (off)")
+        "eval", description="steps between attention snapshots (TensorBoard's attention images "
+        "and per-head scores, attention.jsonl): eval (at every evaluation), a number of steps, "
+        "or 0 (off)")
+    attention_record: bool = Field(
+        True, description="write each attention snapshot to attention.jsonl: the probe's "
+        "cross-attention maps, each head's alignment score and entropy (what "
+        "visualize-attention --over-training draws)")
 
     @field_validator("attention_every", mode="before")
     @classmethod

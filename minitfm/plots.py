@@ -120,8 +120,9 @@ def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) ->
     return out
 
 
-def run_directory(path: Path) -> Path:
-    """The run directory a RUN argument means: the directory, or the run of a checkpoint."""
+def run_directory(path: Path, reads: str = "plot reads a run's metrics.jsonl") -> Path:
+    """The run directory a RUN argument means: the directory, or the run of a checkpoint
+    (`reads` says, for a checkpoint outside any run, why one is needed)."""
     from minitfm.checkpoint import find_run_dir, is_run_dir
 
     if not path.exists():
@@ -130,7 +131,7 @@ def run_directory(path: Path) -> Path:
         run_dir = find_run_dir(path)
         if run_dir is None:
             raise CheckpointError(f"checkpoint '{path}' is not inside a minitfm run "
-                                  f"(<run>/checkpoints/): plot reads a run's metrics.jsonl")
+                                  f"(<run>/checkpoints/): {reads}")
         return run_dir
     if not is_run_dir(path):
         raise CheckpointError(f"'{path}' is not a minitfm run directory (no config.yaml or "

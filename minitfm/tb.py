@@ -8,11 +8,13 @@ groups are numbered in the order a learner reads them:
   fixed held-out probe, teacher-forced on its target so that every frame has the same axes
   (the title shows the model's greedy output at that step);
 - `4_alignment/best` and `4_alignment/layer<L>/head<H>`, for tasks with an ideal alignment;
-- `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`.
+- `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`;
+- `6_entropy/layer<L>/head<H>`: each cross-attention head's attention entropy (nats).
 
-Pictures and alignment come every `log.attention_every` steps (by default at every evaluation)
-and at the end; the pictures are drawn with numpy and Pillow (see `viz.MapGrid`), so that they
-cost little next to training.
+Pictures and per-head scores come from the attention snapshots that training takes every
+`log.attention_every` steps (by default at every evaluation) and at the end (see `timeline`,
+which also records them to attention.jsonl); the pictures are drawn with numpy and Pillow (see
+`viz.MapGrid`), so that they cost little next to training.
 Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
 """
 
@@ -34,6 +36,7 @@ EVAL_TAGS = {"loss": "1_loss/eval", "exact_match": "2_accuracy/exact_match",
              "token_accuracy": "2_accuracy/token_accuracy"}
 ATTENTION_TAG = "3_attention/{kind}"
 ALIGNMENT_TAG = "4_alignment/{name}"
+ENTROPY_TAG = "6_entropy/{name}"
 HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
 LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
@@ -55,8 +58,8 @@ class Logger(Protocol):
     def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
         """The scalars of an eval record, and some held-out pairs with their predictions."""
 
-    def attention(self, step: int, model) -> None:
-        """Attention images and alignment scores of `model` at `step`."""
+    def attention(self, snapshot) -> None:
+        """Attention images and per-head scores of a `timeline.Snapshot`."""
 
     def finish(self, summary: dict) -> None:
         """Hyperparameters with the final metrics."""
@@ -74,7 +77,7 @@ class NullLogger:
     def __exit__(self, *exc) -> None: ...
     def train(self, step: int, record: dict) -> None: ...
     def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None: ...
-    def attention(self, step: int, model) -> None: ...
+    def attention(self, snapshot) -> None: ...
     def finish(self, summary: dict) -> None: ...
     def close(self) -> None: ...
 
@@ -82,20 +85,13 @@ class NullLogger:
 class TensorBoardLogger(NullLogger):
     """Writes event files into the run directory (continued on --resume)."""
 
-    def __init__(self, run_dir: Path, cfg: Config, task, eval_pairs: list):
+    def __init__(self, run_dir: Path, cfg: Config, task):
         from torch.utils.tensorboard import SummaryWriter
-
-        from minitfm.viz import ALIGNMENT_SAMPLES, pick_probe
 
         self.writer = SummaryWriter(log_dir=str(run_dir))
         self.previous_hook = threading.excepthook
         threading.excepthook = self._quiet_write_errors
         self.cfg, self.task = cfg, task
-        # The same probe at every step, so the images show how one example's maps evolve.
-        self.probe = pick_probe(eval_pairs) if eval_pairs else None
-        self.alignment_pairs = eval_pairs[:ALIGNMENT_SAMPLES]
-        self.attention_step: int | None = None
-        self.probe_output: tuple[int, list[int]] | None = None  # (step, the eval's output)
         self.grids: dict = {}  # kind -> its viz.MapGrid, made at the first picture
         self.writer.add_text("config", "```\n" + to_yaml(cfg) + "\n```", 0)
 
@@ -117,9 +113,6 @@ class TensorBoardLogger(NullLogger):
             self.writer.add_scalar(tag, record[key], step)
         self.writer.add_text("samples", self._samples_table(pairs, predictions), step)
         self.writer.flush()
-        for pair, prediction in zip(pairs, predictions, strict=True):
-            if pair is self.probe:  # decoded just now: the picture at this step reuses it
-                self.probe_output = step, prediction
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
         fmt = self.task.format
@@ -129,30 +122,29 @@ class TensorBoardLogger(NullLogger):
                         f"{'yes' if pred == tgt else 'no'} |")
         return "\n".join(rows)
 
-    def attention(self, step: int, model) -> None:
-        """Heatmaps of every kind on the probe, and per-head alignment scores."""
-        from minitfm.viz import alignment_scores, map_blocks, run_probe
+    def attention(self, snapshot) -> None:
+        """Heatmaps of every kind on the probe; each cross-attention head's alignment score
+        (tasks with an ideal alignment) and entropy."""
+        from minitfm.viz import map_blocks
 
-        if self.probe is None or step == self.attention_step:
-            return  # train.finish logs the end again when it fell on an interval
-        self.attention_step = step
-        src, target = self.probe
-        known = self.probe_output[1] if self.probe_output and self.probe_output[0] == step \
-            else None
-        probe = run_probe(model, self.task, src, teacher=target, output=known)
-        caption = self._caption(step, probe.prediction)
-        for block in map_blocks(probe, self.task):
-            picture = self._grid(block).frame(block, caption)
+        step = snapshot.step
+        caption = self._caption(step, snapshot.probe.prediction, snapshot.target)
+        for block in map_blocks(snapshot.probe, self.task):
+            picture = self._grid(block, snapshot).frame(block, caption)
             self.writer.file_writer.add_summary(
                 image_summary(ATTENTION_TAG.format(kind=block.kind), picture), step)
-        scores = alignment_scores(model, self.task, self.alignment_pairs)  # (L, H) or None
-        if scores is not None:
-            for (layer, head), value in np.ndenumerate(scores.numpy()):
-                self.writer.add_scalar(ALIGNMENT_TAG.format(name=f"layer{layer}/head{head}"),
-                                       value, step)
-            self.writer.add_scalar(ALIGNMENT_TAG.format(name="best"), float(scores.max()), step)
+        if snapshot.alignment is not None:
+            self._per_head(ALIGNMENT_TAG, snapshot.alignment, step)
+            self.writer.add_scalar(ALIGNMENT_TAG.format(name="best"),
+                                   float(snapshot.alignment.max()), step)
+        self._per_head(ENTROPY_TAG, snapshot.entropy, step)
 
-    def _grid(self, block):
+    def _per_head(self, tag: str, scores, step: int) -> None:
+        """A scalar per head of scores (L, H), tagged `<group>/layer<L>/head<H>`."""
+        for (layer, head), value in np.ndenumerate(scores.numpy()):
+            self.writer.add_scalar(tag.format(name=f"layer{layer}/head{head}"), value, step)
+
+    def _grid(self, block, snapshot):
         """The kind's picture maker, sized for the longest caption any step can have."""
         from minitfm.viz import KIND_TITLES, MapGrid
 
@@ -160,22 +152,22 @@ class TensorBoardLogger(NullLogger):
             tokens = self.task.vocab.tokens
             widest = max((i for i, t in enumerate(tokens) if not t.startswith("<")),
                          key=lambda i: len(tokens[i]))
-            cap = self.task.max_target_len(len(self.probe[0])) + 1  # greedy decoding's limit
-            header = f"{KIND_TITLES[block.kind]}\n{self._header()}"
+            src, target = snapshot.probe.src, snapshot.target
+            cap = self.task.max_target_len(len(src)) + 1  # greedy decoding's limit
+            header = f"{KIND_TITLES[block.kind]}\n{self._header(src, target)}"
             self.grids[block.kind] = MapGrid(block, header,
-                                             self._caption(LONGEST_STEP, [widest] * cap))
+                                             self._caption(LONGEST_STEP, [widest] * cap, target))
         return self.grids[block.kind]
 
-    def _header(self) -> str:
+    def _header(self, src: list[int], target: list[int]) -> str:
         """The probe, as every frame shows it."""
-        src, target = self.probe
         fmt = self.task.format
         return (f"{self.task.name} · input {fmt(src)} → target {fmt(target)} (maps teacher-"
                 f"forced on the target; colour ∝ √weight; ^ = <bos>)")
 
-    def _caption(self, step: int, prediction: list[int]) -> str:
+    def _caption(self, step: int, prediction: list[int], target: list[int]) -> str:
         """The model's greedy output on the probe at `step`."""
-        verdict = "✓" if prediction == self.probe[1] else "✗"
+        verdict = "✓" if prediction == target else "✗"
         return f"step {step} · greedy output {self.task.format(prediction)} {verdict}"
 
     def finish(self, summary: dict) -> None:
@@ -239,8 +231,8 @@ def hparam_values(cfg: Config) -> dict:
             if key == "seed" or key.partition(".")[0] in HPARAM_SECTIONS}
 
 
-def open_logger(run_dir: Path, cfg: Config, task, eval_pairs: list) -> Logger:
+def open_logger(run_dir: Path, cfg: Config, task) -> Logger:
     """A TensorBoard logger, or one that does nothing when `log.tensorboard` is false."""
     if not cfg.log.tensorboard:
         return NullLogger()
-    return TensorBoardLogger(run_dir, cfg, task, eval_pairs)
+    return TensorBoardLogger(run_dir, cfg, task)

@@ -45,8 +45,9 @@ from minitfm.runs import SUMMARY, write_summary
 from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
 from minitfm.threads import ThreadClaim, ThreadPacer
 
-if TYPE_CHECKING:  # tb is imported when a run starts
+if TYPE_CHECKING:  # tb and timeline are imported when a run starts
     from minitfm.tb import Logger
+    from minitfm.timeline import AttentionRecorder
 
 
 def pick_device(name: str) -> torch.device:
@@ -324,6 +325,7 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
         stale.unlink()
     if fresh:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (run_dir / "attention.jsonl").unlink(missing_ok=True)
         (run_dir / SUMMARY).unlink(missing_ok=True)
         for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
             old.unlink()
@@ -398,6 +400,7 @@ class RunContext:
     eval_pairs: list
     reporter: Reporter
     logger: Logger
+    recorder: AttentionRecorder
     stop: StopSignal
     pacer: ThreadPacer
     started: float = field(default_factory=time.perf_counter)
@@ -450,13 +453,15 @@ def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | Non
         claim: ThreadClaim) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
     from minitfm.tb import NullLogger, open_logger
+    from minitfm.timeline import open_recorder
 
-    cfg = state.cfg
+    cfg, is_main = state.cfg, state.dist.is_main
     eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
-    logger = open_logger(run_dir, cfg, state.task, eval_pairs) if state.dist.is_main \
-        else NullLogger()
+    logger = open_logger(run_dir, cfg, state.task) if is_main else NullLogger()
+    recorder = open_recorder(run_dir, cfg, state.task, eval_pairs, is_main)
     with StopSignal() as stop, logger:
-        ctx = RunContext(run_dir, eval_pairs, reporter, logger, stop, ThreadPacer(claim))
+        ctx = RunContext(run_dir, eval_pairs, reporter, logger, recorder, stop,
+                         ThreadPacer(claim))
         reporter.start(run_dir, state, state.device, claim.describe())
         try:
             summary = run_loop(state, ctx, stop_at)
@@ -487,7 +492,7 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
                 break
         every = attention_every(cfg)
         if every and state.step % every == 0:
-            ctx.logger.attention(state.step, state.model)
+            log_attention(state, ctx)
         every = cfg.train.checkpoint_every
         if last_eval is not None or (every and state.step % every == 0):
             save(state, ctx, "last")  # after each evaluation too: a kill -9 loses little
@@ -500,9 +505,17 @@ def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[st
 
 
 def attention_every(cfg: Config) -> int:
-    """Steps between attention images: log.attention_every, or train.eval_every for `eval`."""
+    """Steps between attention snapshots: log.attention_every, or train.eval_every for `eval`."""
     every = cfg.log.attention_every
     return cfg.train.eval_every if every == "eval" else every
+
+
+def log_attention(state: TrainState, ctx: RunContext) -> None:
+    """A snapshot of the probe's maps and the heads' scores: to attention.jsonl and TensorBoard."""
+    snapshot = ctx.recorder.take(state.step, state.model)
+    if snapshot is not None:
+        ctx.recorder.write(snapshot)
+        ctx.logger.attention(snapshot)
 
 
 def reached_target(state: TrainState, result: EvalResult) -> bool:
@@ -532,7 +545,7 @@ def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> 
     if last_eval is None:
         last_eval = run_eval(state, ctx)
     if state.cfg.log.attention_every:  # `eval` too: the end has an evaluation
-        ctx.logger.attention(state.step, state.model)
+        log_attention(state, ctx)
     save(state, ctx, "last")
     status = "finished" if state.step >= state.cfg.train.steps else "stopped at target"
     return record_status(state, ctx, status, last_eval)
@@ -556,6 +569,7 @@ def run_eval(state: TrainState, ctx: RunContext) -> EvalResult:
     if dist.is_main:
         append_metrics(ctx.run_dir, record)
     ctx.logger.eval(state.step, record, pairs, result.predictions)
+    ctx.recorder.evaluated(state.step, pairs, result.predictions, result.exact_match)
     ctx.reporter.eval_line(record)
     if result.exact_match > state.best_exact_match:  # the same on every rank, so is the save
         state.best_exact_match = result.exact_match

@@ -8,7 +8,9 @@ free decoding, so the row of query position t shows where the model looked to wr
 The alignment score of a cross-attention head is the mean weight it puts on the ideal source
 position (`task.alignment`) over the real target positions (EOS excluded). It is measured on
 teacher-forced maps of the *true* target: the ideal positions are defined for the true target,
-so a wrong prediction cannot shift which row is scored against which position.
+so a wrong prediction cannot shift which row is scored against which position. On the same
+maps, a head's attention entropy is the mean over its rows of -sum_j a_j ln a_j (nats): ln S
+for uniform attention over S keys, 0 for a single key (`head_scores` gives both).
 
 The PNG figures are drawn with matplotlib; TensorBoard's pictures, one per kind at every
 evaluation, with numpy and Pillow (`MapGrid`), milliseconds each instead of about a second.
@@ -122,20 +124,48 @@ def alignment_score(cross: Tensor, ideal: Tensor, hard: bool = False) -> Tensor:
     return mass.sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
 
 
-@torch.no_grad()
+def attention_entropy(weights: Tensor, valid: Tensor) -> Tensor:
+    """Mean entropy, in nats, of each query's attention distribution: weights (B, H, T_q, T_k),
+    valid (B, T_q) the query rows to count -> (H,). Uniform over n keys gives ln n; one key, 0."""
+    per_row = -torch.special.xlogy(weights.float(), weights.float()).sum(-1)  # (B, H, T_q)
+    per_row = per_row * valid[:, None, :]  # 0 log 0 = 0: masked (PAD) keys add nothing
+    return per_row.sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
+
+
+def has_alignment(task: Task, pairs: list[Pair]) -> bool:
+    """Whether every one of `pairs` (at least one) has an ideal alignment."""
+    return bool(pairs) and all(task.alignment(src) is not None for src, _ in pairs)
+
+
+def ideal_positions(task: Task, pairs: list[Pair], T: int) -> Tensor:
+    """Each target position's ideal source position (B, T), -1 past the target."""
+    return torch.tensor([(a := task.alignment(src)) + [-1] * (T - len(a)) for src, _ in pairs])
+
+
 def alignment_scores(model, task: Task, pairs: list[Pair], hard: bool = False) -> Tensor | None:
     """Alignment score (L, H) of every cross-attention head on `pairs`; None without an ideal."""
-    ideal = [task.alignment(src) for src, _ in pairs]
-    if not pairs or any(a is None for a in ideal):
+    if not has_alignment(task, pairs):  # before running the model
         return None
-    device = next(model.parameters()).device
-    batch = make_batch(pairs, task.vocab).to(device)
+    return head_scores(model, task, pairs, hard)[0]
+
+
+@torch.no_grad()
+def head_scores(model, task: Task, pairs: list[Pair],
+                hard: bool = False) -> tuple[Tensor | None, Tensor]:
+    """Alignment score (None without an ideal) and attention entropy of every cross-attention
+    head on `pairs`, each (L, H), from one pass teacher-forced on the true targets. The entropy
+    counts the rows that write a target token or EOS (not PAD)."""
+    batch = make_batch(pairs, task.vocab).to(next(model.parameters()).device)
     with eval_mode(model):
         _, maps = model(batch.src, batch.tgt_in, return_attention=True)
+    cross = maps.cross  # per layer (B, H, T, S)
     T = batch.tgt_in.size(1)  # BOS + longest target; its row t writes target token t
-    ideal_t = torch.tensor([a + [-1] * (T - len(a)) for a in ideal], device=device)  # (B, T)
-    scores = [alignment_score(cross, ideal_t, hard) for cross in maps.cross]
-    return torch.stack(scores).cpu()  # (L, H)
+    valid = batch.tgt_out != task.vocab.pad_id  # (B, T)
+    entropy = torch.stack([attention_entropy(c, valid) for c in cross]).cpu()  # (L, H)
+    if not has_alignment(task, pairs):
+        return None, entropy
+    ideal = ideal_positions(task, pairs, T).to(batch.src.device)  # (B, T)
+    return torch.stack([alignment_score(c, ideal, hard) for c in cross]).cpu(), entropy
 
 
 # --- figures ---

@@ -194,6 +194,19 @@ def test_predict_after_the_files_are_deleted(gone):
     assert_clean_error(run_cli("predict", gone, ""), 2, "empty input")
 
 
+def test_attention_over_training_without_an_ideal_alignment(gone, tmp_path):
+    recorded = [json.loads(line) for line in (gone / "attention.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recorded] == [10, 20, 30]
+    assert all(r["alignment"] is None and len(r["entropy"]) == 1 for r in recorded)
+    events = EventAccumulator(str(gone), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.step for e in events.Scalars("6_entropy/layer0/head1")] == [10, 20, 30]
+    result = run_cli("visualize-attention", gone, "--over-training", "--out", tmp_path / "s.png")
+    assert result.exit_code == 0, result.stderr
+    assert "layer 0, the last: the task has no ideal alignment" in result.stdout
+    assert (tmp_path / "s.png").stat().st_size > 0
+
+
 def test_visualize_attention_after_the_files_are_deleted(gone, tmp_path):
     result = run_cli("visualize-attention", gone, "--out", tmp_path / "a.png", "--kind", "cross")
     assert result.exit_code == 0, result.stderr

@@ -24,10 +24,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LAYERS = {"encoder": 1, "decoder": 2, "cross": 2}
 EVALS = [25, 50]
 # The groups TensorBoard shows, in its own order (by name): learning curves first.
-GROUPS = ["1_loss", "2_accuracy", "3_attention", "4_alignment", "5_train"]
+GROUPS = ["1_loss", "2_accuracy", "3_attention", "4_alignment", "5_train", "6_entropy"]
 # Tags that say where a run went and how fast, not what it learned: not in HPARAMS.
 NOT_HPARAMS = ("name", "device", "threads", "log.dir", "log.log_every", "log.tensorboard",
-               "log.attention_every")
+               "log.attention_every", "log.attention_record")
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,18 @@ def test_alignment_scalars_per_head_at_every_evaluation(run):
             assert all(0.0 <= v.value <= 1.0 for v in values)
     best = events.Scalars("4_alignment/best")
     assert [v.step for v in best] == EVALS and best[-1].value > 0.3
+
+
+def test_entropy_scalars_per_head_at_every_evaluation_as_recorded(run):
+    run_dir, _, events = run
+    recorded = [json.loads(line) for line in (run_dir / "attention.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recorded] == EVALS
+    for layer in range(LAYERS["cross"]):
+        for head in range(2):
+            values = events.Scalars(f"6_entropy/layer{layer}/head{head}")
+            assert [v.step for v in values] == EVALS
+            assert [v.value for v in values] == pytest.approx(
+                [r["entropy"][layer][head] for r in recorded], abs=1e-4)
 
 
 def test_attention_images_of_every_kind_at_every_evaluation_by_default(run):

@@ -1,0 +1,386 @@
+"""Attention over training: at each of `log.attention_every`'s steps (by default at every
+evaluation) a snapshot of the probe's cross-attention and of every cross-attention head's
+scores, recorded to `attention.jsonl`; `visualize-attention --over-training` draws them as one
+PNG strip (columns steps, rows the heads of one layer) and, with `--gif`, an animated GIF.
+
+`attention.jsonl` holds one JSON object per snapshot (a resumed run appends; the last record of
+a step counts):
+
+- `step`, and `exact_match` of the evaluation at that step (null when none fell on it);
+- `input`, `target`: the probe, the fixed held-out example TensorBoard shows; `source` and
+  `decoder_input` (`<bos>` + the target): the tokens on the maps' axes;
+- `alignment`: (L, H) each cross-attention head's alignment score (see `viz`) on 200 held-out
+  pairs, null for tasks without an ideal alignment; `entropy`: (L, H) its attention entropy on
+  the same pairs, in nats: for each query row (the rows that write a target token or EOS) the
+  entropy -sum_j a_j ln a_j of its weights over the source, averaged over the rows. Uniform
+  attention over S keys gives ln S, a head that looks at a single key gives 0;
+- `cross`: (L, H, T_q, T_k) the probe's cross-attention, teacher-forced on its target (the same
+  axes at every step), weights rounded to 3 decimals (about 11 kB a line for the default run).
+
+Shapes: N snapshots, L layers, H n_heads, T_q and T_k query and key len.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from minitfm.errors import CheckpointError, MinitfmError
+from minitfm.tasks import Pair, Task
+from minitfm.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+
+ATTENTION_FILE = "attention.jsonl"
+MAP_DECIMALS, SCORE_DECIMALS = 3, 4
+MAX_COLUMNS = 12  # a strip of more recorded steps shows this many, evenly spread
+GIF_FRAME_MS, GIF_LAST_MS = 700, 2500  # the last frame, the trained model, stays longer
+HOW_TO_RECORD = ("train a run with the defaults log.attention_record=true and "
+                 "log.attention_every=eval (e.g. minitfm train)")
+
+
+# --- recording, during training ---
+
+@dataclass
+class Snapshot:
+    """The attention of one step: the probe (maps teacher-forced on its target) and each
+    cross-attention head's alignment score and entropy, (L, H) each."""
+
+    step: int
+    probe: Probe
+    target: list[int]
+    alignment: Tensor | None  # None: the task has no ideal alignment
+    entropy: Tensor
+    exact_match: float | None  # of the evaluation at this step, if one fell on it
+
+    def record(self, task: Task) -> dict:
+        """The line of attention.jsonl (see the module docstring)."""
+        token = task.vocab.token
+        cross = torch.stack(self.probe.maps.cross).numpy()  # (L, H, T_q, T_k)
+        alignment = None if self.alignment is None else rounded(self.alignment, SCORE_DECIMALS)
+        return {"step": self.step, "exact_match": self.exact_match,
+                "input": task.format(self.probe.src), "target": task.format(self.target),
+                "source": [token(i) for i in self.probe.src],
+                "decoder_input": [token(i) for i in self.probe.decoder_input],
+                "alignment": alignment, "entropy": rounded(self.entropy, SCORE_DECIMALS),
+                "cross": rounded(cross, MAP_DECIMALS)}
+
+
+def rounded(values, decimals: int) -> list:
+    """Nested lists of `values` rounded to `decimals` (float64 first: 0.123, not 0.12300000339)."""
+    return np.round(np.asarray(values, dtype=np.float64), decimals).tolist()
+
+
+class AttentionRecorder:
+    """Takes the snapshots of a run and appends them to attention.jsonl (`path`; None: not
+    recorded, the snapshots go to TensorBoard only). Inactive (rank > 0 under torchrun, or
+    nothing wants them), it takes none."""
+
+    def __init__(self, task: Task, eval_pairs: list[Pair], path: Path | None, active: bool):
+        self.task, self.path = task, path
+        # The same probe at every step, so the maps show how one example's attention evolves.
+        self.probe = pick_probe(eval_pairs) if eval_pairs and active else None
+        self.pairs = eval_pairs[:ALIGNMENT_SAMPLES]
+        self.last_step: int | None = None
+        self.evaluation: tuple[int, list[int] | None, float] | None = None
+
+    def evaluated(self, step: int, pairs: list[Pair], predictions: list, exact_match: float):
+        """An evaluation at `step`: its exact match, and the probe's output if it decoded it
+        (the snapshot at this step then decodes nothing)."""
+        output = next((prediction for pair, prediction in zip(pairs, predictions, strict=True)
+                       if pair is self.probe), None)
+        self.evaluation = step, output, exact_match
+
+    def take(self, step: int, model) -> Snapshot | None:
+        """The snapshot of `model` at `step`; None when inactive or already taken (the end of
+        training comes again when it fell on an interval)."""
+        if self.probe is None or step == self.last_step:
+            return None
+        self.last_step = step
+        _, output, exact_match = self.evaluation if self.evaluation and \
+            self.evaluation[0] == step else (step, None, None)
+        src, target = self.probe
+        probe = run_probe(model, self.task, src, teacher=target, output=output)
+        alignment, entropy = head_scores(model, self.task, self.pairs)
+        return Snapshot(step, probe, target, alignment, entropy, exact_match)
+
+    def write(self, snapshot: Snapshot) -> None:
+        """Append the snapshot's line to attention.jsonl (when recording)."""
+        if self.path is None:
+            return
+        line = json.dumps(snapshot.record(self.task), separators=(",", ":"))
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+def open_recorder(run_dir: Path, cfg, task: Task, eval_pairs: list[Pair],
+                  is_main: bool) -> AttentionRecorder:
+    """The run's recorder: active on rank 0 when TensorBoard or attention.jsonl wants snapshots."""
+    path = run_dir / ATTENTION_FILE if cfg.log.attention_record else None
+    active = is_main and (cfg.log.tensorboard or cfg.log.attention_record)
+    return AttentionRecorder(task, eval_pairs, path, active)
+
+
+# --- reading ---
+
+@dataclass
+class Timeline:
+    """A run's recorded snapshots in step order: scores (N, L, H), maps (N, L, H, T_q, T_k)."""
+
+    run_dir: Path
+    steps: list[int]
+    exact_match: list[float | None]
+    input: str
+    target: str
+    source: list[str]
+    decoder_input: list[str]
+    alignment: np.ndarray | None  # None: the task has no ideal alignment
+    entropy: np.ndarray
+    cross: np.ndarray
+
+
+def read_timeline(run_dir: Path) -> Timeline:
+    """The snapshots of attention.jsonl; a run without any is a one-line error saying how to
+    get them. A torn last line (a killed run) is skipped."""
+    path = run_dir / ATTENTION_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"cannot read '{path}' ({err}): {HOW_TO_RECORD}") from None
+    records = {}
+    for line in lines:
+        try:
+            record = json.loads(line)
+            records[record["step"]] = record  # a resumed run's later record wins
+        except (ValueError, TypeError, KeyError):
+            continue
+    if not records:
+        raise CheckpointError(f"run '{run_dir}' has no recorded attention (no {ATTENTION_FILE}: "
+                              f"trained before minitfm recorded it, or with recording off): "
+                              f"{HOW_TO_RECORD}")
+    try:
+        return timeline_of(run_dir, [records[step] for step in sorted(records)])
+    except (ValueError, TypeError, KeyError) as err:
+        raise CheckpointError(f"'{path}' holds records minitfm did not write ({err!r}): "
+                              f"{HOW_TO_RECORD}") from None
+
+
+def timeline_of(run_dir: Path, records: list[dict]) -> Timeline:
+    """The records' arrays, checked for shape (one probe, one model)."""
+    last = records[-1]
+    cross = np.array([r["cross"] for r in records], dtype=np.float32)  # (N, L, H, T_q, T_k)
+    entropy = np.array([r["entropy"] for r in records], dtype=np.float64)  # (N, L, H)
+    aligned = all(r["alignment"] is not None for r in records)
+    alignment = np.array([r["alignment"] for r in records], dtype=np.float64) if aligned \
+        else None
+    shape = (len(records), *cross.shape[1:3])
+    if cross.ndim != 5 or entropy.shape != shape or (aligned and alignment.shape != shape):
+        raise ValueError(f"maps {cross.shape}, entropy {entropy.shape}")
+    if cross.shape[3:] != (len(last["decoder_input"]), len(last["source"])):
+        raise ValueError(f"maps {cross.shape[3:]} for the probe's tokens")
+    return Timeline(run_dir, [int(r["step"]) for r in records],
+                    [r["exact_match"] for r in records], str(last["input"]),
+                    str(last["target"]), [str(t) for t in last["source"]],
+                    [str(t) for t in last["decoder_input"]], alignment, entropy, cross)
+
+
+# --- `minitfm visualize-attention --over-training` ---
+
+@dataclass
+class OverTrainingReport:
+    """What `--over-training` shows: the timeline, the layer drawn (and why), the files."""
+
+    timeline: Timeline
+    layer: int
+    why: str
+    png: Path
+    gif: Path | None
+
+
+def over_training(run: Path | None, layer: int | None = None, out: Path | None = None,
+                  gif: Path | None = None) -> OverTrainingReport:
+    """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF)."""
+    from minitfm.checkpoint import latest_run
+    from minitfm.plots import check_output, run_directory, save_png
+
+    run_dir = latest_run() if run is None else \
+        run_directory(Path(run), "--over-training reads the run's attention.jsonl")
+    timeline = read_timeline(run_dir)
+    layer, why = pick_layer(timeline, layer)
+    png = out if out is not None else run_dir / "attention" / f"over-training-layer{layer}.png"
+    check_output(png, "--out", force=True)  # as visualize-attention's --out: replaced
+    if gif is not None:
+        check_gif(gif)
+    save_png(strip_figure(timeline, layer, why), png, "--out", force=True)
+    if gif is not None:
+        write_gif(timeline, gif)
+    return OverTrainingReport(timeline, layer, why, png, gif)
+
+
+def pick_layer(timeline: Timeline, layer: int | None) -> tuple[int, str]:
+    """The layer to draw and why: `layer`, else the one whose best head has the highest final
+    alignment score, else (no ideal alignment) the last."""
+    n_layers = timeline.cross.shape[1]
+    if layer is not None:
+        if not 0 <= layer < n_layers:
+            raise MinitfmError(f"--layer ({layer}) must be in 0..{n_layers - 1}: the model has "
+                               f"{n_layers} decoder layers")
+        return layer, f"layer {layer} (--layer)"
+    if timeline.alignment is None:
+        return n_layers - 1, f"layer {n_layers - 1}, the last: the task has no ideal alignment"
+    final = timeline.alignment[-1]  # (L, H)
+    best = int(final.max(axis=1).argmax())
+    head = int(final[best].argmax())
+    return best, (f"layer {best}, where head {head} has the best final alignment score, "
+                  f"{final[best, head]:.2f}")
+
+
+def shown_columns(n: int) -> list[int]:
+    """The snapshots a strip shows: all, or MAX_COLUMNS spread evenly, first and last kept."""
+    return sorted({round(i) for i in np.linspace(0, n - 1, min(n, MAX_COLUMNS))})
+
+
+def exact_match_text(value: float | None) -> str:
+    return "no evaluation" if value is None else f"exact match {value:.1%}"
+
+
+def head_text(timeline: Timeline, n: int, layer: int, head: int, labelled: bool = True) -> str:
+    """A head's scores at snapshot `n`: alignment (if any) and entropy."""
+    align, h = ("align ", "H ") if labelled else ("", "")
+    entropy = f"{h}{timeline.entropy[n, layer, head]:.2f}"
+    if timeline.alignment is None:
+        return entropy
+    return f"{align}{timeline.alignment[n, layer, head]:.2f} · {entropy}"
+
+
+def strip_title(timeline: Timeline, why: str, columns: list[int]) -> str:
+    """Task, run, layer and why; the probe; how to read the numbers."""
+    shown = "" if len(columns) == len(timeline.steps) else \
+        f" ({len(columns)} of {len(timeline.steps)} recorded steps; the GIF has all)"
+    align = "align = alignment score, " if timeline.alignment is not None else ""
+    return (f"{run_title(timeline)} · cross-attention over training{shown}\n"
+            f"rows: the heads of {why}\n"
+            f"probe: input {timeline.input} → target {timeline.target} (teacher-forced on the "
+            f"target; colour ∝ √weight)\n{align}H = attention entropy in nats, on "
+            f"{ALIGNMENT_SAMPLES} held-out pairs")
+
+
+def run_title(timeline: Timeline) -> str:
+    """The task's name and the run's."""
+    from minitfm.plots import read_config
+
+    task = read_config(timeline.run_dir).get("task", {}).get("name", "?")
+    return f"{task} · {timeline.run_dir.name}"
+
+
+def strip_figure(timeline: Timeline, layer: int, why: str):
+    """A matplotlib Figure: a column per recorded step (step and exact match on top), a row per
+    head of `layer`, tokens on the outer axes, one colour bar."""
+    from matplotlib.colors import PowerNorm
+    from matplotlib.figure import Figure
+
+    from minitfm.plots import wrap_to_width
+    from minitfm.viz import COLOUR_BAR_LABEL, GAMMA, TITLE_MARGIN, TITLE_SIZES, text_height
+
+    columns, n_heads = shown_columns(len(timeline.steps)), timeline.cross.shape[2]
+    tokens = max(len(timeline.source), len(timeline.decoder_input))
+    panel = max(1.5, 0.5 + 0.08 * tokens)  # inches: room for a label per token, and the scores
+    width = len(columns) * panel + 1.2
+    title = wrap_to_width(strip_title(timeline, why, columns), width - TITLE_MARGIN,
+                          TITLE_SIZES[0])
+    fig = Figure(figsize=(width, n_heads * (panel + 0.3) + 0.5 + text_height(title, 11)),
+                 dpi=100, layout="constrained")
+    fig.suptitle(title, fontsize=TITLE_SIZES[0])
+    axes = fig.subplots(n_heads, len(columns), squeeze=False)
+    norm = PowerNorm(GAMMA, vmin=0.0, vmax=1.0)  # one scale for every step and head
+    for c, n in enumerate(columns):
+        for head in range(n_heads):
+            ax = axes[head, c]
+            image = ax.imshow(timeline.cross[n, layer, head], cmap="viridis", norm=norm,
+                              aspect="auto")
+            scores = head_text(timeline, n, layer, head)
+            top = f"step {timeline.steps[n]}\n{exact_match_text(timeline.exact_match[n])}\n"
+            ax.set_title((top if head == 0 else "") + scores, fontsize=8)
+            label_axes(ax, timeline, bottom=head == n_heads - 1, left=c == 0)
+            if c == 0:
+                ax.set_ylabel(f"head {head}", fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
+    return fig
+
+
+def label_axes(ax, timeline: Timeline, bottom: bool, left: bool) -> None:
+    """The probe's tokens: source under the bottom row, decoder input left of the first column."""
+    from minitfm.viz import MapBlock, label_tokens
+
+    axes = MapBlock("cross", [], [], np.empty(0), timeline.decoder_input, timeline.source)
+    label_tokens(ax, axes, bottom, left)
+
+
+def check_gif(path: Path) -> None:
+    """--gif must name a .gif file (not a directory)."""
+    if path.suffix.lower() != ".gif":
+        raise MinitfmError(f"--gif ('{path}') must be a .gif file")
+    if path.is_dir():
+        raise MinitfmError(f"--gif ('{path}') is a directory: give a .gif file in it")
+
+
+def write_gif(timeline: Timeline, path: Path) -> None:
+    """An animated GIF, a frame per recorded step: every layer and head of cross-attention
+    (TensorBoard's picture), captioned with the step, its exact match and the best alignment.
+    Written atomically, as the PNGs."""
+    from PIL import Image
+
+    from minitfm.viz import KIND_TITLES, MapBlock, MapGrid
+
+    n_layers, n_heads = timeline.cross.shape[1:3]
+    block = MapBlock("cross", list(range(n_layers)), list(range(n_heads)), timeline.cross[0],
+                     timeline.decoder_input, timeline.source)
+    captions = [gif_caption(timeline, n) for n in range(len(timeline.steps))]
+    header = (f"{run_title(timeline)} · {KIND_TITLES['cross']}\ninput {timeline.input} → "
+              f"target {timeline.target} (teacher-forced on the target; colour ∝ √weight; "
+              f"^ = <bos>)")
+    grid = MapGrid(block, header, max(captions, key=len))
+    frames = [Image.fromarray(grid.frame(replace(block, weights=timeline.cross[n]), caption))
+              for n, caption in enumerate(captions)]
+    durations = [GIF_FRAME_MS] * (len(frames) - 1) + [GIF_LAST_MS]
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:],
+                       duration=durations, loop=0)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another --gif") \
+            from None
+
+
+def gif_caption(timeline: Timeline, n: int) -> str:
+    best = "" if timeline.alignment is None else \
+        f" · best alignment {timeline.alignment[n].max():.2f}"
+    return f"step {timeline.steps[n]} · {exact_match_text(timeline.exact_match[n])}{best}"
+
+
+def scores_table(report: OverTrainingReport):
+    """A rich table: a row per recorded step, its exact match and each head's scores."""
+    from rich.table import Table
+
+    timeline, layer = report.timeline, report.layer
+    aligned = timeline.alignment is not None
+    scores = "alignment score · entropy" if aligned else "entropy"
+    table = Table(title=f"{scores} of each cross-attention head of {report.why}")
+    for column in ("step", "exact match", *(f"head {h}" for h in range(timeline.cross.shape[2]))):
+        table.add_column(column, justify="right")
+    for n, step in enumerate(timeline.steps):
+        em = timeline.exact_match[n]
+        heads = [head_text(timeline, n, layer, h, labelled=False)
+                 for h in range(timeline.cross.shape[2])]
+        table.add_row(str(step), "" if em is None else f"{em:.1%}", *heads)
+    table.caption = (f"on {ALIGNMENT_SAMPLES} held-out pairs; entropy in nats (uniform over S "
+                     f"source tokens: ln S; one token: 0)"
+                     + ("; alignment: weight on the ideal source position" if aligned else ""))
+    return table

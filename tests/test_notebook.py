@@ -13,6 +13,7 @@ from pathlib import Path
 
 import nbclient
 import nbformat
+import pytest
 
 NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "tour.ipynb"
 QUICK = {  # reverse 1..8 in 40 steps: far from solved, but every cell has something to show
@@ -44,6 +45,7 @@ def venv_kernel(folder: Path):
     return KernelManager(kernel_name="minitfm-test", kernel_spec_manager=specs)
 
 
+@pytest.mark.slow  # starts a Jupyter kernel
 def test_the_tour_runs(tmp_path):
     nb = nbformat.read(NOTEBOOK, as_version=4)
     (parameters,) = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]

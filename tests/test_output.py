@@ -65,6 +65,7 @@ def assert_fits(lines: list[str], columns: int = 80) -> None:
         assert cell_len(line) <= columns and "…" not in line, line
 
 
+@pytest.mark.slow  # starts minitfm processes
 def test_the_bar_moves_every_step_fits_80_columns_and_ends_with_why(tmp_path):
     run_dir = "run"  # short, so that the commands to paste fit 80 columns too
     code, drawn = in_terminal(["train", *TINY, "log.log_every=50", "log.tensorboard=false",
@@ -84,6 +85,7 @@ def test_the_bar_moves_every_step_fits_80_columns_and_ends_with_why(tmp_path):
     assert "  minitfm eval run" in lines and "  minitfm visualize-attention run" in lines
 
 
+@pytest.mark.slow  # starts minitfm processes
 def test_an_early_stop_finishes_the_bar_and_says_so(tmp_path):
     code, drawn = in_terminal(["train", *TINY, "train.target_exact_match=0.05",
                                "log.tensorboard=false", "--run-dir", "run"], cwd=tmp_path)
@@ -95,6 +97,7 @@ def test_an_early_stop_finishes_the_bar_and_says_so(tmp_path):
     assert "reached the 5% target at step 50 of 200" in lines
 
 
+@pytest.mark.slow  # starts minitfm processes
 def test_help_and_tables_fit_80_columns_in_a_terminal(tmp_path):
     for command in COMMANDS:
         code, drawn = in_terminal([command, "--help"])
@@ -119,6 +122,7 @@ def piped_run(tmp_path_factory):
     return run_dir, proc.stdout
 
 
+@pytest.mark.slow  # starts minitfm processes
 def test_piped_training_output_keeps_every_line_whole(piped_run):
     run_dir, stdout = piped_run
     lines = stdout.splitlines()
@@ -130,6 +134,7 @@ def test_piped_training_output_keeps_every_line_whole(piped_run):
     assert not any("━" in line for line in lines)  # no live bar in a file
 
 
+@pytest.mark.slow  # starts minitfm processes
 def test_piped_eval_keeps_its_title_and_caption_whole(piped_run, monkeypatch):
     run_dir, _ = piped_run
     monkeypatch.setenv("COLUMNS", "80")

@@ -240,6 +240,7 @@ def test_resume_needs_the_files_and_the_same_data(tmp_path):
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"] == 12
 
 
+@pytest.mark.slow  # a sweep starts other torch processes
 def test_a_sweep_of_a_pairs_config(tmp_path):
     write_upper(tmp_path)
     config = tmp_path / "upper.yaml"  # relative paths: from the config's folder in every job
@@ -381,6 +382,7 @@ def test_a_directory_is_no_data_file(tmp_path, monkeypatch):
                   ["dir.tsv", "not a regular file"])
 
 
+@pytest.mark.slow  # writes and reads a 1,000,001-line file
 def test_more_than_a_million_pairs_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "big.tsv").write_bytes(b"a\tb\n" * (MAX_PAIRS + 1))

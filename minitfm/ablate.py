@@ -42,7 +42,7 @@ from minitfm.evaluate import (
 from minitfm.layers import HeadAblation, HeadEdit
 from minitfm.limits import check_fits, decoding_parts
 from minitfm.model import HeadEdits, default_device, eval_mode
-from minitfm.plots import save_png
+from minitfm.plots import check_picture_path, save_png
 from minitfm.tasks import Batch, Pair, Task, eval_set, make_batch
 from minitfm.viz import KIND_TITLES, KINDS
 
@@ -175,8 +175,8 @@ def check_options(mode: str, out: Path | None = None) -> None:
     """`--mode` and `--out`, refused before seconds of decoding rather than after."""
     if mode not in MODES:
         raise MinitfmError(f"--mode ({mode!r}) must be one of {', '.join(MODES)}")
-    if out is not None and out.suffix.lower() != ".png":
-        raise MinitfmError(f"--out ('{out}') must be a .png file")
+    if out is not None:
+        check_picture_path(out, "--out")
 
 
 def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "zero",

@@ -81,12 +81,17 @@ def is_minitfm_png(path: Path) -> bool:
         return False
 
 
+def check_picture_path(path: Path, option: str, suffix: str = ".png") -> None:
+    """`option` names a file with `suffix` (.png, .gif), not a directory."""
+    if path.suffix.lower() != suffix:
+        raise MinitfmError(f"{option} ('{path}') must be a {suffix} file")
+    if path.is_dir():
+        raise MinitfmError(f"{option} ('{path}') is a directory: give a {suffix} file in it")
+
+
 def check_output(path: Path, option: str, force: bool) -> None:
     """`option`'s PNG path may be written: a .png name, and (unless `force`) new or minitfm's."""
-    if path.suffix.lower() != ".png":
-        raise MinitfmError(f"{option} ('{path}') must be a .png file")
-    if path.is_dir():
-        raise MinitfmError(f"{option} ('{path}') is a directory: give a .png file in it")
+    check_picture_path(path, option)
     if path.exists() and not force and not is_minitfm_png(path):
         raise MinitfmError(f"{option} ('{path}') exists and is not a picture minitfm wrote: "
                            f"choose another {option}, or pass --force to replace it")
@@ -95,10 +100,17 @@ def check_output(path: Path, option: str, force: bool) -> None:
 def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> None:
     """Write `fig` as a PNG marked as minitfm's, atomically (a temp file, then a rename)."""
     check_output(path, option, force)
+    write_picture(path, option,
+                  lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": SOFTWARE}))
+
+
+def write_picture(path: Path, option: str, write) -> None:
+    """`write(tmp)` a picture to a temp file beside `path`, then rename it: atomic. An
+    unwritable path is one line naming `option`."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, format="png", metadata={"Software": SOFTWARE})
+        write(tmp)
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)

@@ -23,7 +23,6 @@ Shapes: N snapshots, L layers, H n_heads, T_q and T_k query and key len.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +31,7 @@ import torch
 from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError
+from minitfm.plots import check_picture_path, write_picture
 from minitfm.tasks import Pair, Task
 from minitfm.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
 
@@ -322,10 +322,7 @@ def label_axes(ax, timeline: Timeline, bottom: bool, left: bool) -> None:
 
 def check_gif(path: Path) -> None:
     """--gif must name a .gif file (not a directory)."""
-    if path.suffix.lower() != ".gif":
-        raise MinitfmError(f"--gif ('{path}') must be a .gif file")
-    if path.is_dir():
-        raise MinitfmError(f"--gif ('{path}') is a directory: give a .gif file in it")
+    check_picture_path(path, "--gif", ".gif")
 
 
 def write_gif(timeline: Timeline, path: Path) -> None:
@@ -347,16 +344,8 @@ def write_gif(timeline: Timeline, path: Path) -> None:
     frames = [Image.fromarray(grid.frame(replace(block, weights=timeline.cross[n]), caption))
               for n, caption in enumerate(captions)]
     durations = [GIF_FRAME_MS] * (len(frames) - 1) + [GIF_LAST_MS]
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        frames[0].save(tmp, format="GIF", save_all=True, append_images=frames[1:],
-                       duration=durations, loop=0)
-        os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
-        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another --gif") \
-            from None
+    write_picture(path, "--gif", lambda tmp: frames[0].save(
+        tmp, format="GIF", save_all=True, append_images=frames[1:], duration=durations, loop=0))
 
 
 def gif_caption(timeline: Timeline, n: int) -> str:

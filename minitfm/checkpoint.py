@@ -35,7 +35,7 @@ SAFE_MODULES = ("torch.", "collections.OrderedDict", "_codecs.encode")  # what t
 # What each use of a checkpoint reads: key -> (accepted types, their name in messages).
 EVAL_KEYS = {"step": (int, "an integer"), "config": (dict, "a mapping"),
              "vocab": (list, "a list"), "model": (dict, "a mapping")}
-RESUME_KEYS = {"optimizer": (dict, "a mapping"), "scheduler": (dict, "a mapping"),
+RESUME_KEYS = {"optimizer": (dict, "a mapping"),
                "best_exact_match": ((int, float), "a number"), "rng": (dict, "a mapping")}
 RNG_KEYS = {"torch": (torch.Tensor, "a tensor"), "data": (torch.Tensor, "a tensor"),
             "cuda": (list, "a list")}

@@ -22,7 +22,7 @@ the schemes in `positions.py`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -33,22 +33,89 @@ def scaled_dot_product_attention(
     k: Tensor,
     v: Tensor,
     mask: Tensor | None = None,
-    dropout: nn.Module | None = None,
+    dropout: Dropout | None = None,
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """softmax(Q K^T / sqrt(d_k) + bias) V, Vaswani et al. 2017, §3.2.1; returns (output, weights).
 
     The weights are returned before dropout, so each row is a distribution over the keys.
     `bias` (broadcast to (B, H, T_q, T_k)) is ALiBi's distance penalty, added after scaling.
+    The sums are `AttentionFunction`'s, whose backward is written out.
     """
-    scores = q @ k.transpose(-2, -1) * (q.size(-1) ** -0.5)  # (B, H, T_q, T_k)
-    if bias is not None:
-        scores = scores + bias  # (B, H, T_q, T_k)
+    additive = bias  # (B or 1, H, T_q, T_k) or None: whatever is added to the scores
     if mask is not None:
-        scores = scores + additive_mask(mask, scores.dtype)  # (B, H, T_q, T_k)
-    weights = scores.softmax(dim=-1)  # (B, H, T_q, T_k), rows sum to 1
-    dropped = dropout(weights) if dropout is not None else weights
-    return dropped @ v, weights  # (B, H, T_q, K), (B, H, T_q, T_k)
+        masked = additive_mask(mask, q.dtype)  # (B, 1, 1, T_k) or (T_q, T_k)
+        additive = masked if additive is None else additive + masked
+    keep = None  # dropout on the weights: Z / (1 - p) per weight, drawn here
+    if dropout is not None and dropout.active:
+        keep = dropout.scale(q.shape[:-1] + (k.size(-2),), q)  # (B, H, T_q, T_k)
+    return AttentionFunction.apply(q, k, v, additive, keep)
+
+
+def softmax_(scores: Tensor) -> Tensor:
+    """softmax over the last dim, in place: exp(S - max S) / sum exp(S - max S), per row.
+
+    Subtracting the row's max changes nothing in the result but keeps exp from overflowing;
+    a row of only masked keys (all the lowest value) becomes uniform. Written out because
+    torch's CPU softmax is ~5x slower on rows shorter than 16 keys (decoding, short inputs).
+    """
+    scores -= scores.amax(dim=-1, keepdim=True)
+    scores.exp_()
+    return scores.div_(scores.sum(dim=-1, keepdim=True))
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Scaled dot-product attention with its backward written out (Vaswani et al. 2017, §3.2.1).
+
+    Forward, with s = 1 / sqrt(K), A the additive mask/bias and M the dropout scale (or 1):
+
+        S = s Q K^T + A,   P = softmax(S) (rows, `softmax_`),   O = (P ⊙ M) V
+
+    Backward, from dL/dO (written dO; every product is per batch and head):
+
+        dV = (P ⊙ M)^T dO                      (T_k, K)
+        dP = (dO V^T) ⊙ M                       (T_q, T_k)
+        dS = P ⊙ (dP - rowsum(dP ⊙ P))           the softmax Jacobian, diag(p) - p p^T, per row
+        dQ = s dS K,   dK = s dS^T Q
+
+    Autograd would keep S, the scaled scores and the dropped weights, and run a separate
+    pass for the scaling each way; here only P (and M) are kept, and s rides on the smaller
+    Q (T_q x K) instead of the scores (T_q x T_k).
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")  # backward runs under forward's autocast state
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, additive: Tensor | None,
+                keep: Tensor | None) -> tuple[Tensor, Tensor]:
+        scale = q.size(-1) ** -0.5
+        scores = (q * scale) @ k.transpose(-2, -1)  # S = s Q K^T, (B, H, T_q, T_k)
+        # The softmax in at least float32 (under CUDA autocast the scores are bfloat16).
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+        if additive is not None:
+            scores += additive  # + A: the mask's lowest value, ALiBi's distances
+        weights = softmax_(scores)  # P, (B, H, T_q, T_k), rows sum to 1
+        dropped = weights if keep is None else weights * keep  # P ⊙ M
+        ctx.save_for_backward(q, k, v, weights, keep)
+        ctx.mark_non_differentiable(weights)  # returned for inspection, not for a loss
+        return dropped @ v, weights  # O (B, H, T_q, K), P (B, H, T_q, T_k)
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad_out: Tensor, _grad_weights: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v, weights, keep = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        scale = q.size(-1) ** -0.5
+        dropped = weights if keep is None else weights * keep  # P ⊙ M, (B, H, T_q, T_k)
+        grad_v = dropped.transpose(-2, -1) @ grad_out if need_v else None  # dV, (B, H, T_k, K)
+        grad_weights = grad_out @ v.transpose(-2, -1)  # dO V^T, (B, H, T_q, T_k)
+        if keep is not None:
+            grad_weights *= keep  # dP
+        # dS = P ⊙ (dP - rowsum(dP ⊙ P)), then times s for both dQ and dK
+        row = (grad_weights * weights).sum(dim=-1, keepdim=True)  # (B, H, T_q, 1)
+        grad_scores = (grad_weights - row).mul_(weights).mul_(scale)  # s dS, (B, H, T_q, T_k)
+        grad_q = grad_scores @ k if need_q else None  # dQ, (B, H, T_q, K)
+        grad_k = grad_scores.transpose(-2, -1) @ q if need_k else None  # dK, (B, H, T_k, K)
+        return grad_q, grad_k, grad_v, None, None
 
 
 def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -68,17 +135,36 @@ class KVCache:
     """Projected keys and values of one attention layer, kept between decoding steps.
 
     Self-attention appends each step's new keys and values (`grow=True`); cross-attention
-    projects the encoder memory once and reuses it (`grow=False`).
+    projects the encoder memory once and reuses it (`grow=False`). The appended keys and
+    values go into buffers with room to spare, doubled when full, so that a step copies only
+    its own keys, not all of them again (`k` and `v` are views of the buffers' filled part).
     """
 
     grow: bool = True
     k: Tensor | None = None  # (B, H, T_k, K)
     v: Tensor | None = None  # (B, H, T_k, K)
+    buffers: tuple[Tensor, Tensor] | None = field(default=None, repr=False)  # (B, H, room, K)
 
     @property
     def length(self) -> int:
         """Number of cached key positions (0 when empty)."""
         return 0 if self.k is None else self.k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add this step's keys and values (B, H, T_new, K); returns all of them so far."""
+        start, end = self.length, self.length + k.size(2)
+        if self.buffers is None or end > self.buffers[0].size(2):
+            room = max(end, 2 * start, 16)  # doubling: O(1) copies per step on average
+            self.buffers = tuple(new.new_empty(*new.shape[:2], room, new.size(3))
+                                 for new in (k, v))
+            if start:
+                self.buffers[0][:, :, :start] = self.k
+                self.buffers[1][:, :, :start] = self.v
+        keys, values = self.buffers
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        self.k, self.v = keys[:, :, :end], values[:, :, :end]  # (B, H, T_k, K) views
+        return self.k, self.v
 
 
 @dataclass(frozen=True)
@@ -191,12 +277,12 @@ class MultiHeadAttention(nn.Module):
         if rotation is not None:  # RoPE: rotated before caching, so a cached key never changes
             k = rotation.rotate(k)  # (B, H, T_new, K)
         v = self.split_heads(self.v_proj(value))  # (B, H, T_new, K)
-        if cache is not None:
-            if cache.k is not None:
-                k = torch.cat([cache.k, k], dim=2)  # (B, H, T_cached + T_new, K)
-                v = torch.cat([cache.v, v], dim=2)  # (B, H, T_cached + T_new, K)
+        if cache is None:
+            return k, v
+        if not cache.grow:  # cross-attention, step 0: keep the memory's keys and values
             cache.k, cache.v = k, v
-        return k, v
+            return k, v
+        return cache.append(k, v)  # (B, H, T_cached + T_new, K) each
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -247,15 +333,26 @@ class Dropout(nn.Module):
         assert 0.0 <= p < 1.0, f"dropout p ({p}) must be in [0, 1)"
         self.p = p
 
+    @property
+    def active(self) -> bool:
+        """Whether this dropout zeroes anything: in training, with p > 0."""
+        return self.training and self.p > 0.0
+
+    def scale(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """Z / (1 - p) of `shape`, Z ~ Bernoulli(1 - p), in `like`'s dtype and device.
+
+        Z = 1[U >= p] for U ~ Uniform[0, 1) is Bernoulli(1 - p); on CPU one uniform draw and a
+        comparison are ~2x faster than bernoulli_. Inverted scaling: divide by 1 - p now, so
+        evaluation is the identity. Draws from torch's global RNG, which checkpoints save.
+        """
+        uniform = torch.rand(shape, dtype=like.dtype, device=like.device)
+        return uniform.ge_(self.p).div_(1.0 - self.p)
+
     def forward(self, x: Tensor) -> Tensor:
         """Zero each element with probability p in training, scaling the rest to keep the mean."""
-        if not self.training or self.p == 0.0:
+        if not self.active:
             return x
-        # Z = 1[U >= p] for U ~ Uniform[0, 1) is Bernoulli(1 - p); on CPU one uniform draw and a
-        # comparison are ~2x faster than bernoulli_. Inverted scaling: divide by 1 - p now, so
-        # evaluation is the identity. Draws from torch's global RNG, which checkpoints save.
-        scale = torch.rand_like(x).ge_(self.p).div_(1.0 - self.p)  # Z / (1 - p), (...)
-        return x * scale
+        return x * self.scale(x.shape, x)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

@@ -544,9 +544,15 @@ class Batch:
     n_target_tokens: int  # non-PAD tokens of tgt_out (EOS included), counted without a sync
 
     def to(self, device: torch.device | str) -> Batch:
-        """The same batch on `device`."""
-        return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device),
-                     self.n_target_tokens)
+        """The same batch on `device`; to CUDA from pinned memory, so the CPU does not wait."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            return Batch(self.src.to(device), self.tgt_in.to(device), self.tgt_out.to(device),
+                         self.n_target_tokens)
+        # A copy from ordinary (pageable) memory waits for the GPU to finish its queued work.
+        tensors = (t.pin_memory().to(device, non_blocking=True)
+                   for t in (self.src, self.tgt_in, self.tgt_out))
+        return Batch(*tensors, self.n_target_tokens)
 
 
 def make_batch(pairs: list[Pair], vocab: Vocab) -> Batch:

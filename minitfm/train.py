@@ -41,6 +41,7 @@ from minitfm.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.limits import check_fits, training_parts
 from minitfm.memory import peak_rss_mb
 from minitfm.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
+from minitfm.optim import AdamW
 from minitfm.runs import SUMMARY, write_summary
 from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
 from minitfm.threads import ThreadClaim, ThreadPacer
@@ -88,14 +89,9 @@ def warmup_warning(cfg: TrainConfig) -> str | None:
             f"(e.g. train.warmup_steps={cfg.steps // 10}) or raise train.steps")
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases, norms' γ/δ)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    # fused: one C++ kernel per tensor instead of ~10 Python-dispatched ops (4x faster here)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), fused=True)
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW:
+    """AdamW (see `optim`) with weight decay on matrices only (not on biases, norms' γ/δ)."""
+    return AdamW(model, lr=cfg.lr * lr_factor(0, cfg), weight_decay=cfg.weight_decay)
 
 
 @dataclass
@@ -105,8 +101,7 @@ class TrainState:
     cfg: Config
     task: Task
     model: Seq2SeqTransformer
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizer: AdamW
     data_rng: torch.Generator
     step: int = 0
     best_exact_match: float = -1.0
@@ -128,7 +123,6 @@ class TrainState:
             **self.task.checkpoint_data(),  # pairs: its held-out pairs, lengths, file hash
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
             "best_exact_match": self.best_exact_match,
             "rng": {"torch": torch.get_rng_state(), "data": self.data_rng.get_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
@@ -138,19 +132,16 @@ class TrainState:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore model, optimizer, schedule, step and every RNG."""
+        """Restore model, optimizer, step and every RNG; lr and weight decay come from the
+        config (they may change on resume), the schedule from the step."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
         self.step = state["step"]
         self.best_exact_match = state["best_exact_match"]
         torch.set_rng_state(state["rng"]["torch"])
         self.data_rng.set_state(state["rng"]["data"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        # train.lr and train.weight_decay may change on resume: the config wins.
-        self.scheduler.base_lrs = [self.cfg.train.lr] * len(self.optimizer.param_groups)
-        self.optimizer.param_groups[0]["weight_decay"] = self.cfg.train.weight_decay
         if self.dist.world_size > 1:
             self.load_rank_streams(state["rng"].get("ranks", []))
 
@@ -175,7 +166,7 @@ class TrainState:
 
 
 def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainState:
-    """Task, model (seeded init), optimizer and schedule for a fresh run."""
+    """Task, model (seeded init) and optimizer for a fresh run."""
     task = make_task(cfg.task)
     check_lengths(cfg, task)
     torch.manual_seed(cfg.seed)
@@ -183,9 +174,8 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
     if dist.rank > 0:  # under torchrun: the same initial weights, but its own dropout masks
         torch.manual_seed(cfg.seed + dist.rank)
     optimizer = make_optimizer(model, cfg.train)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg.train))
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
-    return TrainState(cfg, task, model, optimizer, scheduler, data_rng, device=device, dist=dist,
+    return TrainState(cfg, task, model, optimizer, data_rng, device=device, dist=dist,
                       model_or_ddp=dist.wrap(model))
 
 
@@ -201,23 +191,18 @@ def check_lengths(cfg: Config, task: Task) -> None:
 
 def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step on `batch`; returns the (detached) mean loss per target token and
-    the gradient norm before clipping."""
-    model, cfg = state.model, state.cfg.train
+    the gradient norm before clipping, both unread tensors on the device."""
+    cfg = state.cfg.train
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
         logits = state.model_or_ddp(batch.src, batch.tgt_in)  # (B, T, V)
     loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
-    mean_loss = state.dist.average(loss.detach())  # over ranks: a NaN on one stops them all
-    if not torch.isfinite(mean_loss):
-        clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
-        raise state.dist.on_all_ranks(RunFailed(
-            f"loss became {mean_loss.item()} at step {state.step + 1}: lower train.lr "
-            f"({cfg.lr}){clip}; no checkpoint was written for it"))
-    state.optimizer.zero_grad(set_to_none=True)
+    # Over ranks, so a NaN on one stops them all. Not read here: on CUDA, reading a value
+    # waits for the GPU; `LossMeter` reads the losses every few steps and checks them then.
+    mean_loss = state.dist.average(loss.detach())
+    state.optimizer.zero_grad()
     loss.backward()  # under torchrun DDP averages the gradients over ranks here
-    clip = cfg.grad_clip if cfg.grad_clip is not None else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-    state.optimizer.step()
-    state.scheduler.step()
+    state.optimizer.lr = cfg.lr * lr_factor(state.step, cfg)  # the schedule: warmup, decay
+    grad_norm = state.optimizer.step(cfg.grad_clip)
     state.step += 1
     return mean_loss, grad_norm
 
@@ -476,32 +461,43 @@ def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | Non
 def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[str, Any]:
     """Step until train.steps, the target exact match, `stop_at` or a signal."""
     cfg, vocab = state.cfg, state.task.vocab
-    meter = ThroughputMeter()
+    meter = LossMeter(state.step)
     last_eval: EvalResult | None = None
     while state.step < cfg.train.steps:
         batch = make_batch(state.task.sample(cfg.train.batch_size, state.data_rng), vocab)
         loss, grad_norm = train_step(state, batch.to(state.device))
-        meter.add(loss.item(), batch.n_target_tokens)
+        meter.add(loss, batch.n_target_tokens)
         ctx.reporter.step(state.step)
-        if state.step % cfg.log.log_every == 0:
+        step = state.step
+        evaluate_now = due(step, cfg.train.eval_every)
+        attention_now = due(step, attention_every(cfg))
+        save_now = evaluate_now or due(step, cfg.train.checkpoint_every)
+        if step % cfg.log.log_every == 0 or evaluate_now or attention_now or save_now:
+            meter.read(state)  # a non-finite loss stops the run here, before anything is saved
+        if step % cfg.log.log_every == 0:
             log_train(state, ctx, meter.flush(state.dist), grad_norm)
         last_eval = None
-        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
+        if evaluate_now:
             last_eval = run_eval(state, ctx)
             if reached_target(state, last_eval):
                 break
-        every = attention_every(cfg)
-        if every and state.step % every == 0:
+        if attention_now:
             log_attention(state, ctx)
-        every = cfg.train.checkpoint_every
-        if last_eval is not None or (every and state.step % every == 0):
+        if save_now:
             save(state, ctx, "last")  # after each evaluation too: a kill -9 loses little
         signum = ctx.stop.agreed(state.dist)
-        if signum or state.step == stop_at:
+        if signum or step == stop_at:
+            meter.read(state)
             return pause(state, ctx, signum)
         if ctx.pacer.tick():  # another minitfm process started or ended
-            ctx.reporter.message(f"step {state.step}: now {ctx.pacer.claim.describe()}")
+            ctx.reporter.message(f"step {step}: now {ctx.pacer.claim.describe()}")
+    meter.read(state)
     return finish(state, ctx, last_eval)
+
+
+def due(step: int, every: int) -> bool:
+    """Whether something done every `every` steps (0: never) is done after `step`."""
+    return every > 0 and step % every == 0
 
 
 def attention_every(cfg: Config) -> int:
@@ -590,9 +586,14 @@ def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:
     return EvalResult(sums[4] / max(sums[5], 1), total, {}, result.predictions)
 
 
+def next_lr(state: TrainState) -> float:
+    """The learning rate of the next step (what the train line reports)."""
+    return state.cfg.train.lr * lr_factor(state.step, state.cfg.train)
+
+
 def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> None:
     record = {"step": state.step, "split": "train", **record,
-              "lr": state.scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+              "lr": next_lr(state), "grad_norm": float(grad_norm),
               "elapsed_s": time.perf_counter() - ctx.started}
     if state.dist.is_main:
         append_metrics(ctx.run_dir, record)
@@ -600,19 +601,44 @@ def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> No
     ctx.reporter.train_line(record)
 
 
-class ThroughputMeter:
-    """Mean loss and target tokens/s since the last train line."""
+class LossMeter:
+    """Mean loss and target tokens/s since the last train line; stops a run whose loss is not
+    finite.
 
-    def __init__(self):
-        self.losses: list[float] = []
+    The step's loss stays an unread tensor on its device: reading a CUDA tensor makes the CPU
+    wait for the GPU, so `read` fetches the losses of many steps at once (every log.log_every
+    steps, and before anything is evaluated or saved) and names the first non-finite one.
+    """
+
+    def __init__(self, step: int):
+        self.unread: list[torch.Tensor] = []  # 0-dim losses of the steps after `self.step`
+        self.step = step  # the last step whose loss was read
+        self.losses: list[float] = []  # read since the last train line
         self.tokens = 0
         self.since = time.perf_counter()
 
-    def add(self, loss: float, tokens: int) -> None:
-        self.losses.append(loss)
+    def add(self, loss: torch.Tensor, tokens: int) -> None:
+        self.unread.append(loss)
         self.tokens += tokens
 
+    def read(self, state: TrainState) -> None:
+        """Fetch the unread losses (one wait for the device); RunFailed at a non-finite one."""
+        if not self.unread:
+            return
+        values = torch.stack(self.unread).tolist()
+        first = self.step + 1  # the step of values[0]
+        self.unread, self.step = [], self.step + len(values)
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                cfg = state.cfg.train
+                clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
+                raise state.dist.on_all_ranks(RunFailed(
+                    f"loss became {value} at step {first + i}: lower train.lr ({cfg.lr})"
+                    f"{clip}; no checkpoint was written for it"))
+        self.losses += values
+
     def flush(self, dist: Dist = Dist()) -> dict[str, float]:
+        """The train line's loss and tokens/s (after `read`), and a fresh start for the next."""
         now = time.perf_counter()
         tokens = dist.all_sum([self.tokens])[0]  # under torchrun: all ranks' tokens
         record = {"loss": sum(self.losses) / max(len(self.losses), 1),

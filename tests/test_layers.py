@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minitfm.layers import (
+    AttentionFunction,
     Dropout,
     FeedForward,
     KVCache,
@@ -101,6 +102,52 @@ def test_attention_matches_reference(kind):
     assert weights.shape == (B, H, T_q, T_k)
     assert torch.all(weights[~full] == 0)  # exactly zero, not just small
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, T_q, dtype=DTYPE))
+
+
+def autograd_attention(q, k, v, additive, keep):
+    """The forward of AttentionFunction in plain ops, for autograd to differentiate."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + additive
+    weights = scores.softmax(dim=-1)
+    return (weights * keep) @ v
+
+
+@pytest.mark.parametrize("case", ["plain", "mask+bias", "dropout", "cross"])
+def test_attention_backward_passes_gradcheck(case):
+    B, H, T_q, T_k, K = 2, 2, 3, 4 if case == "cross" else 3, 4
+    q, k, v = leaf(B, H, T_q, K), leaf(B, H, T_k, K), leaf(B, H, T_k, K)
+    additive = keep = None
+    if case == "mask+bias":  # a causal mask (lowest value where masked) plus an ALiBi-like bias
+        additive = torch.zeros(T_q, T_k, dtype=DTYPE).masked_fill(~causal(T_q), -1e9)
+        additive = additive + torch.randn(H, T_q, T_k, dtype=DTYPE)
+    if case == "dropout":
+        keep = Dropout(0.4).train().scale((B, H, T_q, T_k), q)
+    assert torch.autograd.gradcheck(AttentionFunction.apply, (q, k, v, additive, keep))
+
+
+@pytest.mark.parametrize("case", ["mask+bias", "dropout"])
+def test_attention_backward_matches_autograd(case):
+    B, H, T, K = 3, 2, 5, 4
+    q, k, v = leaf(B, H, T, K), leaf(B, H, T, K), leaf(B, H, T, K)
+    additive = torch.zeros(T, T, dtype=DTYPE).masked_fill(~causal(T), torch.finfo(DTYPE).min)
+    additive = additive + (torch.randn(H, T, T, dtype=DTYPE) if case == "mask+bias" else 0)
+    keep = torch.ones(B, H, T, T, dtype=DTYPE)
+    if case == "dropout":
+        keep = Dropout(0.3).train().scale(keep.shape, q)
+    ours, weights = AttentionFunction.apply(q, k, v, additive, keep)
+    ref = autograd_attention(q, k, v, additive, keep)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+    assert_all_close(grads(ours, (q, k, v)), grads(ref, (q, k, v)), atol=1e-12)
+    assert not weights.requires_grad  # returned for inspection only
+
+
+def test_attention_draws_dropout_like_the_dropout_module():
+    q, k, v = leaf(2, 2, 4, 4), leaf(2, 2, 4, 4), leaf(2, 2, 4, 4)
+    dropout = Dropout(0.5).train()
+    torch.manual_seed(7)
+    out, weights = scaled_dot_product_attention(q, k, v, dropout=dropout)
+    torch.manual_seed(7)
+    expected = dropout(weights) @ v  # the same uniform draws, over the weights' shape
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
 
 
 def test_attention_weights_are_softmax_of_scaled_scores():

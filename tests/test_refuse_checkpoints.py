@@ -196,7 +196,6 @@ BROKEN = [
 ]
 RESUME_ONLY = [
     ({"optimizer": None}, "missing 'optimizer'"),
-    ({"scheduler": None}, "missing 'scheduler'"),
     ({"rng": None}, "missing 'rng'"),
     ({"rng": {"torch": torch.get_rng_state()}}, "missing 'rng.data'"),
     ({"best_exact_match": None}, "missing 'best_exact_match'"),

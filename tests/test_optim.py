@@ -1,0 +1,157 @@
+"""minitfm's AdamW against torch.optim.AdamW, and the deferred reading of the step losses."""
+
+import json
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from minitfm.checkpoint import load_checkpoint
+from minitfm.config import load_config
+from minitfm.errors import RunFailed
+from minitfm.optim import AdamW
+from minitfm.train import train
+from tests.helpers import TINY
+
+DTYPE = torch.float64
+
+
+def tiny(*overrides: str):
+    return load_config(None, [*TINY, "threads=1", *overrides])
+
+
+def small_model(seed=0) -> nn.Module:
+    """Matrices (decayed), biases and a norm's γ (not decayed), and a tied weight."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Embedding(7, 5), nn.Linear(5, 5), nn.LayerNorm(5), nn.Linear(5, 7))
+    model[3].weight = model[0].weight  # tied: one parameter, listed once
+    return model.to(DTYPE)
+
+
+def torch_adamw(model, lr, weight_decay):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
+
+
+def loss_of(model, step):
+    tokens = torch.randint(0, 7, (4, 3), generator=torch.Generator().manual_seed(step))
+    return model(tokens).square().mean()
+
+
+@pytest.mark.parametrize("max_norm", [None, 0.05])
+def test_adamw_equals_torch_adamw_with_decay_on_matrices_and_clipping(max_norm):
+    ours_model, ref_model = small_model(), small_model()
+    ours = AdamW(ours_model, lr=0.01, weight_decay=0.1)
+    ref = torch_adamw(ref_model, lr=0.01, weight_decay=0.1)
+    for step in range(6):
+        ours.lr = ref.param_groups[0]["lr"] = ref.param_groups[1]["lr"] = 0.01 * (step + 1) / 6
+        ours.zero_grad()
+        loss_of(ours_model, step).backward()
+        norm = ours.step(max_norm)
+        ref.zero_grad()
+        loss_of(ref_model, step).backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref_model.parameters(),
+                                                  max_norm if max_norm else float("inf"))
+        ref.step()
+        torch.testing.assert_close(norm, ref_norm, rtol=1e-12, atol=0)
+        for a, b in zip(ours_model.parameters(), ref_model.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_parameters_are_views_of_the_flat_vector():
+    model = small_model()
+    optimizer = AdamW(model, lr=0.1, weight_decay=0.0)
+    assert optimizer.flat.numel() == sum(p.numel() for p in model.parameters())
+    optimizer.flat.zero_()
+    assert all(torch.all(p == 0) for p in model.parameters())
+
+
+def test_state_of_torch_adamw_continues_exactly():
+    """A minitfm 0.1 checkpoint holds torch.optim.AdamW's state: resuming from it must
+    continue as torch's would have."""
+    ours_model, ref_model = small_model(), small_model()
+    ref = torch_adamw(ref_model, lr=0.01, weight_decay=0.1)
+    for step in range(3):
+        ref.zero_grad()
+        loss_of(ref_model, step).backward()
+        ref.step()
+    ours_model.load_state_dict(ref_model.state_dict())
+    ours = AdamW(ours_model, lr=0.01, weight_decay=0.1)
+    ours.load_state_dict(ref.state_dict())
+    assert ours.t == 3
+    for model, step in ((ours_model, ours.step), (ref_model, ref.step)):
+        model.zero_grad()
+        loss_of(model, 3).backward()
+        step()
+    for a, b in zip(ours_model.parameters(), ref_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_a_state_for_another_model_is_refused():
+    optimizer = AdamW(small_model(), lr=0.1, weight_decay=0.0)
+    state = {"step": 1, "exp_avg": torch.zeros(3), "exp_avg_sq": torch.zeros(3)}
+    with pytest.raises(ValueError, match="shape"):
+        optimizer.load_state_dict(state)
+
+
+def test_a_nan_loss_is_reported_at_its_exact_step_though_read_later(tmp_path):
+    """The losses are read every log.log_every steps; the report still names the first bad
+    step, and nothing trained after it is saved."""
+    import minitfm.train as loop
+
+    real = loop.sequence_loss
+    calls = []
+
+    def nan_at_step_7(*args, **kwargs):
+        calls.append(1)
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if len(calls) == 7 else loss
+
+    run_dir = tmp_path / "run"
+    with mock.patch.object(loop, "sequence_loss", nan_at_step_7), \
+            pytest.raises(RunFailed, match=r"loss became nan at step 7: .*no checkpoint"):
+        train(tiny("train.steps=40", "log.log_every=20", "train.eval_every=20",
+                   "train.checkpoint_every=0", "log.tensorboard=false"), run_dir=run_dir)
+    assert not list((run_dir / "checkpoints").glob("*.pt"))
+    assert not (run_dir / "metrics.jsonl").exists()  # no train line was written either
+
+
+def test_the_logged_loss_is_the_mean_of_the_steps_since_the_last_line(tmp_path):
+    run_dir = tmp_path / "run"
+    train(tiny("train.steps=6", "log.log_every=3", "train.eval_every=0",
+               "log.tensorboard=false"), run_dir=run_dir)
+    every = tiny("train.steps=6", "log.log_every=1", "train.eval_every=0",
+                 "log.tensorboard=false")
+    train(every, run_dir=tmp_path / "every")
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").open()]
+    singles = [json.loads(x)["loss"] for x in (tmp_path / "every" / "metrics.jsonl").open()
+               if json.loads(x)["split"] == "train"]
+    losses = [r["loss"] for r in lines if r["split"] == "train"]
+    assert losses == pytest.approx([sum(singles[:3]) / 3, sum(singles[3:]) / 3], rel=1e-6)
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 6
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_training_step_never_waits_for_the_gpu(tmp_path):
+    """No host sync in the step: any would raise under sync debug mode "error"."""
+    from minitfm.tasks import make_batch
+    from minitfm.train import LossMeter, init_state, train_step
+
+    state = init_state(tiny("device=cuda"), torch.device("cuda"))
+    meter = LossMeter(0)
+    batches = [make_batch(state.task.sample(16, state.data_rng), state.task.vocab)
+               for _ in range(3)]
+    train_step(state, batches[0].to("cuda"))  # first step: lazy CUDA initialisation
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for batch in batches[1:]:
+            loss, _ = train_step(state, batch.to("cuda"))
+            meter.add(loss, batch.n_target_tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    meter.read(state)
+    assert len(meter.losses) == 2 and all(x == x for x in meter.losses)

@@ -141,27 +141,30 @@ def predict(model, task: Task, sources: list[list[int]], device,
 
 
 @torch.no_grad()
-def teacher_forced_loss(model, task: Task, pairs: list[Pair], device,
-                        batch_size: int = EVAL_BATCH_SIZE) -> float:
-    """Mean cross-entropy per target token with the true previous tokens fed in."""
-    total, count = 0.0, 0
-    for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
-        batch = make_batch([pairs[i] for i in chunk], task.vocab).to(device)
-        logits = model(batch.src, batch.tgt_in)  # (B, T, V)
-        total += sequence_loss(logits, batch.tgt_out, task.vocab.pad_id, reduction="sum").item()
-        count += batch.n_target_tokens
-    return total / max(count, 1)
-
-
-@torch.no_grad()
 def evaluate(model, task: Task, pairs: list[Pair], device,
              batch_size: int = EVAL_BATCH_SIZE) -> EvalResult:
-    """Loss, token accuracy and exact match of `model` on `pairs` (eval mode, restored after)."""
+    """Loss, token accuracy and exact match of `model` on `pairs` (eval mode, restored after).
+
+    Each chunk's sources are encoded once, for both measurements: greedy decoding, which
+    never sees the target, and the teacher-forced loss, which feeds the true previous tokens.
+    """
+    vocab, predictions = task.vocab, [[] for _ in pairs]
+    loss_sum, tokens = 0.0, 0
     with eval_mode(model):
-        predictions = predict(model, task, [src for src, _ in pairs], device, batch_size)
-        loss = teacher_forced_loss(model, task, pairs, device, batch_size)
+        for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
+            batch = make_batch([pairs[i] for i in chunk], vocab).to(device)
+            memory, src_mask, _ = model.encode(batch.src)  # (B, S, D), (B, 1, 1, S)
+            cap = max(task.max_target_len(len(pairs[i][0])) for i in chunk) + 1  # + EOS
+            decoded = greedy_decode(model, batch.src, vocab.bos_id, vocab.eos_id, cap,
+                                    encoded=(memory, src_mask))
+            for i, row in zip(chunk, decoded.tolist()):
+                predictions[i] = strip_eos(row, vocab.eos_id)
+            logits, _, _ = model.decode(batch.tgt_in, memory, src_mask)  # (B, T, V)
+            loss_sum += sequence_loss(logits, batch.tgt_out, vocab.pad_id,
+                                      reduction="sum").item()
+            tokens += batch.n_target_tokens
     total, per_length = score(pairs, predictions, task.input_length)
-    return EvalResult(loss, total, per_length, predictions)
+    return EvalResult(loss_sum / max(tokens, 1), total, per_length, predictions)
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"

@@ -259,7 +259,9 @@ class Seq2SeqTransformer(nn.Module):
         offset = cache[0].self_attn.length if cache is not None else 0
         T = tgt.size(1)
         x = self.embed(tgt, offset, tgt_positions)
-        self_mask = self.subsequent(offset, T)  # (T, offset + T), rows offset..offset+T-1
+        # (T, offset + T), rows offset..offset+T-1; a single new token (a decoding step) may
+        # see every position so far, so it needs no mask.
+        self_mask = self.subsequent(offset, T) if T > 1 else None
         attn_positions = self.decoder_positions(offset, T, memory.size(1), tgt.device,
                                                 tgt_positions, src_positions)
         self_maps, cross_maps = [], []
@@ -356,13 +358,18 @@ def greedy_decode(
     max_len: int,
     use_cache: bool = True,
     edits: HeadEdits | None = None,
+    encoded: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Batched greedy decoding from BOS: tokens (B, T <= max_len), EOS kept, PAD after it.
 
-    `edits` change head outputs at every step (ablations; see `HeadEdits`).
+    `edits` change head outputs at every step (ablations; see `HeadEdits`). `encoded` is
+    `model.encode(src)`'s memory and source mask when the caller has them already.
     """
     with eval_mode(model):  # dropout off: decoding is deterministic
-        memory, src_mask, _ = model.encode(src, edits=edits)  # the source is encoded once
+        if encoded is None:  # the source is encoded once, for every step
+            memory, src_mask, _ = model.encode(src, edits=edits)
+        else:
+            memory, src_mask = encoded
         B = src.size(0)
         tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from minitfm.config import ModelConfig
 from minitfm.layers import (
+    AttentionPacking,
     AttentionPositions,
     Dropout,
     FeedForward,
@@ -32,6 +33,7 @@ from minitfm.layers import (
     KVCache,
     LayerNorm,
     MultiHeadAttention,
+    Packing,
 )
 from minitfm.positions import make_positional, sample_positions
 
@@ -81,16 +83,22 @@ class EncoderLayer(nn.Module):
 
     def forward(
         self, x: Tensor, mask: Tensor, positions: AttentionPositions | None = None,
-        edit: HeadEdit | None = None,
+        edit: HeadEdit | None = None, packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """x (B, S, D), mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S)."""
+        """x (B, S, D), mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S).
+
+        With `packing`, x holds the real tokens only: (N, D) in and out.
+        """
+        packed = AttentionPacking(packing, packing)
         if self.norm_first:  # pre-LN: x + Sublayer(LN(x)) (Xiong et al. 2020)
             h = self.norm1(x)
-            attn, weights = self.self_attn(h, h, h, mask, positions=positions, edit=edit)
+            attn, weights = self.self_attn(h, h, h, mask, positions=positions, edit=edit,
+                                           packing=packed)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm2(x)))
         else:  # post-LN, as in the paper: LN(x + Sublayer(x))
-            attn, weights = self.self_attn(x, x, x, mask, positions=positions, edit=edit)
+            attn, weights = self.self_attn(x, x, x, mask, positions=positions, edit=edit,
+                                           packing=packed)
             x = self.norm1(x + self.dropout(attn))
             x = self.norm2(x + self.dropout(self.feed_forward(x)))
         return x, weights
@@ -119,32 +127,35 @@ class DecoderLayer(nn.Module):
         cache: DecoderLayerCache | None = None,
         positions: tuple[AttentionPositions | None, AttentionPositions | None] = (None, None),
         edits: tuple[HeadEdit | None, HeadEdit | None] = (None, None),
+        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
 
         `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention,
-        `edits` what changes their head outputs (ablations).
+        `edits` what changes their head outputs (ablations). With `packing`, x holds the real
+        tokens only: (N, D) in and out (the memory stays padded).
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
         self_pos, cross_pos = positions
         self_edit, cross_edit = edits
+        self_packed, cross_packed = AttentionPacking(packing, packing), AttentionPacking(packing)
         if self.norm_first:
             h = self.norm1(x)
             attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos,
-                                                self_edit)
+                                                self_edit, self_packed)
             x = x + self.dropout(attn)
             h = self.norm2(x)
             attn, cross_weights = self.cross_attn(h, memory, memory, src_mask, cross_cache,
-                                                  cross_pos, cross_edit)
+                                                  cross_pos, cross_edit, cross_packed)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm3(x)))
         else:
             attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache, self_pos,
-                                                self_edit)
+                                                self_edit, self_packed)
             x = self.norm1(x + self.dropout(attn))
             attn, cross_weights = self.cross_attn(x, memory, memory, src_mask, cross_cache,
-                                                  cross_pos, cross_edit)
+                                                  cross_pos, cross_edit, cross_packed)
             x = self.norm2(x + self.dropout(attn))
             x = self.norm3(x + self.dropout(self.feed_forward(x)))
         return x, self_weights, cross_weights
@@ -211,11 +222,30 @@ class Seq2SeqTransformer(nn.Module):
         if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
             pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
             attn_positions = self.positional.attention(pos, pos)
+        packing = self.packing(src)
+        if packing is not None:
+            x = packing.pack(x)  # (N, D): the real tokens only
         maps = []
         for i, layer in enumerate(self.encoder_layers):
-            x, weights = layer(x, src_mask, attn_positions, edits.encoder.get(i))
+            x, weights = layer(x, src_mask, attn_positions, edits.encoder.get(i), packing)
             maps.append(weights)
-        return self.encoder_norm(x), src_mask, maps
+        memory = self.encoder_norm(x)  # (B, S, D) or (N, D)
+        if packing is not None:
+            memory = packing.unpack(memory)  # (B, S, D), zeros at the padding (masked anyway)
+        return memory, src_mask, maps
+
+    def packing(self, tokens: Tensor) -> Packing | None:
+        """Where the real tokens of a training batch (B, T) are, to skip its padding.
+
+        None outside training: a model that emits PAD and is fed it back (greedy decoding)
+        must treat it as a token. None on a GPU: finding the tokens there would make the CPU
+        wait for it, and a GPU has cores to spare for the padding. None without padding.
+        """
+        if not self.training or tokens.device.type != "cpu":
+            return None
+        real = (tokens != self.pad_id).flatten()  # (B * T,)
+        index = real.nonzero().squeeze(1)  # (N,)
+        return Packing(index, *tokens.shape) if len(index) < len(real) else None
 
     @staticmethod
     def indices(positions: Tensor | None, length: int, offset: int, device) -> Tensor:
@@ -264,15 +294,21 @@ class Seq2SeqTransformer(nn.Module):
         self_mask = self.subsequent(offset, T) if T > 1 else None
         attn_positions = self.decoder_positions(offset, T, memory.size(1), tgt.device,
                                                 tgt_positions, src_positions)
+        packing = self.packing(tgt) if cache is None else None  # a cache is for decoding
+        if packing is not None:
+            x = packing.pack(x)  # (N, D): the real tokens only
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
             x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
                                                    attn_positions,
-                                                   (edits.decoder.get(i), edits.cross.get(i)))
+                                                   (edits.decoder.get(i), edits.cross.get(i)),
+                                                   packing)
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
-        logits = self.generator(self.decoder_norm(x))  # (B, T, V)
+        logits = self.generator(self.decoder_norm(x))  # (B, T, V) or (N, V)
+        if packing is not None:
+            logits = packing.unpack(logits)  # (B, T, V), zeros at the padding (PAD targets)
         return logits, self_maps, cross_maps
 
     def subsequent(self, offset: int, length: int) -> Tensor:

@@ -424,3 +424,33 @@ def test_resume_is_bit_exact_with_random_positions(tmp_path):
 
     assert len(losses(tmp_path / "straight")) == 40
     assert losses(tmp_path / "straight") == losses(tmp_path / "split")
+
+
+@pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)
+@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-LN", "post-LN"])
+def test_training_on_the_real_tokens_only_equals_training_on_the_padded_batch(
+        positional, limit, norm_first):
+    """In training the model packs the real tokens (Packing): the logits at real positions,
+    the loss and every gradient are those of the padded computation."""
+    from minitfm.model import sequence_loss
+
+    src = padded([[3, 4, 5, 6, 7], [8, 9], [10, 3, 4]])
+    tgt_in = padded([[BOS, 7, 6, 5, 4, 3], [BOS, 9, 8], [BOS, 4]])
+    tgt_out = padded([[7, 6, 5, 4, 3, EOS], [9, 8, EOS], [4, EOS]])
+    results = []
+    for pack in (True, False):
+        model = make_model(positional, limit, norm_first=norm_first).train()
+        if not pack:
+            model.packing = lambda tokens: None
+        assert (model.packing(tgt_in) is not None) == pack
+        torch.manual_seed(7)  # the same random positions
+        logits = model(src, tgt_in)
+        loss = sequence_loss(logits, tgt_out, PAD)
+        loss.backward()
+        real = tgt_out != PAD
+        results.append((logits[real], loss, [p.grad for p in model.parameters()]))
+    (packed, loss, grads), (padded_logits, padded_loss, padded_grads) = results
+    torch.testing.assert_close(packed, padded_logits, rtol=0, atol=1e-12)
+    torch.testing.assert_close(loss, padded_loss, rtol=0, atol=1e-12)
+    for a, b in zip(grads, padded_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

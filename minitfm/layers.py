@@ -224,7 +224,7 @@ class Packing:
     def unpack(self, x: Tensor) -> Tensor:
         """(N, ...) -> (B, T, ...), zeros at the padding."""
         padded = x.new_zeros(self.B * self.T, *x.shape[1:])
-        return padded.index_copy(0, self.index, x).view(self.B, self.T, *x.shape[1:])
+        return padded.index_copy_(0, self.index, x).view(self.B, self.T, *x.shape[1:])
 
 
 @dataclass(frozen=True)

@@ -127,19 +127,21 @@ class DecoderLayer(nn.Module):
         cache: DecoderLayerCache | None = None,
         positions: tuple[AttentionPositions | None, AttentionPositions | None] = (None, None),
         edits: tuple[HeadEdit | None, HeadEdit | None] = (None, None),
-        packing: Packing | None = None,
+        packings: tuple[Packing | None, Packing | None] = (None, None),
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
 
         `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention,
-        `edits` what changes their head outputs (ablations). With `packing`, x holds the real
-        tokens only: (N, D) in and out (the memory stays padded).
+        `edits` what changes their head outputs (ablations). `packings` are x's and the
+        memory's: each then holds its real tokens only, (N, D) (x in and out).
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
         self_pos, cross_pos = positions
         self_edit, cross_edit = edits
-        self_packed, cross_packed = AttentionPacking(packing, packing), AttentionPacking(packing)
+        packing, memory_packing = packings
+        self_packed = AttentionPacking(packing, packing)
+        cross_packed = AttentionPacking(packing, memory_packing)
         if self.norm_first:
             h = self.norm1(x)
             attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos,
@@ -215,6 +217,16 @@ class Seq2SeqTransformer(nn.Module):
         `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`);
         `edits.encoder` changes head outputs (ablations).
         """
+        memory, src_mask, maps, packing = self.encode_rows(src, positions, edits)
+        if packing is not None:
+            memory = packing.unpack(memory)  # (B, S, D), zeros at the padding (masked anyway)
+        return memory, src_mask, maps
+
+    def encode_rows(
+        self, src: Tensor, positions: Tensor | None = None, edits: HeadEdits | None = None
+    ) -> tuple[Tensor, Tensor, list[Tensor], Packing | None]:
+        """`encode`, with the memory of only the real tokens (N, D) when the batch is packed
+        (in training), and its Packing (None: padded (B, S, D))."""
         edits = edits or HeadEdits()
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
         x = self.embed(src, positions=positions)
@@ -229,10 +241,7 @@ class Seq2SeqTransformer(nn.Module):
         for i, layer in enumerate(self.encoder_layers):
             x, weights = layer(x, src_mask, attn_positions, edits.encoder.get(i), packing)
             maps.append(weights)
-        memory = self.encoder_norm(x)  # (B, S, D) or (N, D)
-        if packing is not None:
-            memory = packing.unpack(memory)  # (B, S, D), zeros at the padding (masked anyway)
-        return memory, src_mask, maps
+        return self.encoder_norm(x), src_mask, maps, packing  # memory (B, S, D) or (N, D)
 
     def packing(self, tokens: Tensor) -> Packing | None:
         """Where the real tokens of a training batch (B, T) are, to skip its padding.
@@ -277,13 +286,15 @@ class Seq2SeqTransformer(nn.Module):
         tgt_positions: Tensor | None = None,
         src_positions: Tensor | None = None,
         edits: HeadEdits | None = None,
+        memory_packing: Packing | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """tgt (B, T) -> logits (B, T, V), decoder maps [(B,H,T,T)], cross maps [(B,H,T,S)].
 
         With a `cache` (from `new_cache`), `tgt` holds only the tokens after those already
         cached; their positions and causal mask continue from there. `tgt_positions` (B, T) and
         `src_positions` (B, S) replace 0..T-1 and 0..S-1 (randomized positions, no cache).
-        `edits.decoder` and `edits.cross` change head outputs (ablations).
+        `edits.decoder` and `edits.cross` change head outputs (ablations). `memory_packing`:
+        the memory holds the real source tokens only, (N_s, D) (`encode_rows`).
         """
         edits = edits or HeadEdits()
         offset = cache[0].self_attn.length if cache is not None else 0
@@ -292,7 +303,7 @@ class Seq2SeqTransformer(nn.Module):
         # (T, offset + T), rows offset..offset+T-1; a single new token (a decoding step) may
         # see every position so far, so it needs no mask.
         self_mask = self.subsequent(offset, T) if T > 1 else None
-        attn_positions = self.decoder_positions(offset, T, memory.size(1), tgt.device,
+        attn_positions = self.decoder_positions(offset, T, src_mask.size(-1), tgt.device,
                                                 tgt_positions, src_positions)
         packing = self.packing(tgt) if cache is None else None  # a cache is for decoding
         if packing is not None:
@@ -303,7 +314,7 @@ class Seq2SeqTransformer(nn.Module):
             x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
                                                    attn_positions,
                                                    (edits.decoder.get(i), edits.cross.get(i)),
-                                                   packing)
+                                                   (packing, memory_packing))
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
         logits = self.generator(self.decoder_norm(x))  # (B, T, V) or (N, V)
@@ -332,9 +343,9 @@ class Seq2SeqTransformer(nn.Module):
         src_positions = tgt_positions = None
         if self.training and self.config.random_positions is not None:
             src_positions, tgt_positions = self.draw_positions(src, tgt)
-        memory, src_mask, encoder_maps = self.encode(src, src_positions, edits)
+        memory, src_mask, encoder_maps, packing = self.encode_rows(src, src_positions, edits)
         logits, decoder_maps, cross_maps = self.decode(tgt, memory, src_mask, None, tgt_positions,
-                                                       src_positions, edits)
+                                                       src_positions, edits, packing)
         if return_attention:
             return logits, AttentionMaps(encoder_maps, decoder_maps, cross_maps)
         return logits

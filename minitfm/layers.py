@@ -217,6 +217,11 @@ class Packing:
     B: int
     T: int
 
+    @property
+    def columns(self) -> Tensor:
+        """(N,) the position t of each real token in its row."""
+        return self.index % self.T
+
     def pack(self, x: Tensor) -> Tensor:
         """(B, T, ...) -> (N, ...): the real tokens' rows."""
         return x.flatten(0, 1).index_select(0, self.index)

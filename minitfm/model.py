@@ -204,9 +204,14 @@ class Seq2SeqTransformer(nn.Module):
                     nn.init.zeros_(module.bias)
         nn.init.normal_(self.embedding.weight, std=self.config.d_model**-0.5)
 
-    def embed(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
-        """Tokens (B, T) -> scaled embeddings plus positions offset.. (or `positions`) (B, T, D)."""
-        x = self.embedding(tokens) * self.embed_scale  # (B, T, D)
+    def embed(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None,
+              packing: Packing | None = None) -> Tensor:
+        """Tokens (B, T) -> scaled embeddings plus positions offset.. (or `positions`) (B, T, D);
+        with `packing`, of the real tokens only: (N, D) (training, so offset is 0)."""
+        if packing is not None:
+            tokens = packing.pack(tokens)  # (N,)
+            positions = packing.columns if positions is None else packing.pack(positions)
+        x = self.embedding(tokens) * self.embed_scale  # (B, T, D) or (N, D)
         return self.embed_dropout(self.positional(x, offset, positions))
 
     def encode(
@@ -229,14 +234,12 @@ class Seq2SeqTransformer(nn.Module):
         (in training), and its Packing (None: padded (B, S, D))."""
         edits = edits or HeadEdits()
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
-        x = self.embed(src, positions=positions)
         attn_positions = None
         if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
             pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
             attn_positions = self.positional.attention(pos, pos)
         packing = self.packing(src)
-        if packing is not None:
-            x = packing.pack(x)  # (N, D): the real tokens only
+        x = self.embed(src, positions=positions, packing=packing)  # (B, S, D) or (N, D)
         maps = []
         for i, layer in enumerate(self.encoder_layers):
             x, weights = layer(x, src_mask, attn_positions, edits.encoder.get(i), packing)
@@ -299,15 +302,13 @@ class Seq2SeqTransformer(nn.Module):
         edits = edits or HeadEdits()
         offset = cache[0].self_attn.length if cache is not None else 0
         T = tgt.size(1)
-        x = self.embed(tgt, offset, tgt_positions)
         # (T, offset + T), rows offset..offset+T-1; a single new token (a decoding step) may
         # see every position so far, so it needs no mask.
         self_mask = self.subsequent(offset, T) if T > 1 else None
         attn_positions = self.decoder_positions(offset, T, src_mask.size(-1), tgt.device,
                                                 tgt_positions, src_positions)
         packing = self.packing(tgt) if cache is None else None  # a cache is for decoding
-        if packing is not None:
-            x = packing.pack(x)  # (N, D): the real tokens only
+        x = self.embed(tgt, offset, tgt_positions, packing)  # (B, T, D) or (N, D)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None

@@ -6,6 +6,8 @@ D d_model, H n_heads, V vocab_size.
 The model masks by itself: source padding (tokens == pad_id) in encoder self-attention and in
 cross-attention, and future positions in decoder self-attention. Target padding needs no mask:
 the loss ignores PAD targets and the causal mask keeps real positions from seeing later ones.
+In training on a CPU the padding is also skipped: embeddings, projections, feed-forward blocks
+and layer norms see only the real tokens, packed into rows (N, D) (`layers.Packing`).
 
 Positions are 0..S-1 in the source and 0..T-1 in the target (continuing from the cache when
 decoding step by step); with `model.random_positions` set, `forward` in training mode draws

@@ -1,7 +1,7 @@
 """The training loop: AdamW, warmup + decay, periodic greedy evaluation, checkpoints, resume.
 
 One step: sample a batch from the task's training stream, teacher-forced cross-entropy on
-`target + EOS` (PAD ignored), backward, clip, AdamW step, schedule step. Every random draw
+`target + EOS` (PAD ignored), backward, the scheduled lr, clip and AdamW step. Every random draw
 comes from a state that the checkpoint saves (torch's RNG for init and dropout, the data
 generator), so N straight steps and N/2 + resume give bit-identical losses.
 """
@@ -411,7 +411,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         device = dist.device if dist.world_size > 1 else pick_device(cfg.device)
         state = init_state(cfg, device, dist)
         if checkpoint is not None:
-            # The schedule's lambda reads cfg.train, so a raised train.steps stretches the decay.
+            # The schedule reads cfg.train, so a raised train.steps stretches the decay.
             restore(state, checkpoint, resume)
         # Under torchrun rank 0 alone shows progress, for every rank.
         reporter = (reporter or NullReporter()) if dist.is_main else NullReporter()

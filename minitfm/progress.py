@@ -196,9 +196,12 @@ def ending(summary: dict, target: float | None) -> str:
     if status != "finished":
         return f"{status} at step {step} of {steps}"
     best = max(summary["best_exact_match"], 0)
-    short = (f" (best exact match {best:.1%}, short of the {percent(target)} target)"
-             if target is not None and best < target else "")
-    return f"finished all {steps} steps{short}"
+    if target is None:
+        return f"finished all {steps} steps"
+    if best >= target:  # at the last evaluation: the loop stops there either way
+        return f"finished all {steps} steps, reaching the {percent(target)} target"
+    return (f"finished all {steps} steps (best exact match {best:.1%}, short of the "
+            f"{percent(target)} target)")
 
 
 def percent(value: float) -> str:

@@ -236,3 +236,17 @@ def test_ctrl_c_in_any_command_says_interrupted(capsys):
     assert stopped.value.exit_code == 130
     message = capsys.readouterr().err
     assert message.startswith("interrupted: ") and message.count("\n") == 1, message
+
+
+@pytest.mark.parametrize("best, status, expected", [
+    (0.995, "stopped at target", "reached the 99% target at step 250 of 300"),
+    (1.0, "finished", "finished all 300 steps, reaching the 99% target"),
+    (0.97, "finished", "finished all 300 steps (best exact match 97.0%, short of the 99% target)"),
+    (0.5, "interrupted", "interrupted at step 250 of 300"),
+])
+def test_the_ending_says_why_the_run_ended(best, status, expected):
+    from minitfm.progress import ending
+
+    step = 300 if status == "finished" else 250
+    summary = {"step": step, "steps": 300, "status": status, "best_exact_match": best}
+    assert ending(summary, 0.99) == expected

@@ -124,7 +124,7 @@ def timed_step(model, optimizer, pad_id: int, batch, device) -> float:
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
         logits = model(batch.src, batch.tgt_in)  # (B, T, V)
     loss = sequence_loss(logits, batch.tgt_out, pad_id)
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad()  # torch's sets the gradients to None, as minitfm's
     loss.backward()
     optimizer.step()
     sync(device)

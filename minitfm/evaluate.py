@@ -130,14 +130,24 @@ def predict(model, task: Task, sources: list[list[int]], device,
 
     `edits` change head outputs while decoding (`minitfm ablate`).
     """
-    vocab, out = task.vocab, [[] for _ in sources]
+    out = [[] for _ in sources]
     for chunk in length_chunks([len(s) for s in sources], batch_size):
-        src = make_batch([(sources[i], []) for i in chunk], vocab).src.to(device)
-        cap = max(task.max_target_len(len(sources[i])) for i in chunk) + 1  # + EOS
-        tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache, edits)
-        for i, row in zip(chunk, tokens.tolist()):
-            out[i] = strip_eos(row, vocab.eos_id)
+        src = make_batch([(sources[i], []) for i in chunk], task.vocab).src.to(device)
+        decoded = decode_chunk(model, task, src, [len(sources[i]) for i in chunk], use_cache,
+                               edits)
+        for i, row in zip(chunk, decoded):
+            out[i] = row
     return out
+
+
+def decode_chunk(model, task: Task, src, lengths: list[int], use_cache: bool = True,
+                 edits: HeadEdits | None = None, encoded=None) -> list[list[int]]:
+    """Greedy-decode one chunk of padded sources (B, S) whose lengths are `lengths`, up to the
+    longest target they allow (+ EOS); the outputs without EOS. `encoded`: see greedy_decode."""
+    vocab = task.vocab
+    cap = max(task.max_target_len(n) for n in lengths) + 1  # + EOS
+    tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache, edits, encoded)
+    return [strip_eos(row, vocab.eos_id) for row in tokens.tolist()]
 
 
 @torch.no_grad()
@@ -154,11 +164,10 @@ def evaluate(model, task: Task, pairs: list[Pair], device,
         for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
             batch = make_batch([pairs[i] for i in chunk], vocab).to(device)
             memory, src_mask, _ = model.encode(batch.src)  # (B, S, D), (B, 1, 1, S)
-            cap = max(task.max_target_len(len(pairs[i][0])) for i in chunk) + 1  # + EOS
-            decoded = greedy_decode(model, batch.src, vocab.bos_id, vocab.eos_id, cap,
-                                    encoded=(memory, src_mask))
-            for i, row in zip(chunk, decoded.tolist()):
-                predictions[i] = strip_eos(row, vocab.eos_id)
+            decoded = decode_chunk(model, task, batch.src, [len(pairs[i][0]) for i in chunk],
+                                   encoded=(memory, src_mask))
+            for i, row in zip(chunk, decoded):
+                predictions[i] = row
             logits, _, _ = model.decode(batch.tgt_in, memory, src_mask)  # (B, T, V)
             loss_sum += sequence_loss(logits, batch.tgt_out, vocab.pad_id,
                                       reduction="sum").item()

@@ -37,10 +37,10 @@ class AdamW:
         self.params = list(model.parameters())  # tied weights appear once
         self.lr, self.betas, self.eps = lr, betas, eps
         self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])  # θ, (N,)
-        offset = 0
+        self.starts, offset = {}, 0  # where each parameter starts in the flat vector
         for p in self.params:
-            p.data = self.flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+            self.starts[p], offset = offset, offset + p.numel()
+            p.data = self.flat[self.starts[p]:offset].view_as(p)
         # λ where the parameter is a matrix (>= 2 dims), 0 for biases and norms: (N,)
         self.decay = torch.cat([torch.full((p.numel(),), weight_decay if p.dim() >= 2 else 0.0,
                                            dtype=self.flat.dtype, device=self.flat.device)
@@ -49,7 +49,7 @@ class AdamW:
         self.exp_avg_sq = torch.zeros_like(self.flat)  # v, (N,)
         self.t = 0
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self) -> None:
         """Forget the gradients (backward then writes fresh ones)."""
         for p in self.params:
             p.grad = None
@@ -104,17 +104,7 @@ class AdamW:
             saved = state["state"].get(index)
             if saved is None:  # no step taken yet
                 continue
-            offset = self.offset(p)
             for name, flat in moments.items():
-                flat[offset:offset + p.numel()] = saved[name].reshape(-1)
+                flat[self.starts[p]:self.starts[p] + p.numel()] = saved[name].reshape(-1)
             step = int(saved["step"])
         return {"step": step, **moments}
-
-    def offset(self, param: nn.Parameter) -> int:
-        """Where `param` starts in the flat vector."""
-        offset = 0
-        for p in self.params:
-            if p is param:
-                return offset
-            offset += p.numel()
-        raise KeyError("not a parameter of this optimizer")

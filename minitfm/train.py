@@ -91,7 +91,7 @@ def warmup_warning(cfg: TrainConfig) -> str | None:
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW:
     """AdamW (see `optim`) with weight decay on matrices only (not on biases, norms' γ/δ)."""
-    return AdamW(model, lr=cfg.lr * lr_factor(0, cfg), weight_decay=cfg.weight_decay)
+    return AdamW(model, lr=cfg.lr, weight_decay=cfg.weight_decay)  # the loop sets each lr
 
 
 @dataclass
@@ -201,7 +201,7 @@ def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
     mean_loss = state.dist.average(loss.detach())
     state.optimizer.zero_grad()
     loss.backward()  # under torchrun DDP averages the gradients over ranks here
-    state.optimizer.lr = cfg.lr * lr_factor(state.step, cfg)  # the schedule: warmup, decay
+    state.optimizer.lr = next_lr(state)  # the schedule: warmup, decay
     grad_norm = state.optimizer.step(cfg.grad_clip)
     state.step += 1
     return mean_loss, grad_norm
@@ -587,7 +587,7 @@ def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:
 
 
 def next_lr(state: TrainState) -> float:
-    """The learning rate of the next step (what the train line reports)."""
+    """The learning rate of the step after `state.step` (what the train line reports)."""
     return state.cfg.train.lr * lr_factor(state.step, state.cfg.train)
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from minitfm.bench import torch_adamw as bench_adamw
 from minitfm.checkpoint import load_checkpoint
-from minitfm.config import load_config
+from minitfm.config import TrainConfig, load_config
 from minitfm.errors import RunFailed
 from minitfm.optim import AdamW
 from minitfm.train import train
@@ -30,10 +31,8 @@ def small_model(seed=0) -> nn.Module:
 
 
 def torch_adamw(model, lr, weight_decay):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
+    """torch's AdamW as the bench sets it up (matrices decayed, the rest not)."""
+    return bench_adamw(model, TrainConfig(lr=lr, weight_decay=weight_decay))
 
 
 def loss_of(model, step):

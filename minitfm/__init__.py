@@ -1,6 +1,6 @@
 """minitfm: a toy encoder-decoder transformer trainer you can read in an afternoon.
 
-The Python API (see `minitfm.api`): `from minitfm import load_run, train`. `import minitfm`
+The Python API (see `minitfm.app.api`): `from minitfm import load_run, train`. `import minitfm`
 stays cheap: torch loads with the first use of either.
 """
 
@@ -9,13 +9,13 @@ __all__ = ["load_run", "train", "__version__"]
 
 
 def __getattr__(name: str):
-    """`minitfm.load_run` and `minitfm.train`, imported on first use (PEP 562)."""
+    """`minitfm.load_run` and `minitfm.train` (the Python API), imported on first use (PEP 562)."""
     if name == "load_run":
-        from minitfm.api import load_run
+        from minitfm.app.api import load_run
 
         return load_run
-    if name == "train":  # the module minitfm.train, which calls as `minitfm.api.train`
-        import minitfm.train
+    if name == "train":
+        from minitfm.app.api import train
 
-        return minitfm.train
+        return train
     raise AttributeError(f"module 'minitfm' has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """`python -m minitfm` runs the CLI."""
 
-from minitfm.cli import main
+from minitfm.app.cli import main
 
 main()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from minitfm.cli import app
+from minitfm.app.cli import app
 
 # A copy task small enough to learn in about a second on one CPU thread. Its lr is fixed
 # here (not the default's), so that the tests' runs do not change with the default.

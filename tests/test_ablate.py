@@ -5,13 +5,13 @@ import json
 import pytest
 import torch
 
-from minitfm.ablate import HeadMeans, ablate_model, head_means
+from minitfm.book.layers import HeadAblation, MultiHeadAttention
+from minitfm.book.model import HeadEdits, greedy_decode
 from minitfm.config import load_config
-from minitfm.evaluate import evaluate, predict
-from minitfm.layers import HeadAblation, MultiHeadAttention
-from minitfm.model import HeadEdits, greedy_decode
-from minitfm.tasks import eval_set, make_batch
-from minitfm.train import train
+from minitfm.lab.ablate import HeadMeans, ablate_model, head_means
+from minitfm.lab.evaluate import evaluate, predict
+from minitfm.run.session import train
+from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 D, H = 16, 4
@@ -86,7 +86,7 @@ def short_run(tmp_path_factory):
 
 
 def loaded(run_dir):
-    from minitfm.evaluate import load_model
+    from minitfm.lab.evaluate import load_model
 
     cfg, task, model, _ = load_model(run_dir / "checkpoints" / "last.pt")
     return model, task, eval_set(task, 200, cfg.task.eval_seed)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 
 import minitfm
 from minitfm import load_run, train
-from minitfm.api import Run
+from minitfm.app.api import Run
 from minitfm.config import load_config, parse_override
 from minitfm.errors import ConfigError, MinitfmError, TaskInputError
 from tests.helpers import TINY, run_cli
@@ -41,11 +42,13 @@ def test_train_returns_the_loaded_run(run):
     assert not any(run.run_dir.glob("events.*"))
 
 
-def test_train_the_package_attribute_and_the_loop_module_coexist():
-    import minitfm.train as loop
+def test_train_is_the_api_function_and_no_module_swaps_its_class():
+    import minitfm.app.api as api
+    import minitfm.run.session as session
 
-    assert minitfm.train is train is loop and callable(train)
-    assert loop.train.__module__ == "minitfm.train"  # the loop the CLI calls
+    assert minitfm.train is train is api.train and callable(train)
+    assert type(session) is types.ModuleType  # a plain module: no class swapped at import
+    assert session.train.__module__ == "minitfm.run.session"  # the loop the CLI calls
 
 
 @pytest.mark.parametrize("kwargs", [{"min_len": 5, "max_len": 9, "samples": 200},

@@ -7,10 +7,10 @@ import sys
 import pytest
 import torch
 
-from minitfm.bench import ReferenceTransformer, solve_step, train_subprocess, training_flops
+from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
-from minitfm.memory import peak_rss_mb
-from minitfm.model import Seq2SeqTransformer
+from minitfm.lab.bench import ReferenceTransformer, solve_step, train_subprocess, training_flops
+from minitfm.run.memory import peak_rss_mb
 from tests.helpers import TINY, run_cli
 
 
@@ -24,8 +24,8 @@ def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
 
 
 def test_training_flops_counts_the_matmuls_by_hand():
-    from minitfm.bench import Setup
-    from minitfm.tasks import Batch
+    from minitfm.lab.bench import Setup
+    from minitfm.tasks.base import Batch
 
     cfg = load_config(None, ["model.n_encoder_layers=1", "model.n_decoder_layers=1",
                              "model.d_model=8", "model.n_heads=2", "model.d_ff=16"])
@@ -86,7 +86,7 @@ def test_keep_freed_memory_stops_refaulting_reused_blocks():
     # (glibc unmaps it), and not once after keep_freed_memory (the block is reused).
     code = """
 import resource, torch
-from minitfm.memory import keep_freed_memory
+from minitfm.run.memory import keep_freed_memory
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(20):

@@ -42,7 +42,7 @@ def test_usage_mistakes_are_one_line():
 
 
 def test_help_loads_no_torch_and_no_private_module():
-    code = ("import sys\nfrom minitfm.cli import app\ntry:\n    app(['--help'])\n"
+    code = ("import sys\nfrom minitfm.app.cli import app\ntry:\n    app(['--help'])\n"
             "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.splitlines()[-1] == "0 False", result.stdout[-500:] + result.stderr

@@ -144,9 +144,9 @@ def test_missing_file_and_directory(tmp_path):
 
 def test_name_lists_match_the_registries():
     # config.py keeps its own lists so that validation needs no torch; they must not drift.
+    from minitfm.book.positions import POSITIONAL_KINDS
     from minitfm.config import POSITIONALS, TASK_NAMES
-    from minitfm.positions import POSITIONAL_KINDS
-    from minitfm.tasks import TASKS
+    from minitfm.tasks.base import TASKS
 
     assert TASK_NAMES == tuple(TASKS) and POSITIONALS == POSITIONAL_KINDS
 

@@ -23,11 +23,11 @@ from unittest import mock
 import pytest
 import torch
 
-from minitfm.checkpoint import load_checkpoint
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.tasks import make_batch
-from minitfm.train import init_state, train, train_step
+from minitfm.run.checkpoint import load_checkpoint
+from minitfm.run.session import init_state, train, train_step
+from minitfm.tasks.base import make_batch
 from tests.helpers import TINY, run_cli
 
 pytestmark = pytest.mark.slow  # torchrun launches: several seconds each
@@ -230,8 +230,7 @@ def record(out: Path, name: str, rank: int, fn) -> None:
 
 def one_step(out: Path, rank: int) -> None:
     """One step on this rank's own data, then one on data all ranks share; save each."""
-    from minitfm import distributed
-
+    from minitfm.run import distributed
     with distributed.session("cpu") as dist:
         state = init_state(tiny(), dist.device, dist)
         batch = make_batch(state.task.sample(16, state.data_rng), state.task.vocab)
@@ -251,17 +250,17 @@ def resume_exactly(out: Path) -> None:
 
 
 def nan_on_rank_1(out: Path, rank: int) -> None:
-    from minitfm.model import sequence_loss as real
+    from minitfm.book.model import sequence_loss as real
 
     def poisoned(*args, **kwargs):
         return real(*args, **kwargs) * (float("nan") if rank == 1 else 1.0)
 
-    with mock.patch("minitfm.train.sequence_loss", poisoned):
+    with mock.patch("minitfm.run.session.sequence_loss", poisoned):
         train(tiny("train.steps=20", "train.eval_every=0"), run_dir=out / "nan")
 
 
 def signal_on_rank_1(out: Path, rank: int) -> None:
-    import minitfm.train as loop
+    import minitfm.run.session as loop
 
     real = loop.train_step
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from minitfm.config import load_config
-from minitfm.evaluate import length_chunks, load_model, predict, score, strip_eos
-from minitfm.tasks import make_task
-from minitfm.train import train
+from minitfm.lab.evaluate import length_chunks, load_model, predict, score, strip_eos
+from minitfm.run.session import train
+from minitfm.tasks.base import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 
@@ -76,7 +76,7 @@ def test_predict_keeps_input_order_across_length_chunks(tmp_path):
 def test_eval_and_predict_agree(run):
     task = make_task(load_config(None, TINY).task)
     report = json.loads(run_cli("eval", run, "--json", "--samples", "50", "--seed", "7").stdout)
-    from minitfm.tasks import eval_set
+    from minitfm.tasks.base import eval_set
     pairs = eval_set(task, 50, 7)
     lines = "\n".join(task.format(src) for src, _ in pairs) + "\n"
     result = run_cli("predict", run, "--json", input=lines)

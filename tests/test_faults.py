@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from minitfm.checkpoint import load_checkpoint
+from minitfm.run.checkpoint import load_checkpoint
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 LONG = [*TINY, "train.steps=400", "train.eval_every=0", "train.target_exact_match=null",

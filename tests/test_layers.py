@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitfm.layers import (
+from minitfm.book.layers import (
     AttentionFunction,
     Dropout,
     FeedForward,
@@ -17,7 +17,7 @@ from minitfm.layers import (
     MultiHeadAttention,
     scaled_dot_product_attention,
 )
-from minitfm.positions import (
+from minitfm.book.positions import (
     ALiBiPositions,
     LearnedPositions,
     NoPositions,

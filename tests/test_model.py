@@ -4,8 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from minitfm.config import ModelConfig
-from minitfm.model import (
+from minitfm.book.model import (
     AttentionMaps,
     DecoderLayer,
     EncoderLayer,
@@ -13,6 +12,7 @@ from minitfm.model import (
     greedy_decode,
     subsequent_mask,
 )
+from minitfm.config import ModelConfig
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 11  # PAD, BOS, EOS and 8 data symbols (3..10)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from minitfm.bench import torch_adamw as bench_adamw
-from minitfm.checkpoint import load_checkpoint
+from minitfm.book.optim import AdamW
 from minitfm.config import TrainConfig, load_config
 from minitfm.errors import RunFailed
-from minitfm.optim import AdamW
-from minitfm.train import train
+from minitfm.lab.bench import torch_adamw as bench_adamw
+from minitfm.run.checkpoint import load_checkpoint
+from minitfm.run.session import train
 from tests.helpers import TINY
 
 DTYPE = torch.float64
@@ -99,7 +99,7 @@ def test_a_state_for_another_model_is_refused():
 def test_a_nan_loss_is_reported_at_its_exact_step_though_read_later(tmp_path):
     """The losses are read every log.log_every steps; the report still names the first bad
     step, and nothing trained after it is saved."""
-    import minitfm.train as loop
+    import minitfm.run.session as loop
 
     real = loop.sequence_loss
     calls = []
@@ -136,8 +136,8 @@ def test_the_logged_loss_is_the_mean_of_the_steps_since_the_last_line(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_training_step_never_waits_for_the_gpu(tmp_path):
     """No host sync in the step: any would raise under sync debug mode "error"."""
-    from minitfm.tasks import make_batch
-    from minitfm.train import LossMeter, init_state, train_step
+    from minitfm.run.session import LossMeter, init_state, train_step
+    from minitfm.tasks.base import make_batch
 
     state = init_state(tiny("device=cuda"), torch.device("cuda"))
     meter = LossMeter(0)

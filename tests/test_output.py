@@ -15,8 +15,8 @@ import pytest
 import typer
 from rich.cells import cell_len
 
-from minitfm.bench import bench_tables
-from minitfm.cli import clean_errors, heading_lines, show
+from minitfm.app.cli import clean_errors, heading_lines, show
+from minitfm.lab.bench import bench_tables
 from tests.helpers import TINY, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -196,7 +196,7 @@ def test_help_usage_and_choices(monkeypatch):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys\nfrom minitfm.cli import app\n"
+    code = ("import sys\nfrom minitfm.app.cli import app\n"
             f"for command in {COMMANDS!r} + [None]:\n"
             "    try:\n"
             "        app([command, '--help'] if command else ['--help'])\n"
@@ -245,7 +245,7 @@ def test_ctrl_c_in_any_command_says_interrupted(capsys):
     (0.5, "interrupted", "interrupted at step 250 of 300"),
 ])
 def test_the_ending_says_why_the_run_ended(best, status, expected):
-    from minitfm.progress import ending
+    from minitfm.app.progress import ending
 
     step = 300 if status == "finished" else 250
     summary = {"step": step, "steps": 300, "status": status, "best_exact_match": best}

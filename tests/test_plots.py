@@ -7,7 +7,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from minitfm.config import load_config
-from minitfm.plots import (
+from minitfm.lab.plots import (
     BEYOND,
     TRAINED,
     curves_figure,
@@ -16,7 +16,7 @@ from minitfm.plots import (
     run_curves,
     run_labels,
 )
-from minitfm.train import train
+from minitfm.run.session import train
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,19 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from minitfm.config import POSITIONALS, ModelConfig, load_config
-from minitfm.errors import ConfigError
-from minitfm.layers import KVCache, MultiHeadAttention
-from minitfm.model import Seq2SeqTransformer, greedy_decode
-from minitfm.positions import (
+from minitfm.book.layers import KVCache, MultiHeadAttention
+from minitfm.book.model import Seq2SeqTransformer, greedy_decode
+from minitfm.book.positions import (
     ALiBiPositions,
     RotaryPositions,
     alibi_slopes,
     make_positional,
     sample_positions,
 )
-from minitfm.tasks import make_task, positions_short
-from minitfm.train import train
+from minitfm.config import POSITIONALS, ModelConfig, load_config
+from minitfm.errors import ConfigError
+from minitfm.run.session import train
+from minitfm.tasks.base import make_task, positions_short
 from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.test_model import BOS, EOS, PAD, VOCAB, padded, reference_decode, symbols
 
@@ -432,7 +432,7 @@ def test_training_on_the_real_tokens_only_equals_training_on_the_padded_batch(
         positional, limit, norm_first):
     """In training the model packs the real tokens (Packing): the logits at real positions,
     the loss and every gradient are those of the padded computation."""
-    from minitfm.model import sequence_loss
+    from minitfm.book.model import sequence_loss
 
     src = padded([[3, 4, 5, 6, 7], [8, 9], [10, 3, 4]])
     tgt_in = padded([[BOS, 7, 6, 5, 4, 3], [BOS, 9, 8], [BOS, 4]])

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minitfm.checkpoint import load_checkpoint
 from minitfm.config import load_config
 from minitfm.errors import ConfigError, Interrupted
+from minitfm.run.checkpoint import load_checkpoint
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 SHORT = [*TINY, "train.steps=20", "train.eval_every=0", "log.tensorboard=false"]
@@ -116,7 +116,7 @@ def test_oversized_configs_are_refused_before_writing(empty_cwd, override, needl
 
 
 def test_the_memory_estimate_is_not_far_above_the_truth():
-    from minitfm.limits import training_parts
+    from minitfm.run.limits import training_parts
 
     # reverse with task.max_len=300 peaked at 2.7 GB (RSS): the estimate must not refuse it
     # on a machine with 8 GB to spare (adversarial re-run, N1).
@@ -151,14 +151,14 @@ def test_running_out_of_memory_is_one_line(monkeypatch, run):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't "
                            "allocate memory: you tried to allocate 8000000000 bytes.")
 
-    monkeypatch.setattr("minitfm.evaluate.evaluate_run", allocate)
+    monkeypatch.setattr("minitfm.lab.evaluate.evaluate_run", allocate)
     assert_clean_error(run_cli("eval", run), 1, "out of memory")
 
 
 # --- M2: long inputs decode without rebuilding caches at every step ---
 
 def test_caches_past_max_len_grow_by_doubling():
-    from minitfm.model import Seq2SeqTransformer
+    from minitfm.book.model import Seq2SeqTransformer
 
     cfg = load_config(None, ["model.max_len=8"]).model
     model = Seq2SeqTransformer(cfg, 14, 0)
@@ -277,7 +277,7 @@ def test_a_log_dir_that_is_a_file_says_so(empty_cwd):
 
 
 def test_second_sigterm_keeps_its_exit_code():
-    from minitfm.train import StopSignal
+    from minitfm.run.session import StopSignal
 
     stop = StopSignal()
     stop._handle(signal.SIGTERM, None)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from minitfm.config import SYNTHETIC_TASKS, TASK_NAMES, TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
-from minitfm.tasks import (
+from minitfm.tasks.base import (
     BOS_ID,
     EOS_ID,
     MIN_HOLDOUT_SPACE,

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from minitfm import threads
 from minitfm.config import load_config
 from minitfm.errors import ConfigError
-from minitfm.runs import read_summary
-from minitfm.threads import ThreadClaim, ThreadPacer, resolve
+from minitfm.lab.runs import read_summary
+from minitfm.run import threads
+from minitfm.run.threads import ThreadClaim, ThreadPacer, resolve
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 
@@ -68,7 +68,8 @@ def test_explicit_count_and_omp_num_threads_are_honoured(alone, monkeypatch):
 
 
 def test_a_claim_registers_while_inside_and_a_killed_process_counts_no_more(alone):
-    code = ("import sys, time; from pathlib import Path; from minitfm.threads import ThreadClaim\n"
+    code = ("import sys, time; from pathlib import Path\n"
+            "from minitfm.run.threads import ThreadClaim\n"
             "with ThreadClaim(2, Path(sys.argv[1])):\n    print('in', flush=True); "
             "time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(alone)], stdout=subprocess.PIPE,

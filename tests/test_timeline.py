@@ -10,10 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
+from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
-from minitfm.model import Seq2SeqTransformer
-from minitfm.tasks import eval_set, make_task
-from minitfm.timeline import (
+from minitfm.lab.timeline import (
     ATTENTION_FILE,
     MAX_COLUMNS,
     AttentionRecorder,
@@ -22,8 +21,9 @@ from minitfm.timeline import (
     shown_columns,
     strip_figure,
 )
-from minitfm.train import train
-from minitfm.viz import attention_entropy
+from minitfm.lab.viz import attention_entropy
+from minitfm.run.session import train
+from minitfm.tasks.base import eval_set, make_task
 from tests.helpers import QUICK, assert_clean_error, run_cli
 
 EVALS = [25, 50]

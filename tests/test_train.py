@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from minitfm.checkpoint import load_checkpoint
+from minitfm.app.progress import ConsoleReporter
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
-from minitfm.evaluate import load_model
-from minitfm.progress import ConsoleReporter
-from minitfm.tb import Logger, NullLogger, TensorBoardLogger
-from minitfm.train import NullReporter, Reporter, lr_factor, train
+from minitfm.lab.evaluate import load_model
+from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
+from minitfm.run.checkpoint import load_checkpoint
+from minitfm.run.session import NullReporter, Reporter, lr_factor, train
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 

@@ -10,11 +10,9 @@ import torch
 from matplotlib.text import Text
 from rich.console import Console
 
+from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
-from minitfm.model import Seq2SeqTransformer
-from minitfm.tasks import make_task
-from minitfm.train import train
-from minitfm.viz import (
+from minitfm.lab.viz import (
     KIND_TITLES,
     KINDS,
     alignment_score,
@@ -25,6 +23,8 @@ from minitfm.viz import (
     run_probe,
     terminal_maps,
 )
+from minitfm.run.session import train
+from minitfm.tasks.base import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -83,8 +83,8 @@ def test_alignment_scores_none_without_an_ideal_alignment():
 
 @pytest.mark.slow
 def test_trained_copy_model_has_an_aligned_head(copy_run):
-    from minitfm.evaluate import load_model
-    from minitfm.tasks import eval_set
+    from minitfm.lab.evaluate import load_model
+    from minitfm.tasks.base import eval_set
 
     cfg, task, model, _ = load_model(copy_run / "checkpoints" / "last.pt")
     pairs = eval_set(task, 200, cfg.task.eval_seed)
@@ -174,7 +174,7 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
                                                       layer, head):
     from pathlib import Path
 
-    from minitfm.viz import figure_title
+    from minitfm.lab.viz import figure_title
 
     model, task = untrained(n_layers, n_heads)
     src = task.parse(" ".join(str(i % 10) for i in range(n_tokens)))
@@ -191,7 +191,7 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
 
 
 def test_grid_colours_follow_the_palette_on_the_square_root_scale():
-    from minitfm.viz import PALETTE, colours
+    from minitfm.lab.viz import PALETTE, colours
 
     def rgb(hex_colour):
         return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
@@ -201,7 +201,7 @@ def test_grid_colours_follow_the_palette_on_the_square_root_scale():
 
 
 def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame():
-    from minitfm.viz import MapGrid, colours
+    from minitfm.lab.viz import MapGrid, colours
 
     model, task = untrained(2, 2)
     src = task.parse("3 1 4 1 5")
@@ -223,7 +223,7 @@ def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame
 
 
 def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
-    from minitfm.plots import wrap_to_width
+    from minitfm.lab.plots import wrap_to_width
 
     text = "decoder self-attention (query: decoder input, key: decoder input)"
     assert wrap_to_width(text, 20, 10) == text  # room enough: one line
@@ -236,7 +236,7 @@ def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
 
 
 def test_png_grows_with_layers_and_heads(tmp_path):
-    from minitfm.plots import save_png
+    from minitfm.lab.plots import save_png
 
     sizes = []
     for n_layers, n_heads in [(1, 1), (2, 2)]:
@@ -336,9 +336,9 @@ def test_viz_imports_matplotlib_only_inside_functions():
     import ast
     import inspect
 
-    import minitfm.viz
+    import minitfm.lab.viz
 
-    tree = ast.parse(inspect.getsource(minitfm.viz))
+    tree = ast.parse(inspect.getsource(minitfm.lab.viz))
     top = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
     names = [alias.name for node in top for alias in node.names] + \
         [node.module for node in top if isinstance(node, ast.ImportFrom)]

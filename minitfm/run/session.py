@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 import shutil
 import signal
-import sys
 import time
-import types
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +19,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from minitfm import distributed
-from minitfm.checkpoint import (
+from minitfm.book.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
+from minitfm.book.optim import AdamW
+from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
+from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
+from minitfm.lab.evaluate import EvalResult, LengthStats, evaluate
+from minitfm.lab.runs import SUMMARY, write_summary
+from minitfm.run import distributed
+from minitfm.run.checkpoint import (
     RunLock,
     append_metrics,
     check_vocab,
@@ -34,21 +38,15 @@ from minitfm.checkpoint import (
     save_checkpoint,
     write_atomic,
 )
-from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
-from minitfm.distributed import Dist
-from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
-from minitfm.evaluate import EvalResult, LengthStats, evaluate
-from minitfm.limits import check_fits, training_parts
-from minitfm.memory import peak_rss_mb
-from minitfm.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
-from minitfm.optim import AdamW
-from minitfm.runs import SUMMARY, write_summary
-from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
-from minitfm.threads import ThreadClaim, ThreadPacer
+from minitfm.run.distributed import Dist
+from minitfm.run.limits import check_fits, training_parts
+from minitfm.run.memory import peak_rss_mb
+from minitfm.run.threads import ThreadClaim, ThreadPacer
+from minitfm.tasks.base import Task, eval_set, make_batch, make_task, positions_short
 
 if TYPE_CHECKING:  # tb and timeline are imported when a run starts
-    from minitfm.tb import Logger
-    from minitfm.timeline import AttentionRecorder
+    from minitfm.lab.tb import Logger
+    from minitfm.lab.timeline import AttentionRecorder
 
 
 def pick_device(name: str) -> torch.device:
@@ -437,8 +435,8 @@ def write_failure(err: OSError, run_dir: Path) -> str:
 def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | None,
         claim: ThreadClaim) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
-    from minitfm.tb import NullLogger, open_logger
-    from minitfm.timeline import open_recorder
+    from minitfm.lab.tb import NullLogger, open_logger
+    from minitfm.lab.timeline import open_recorder
 
     cfg, is_main = state.cfg, state.dist.is_main
     eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
@@ -666,20 +664,3 @@ def record_status(state: TrainState, ctx: RunContext, status: str,
     if state.dist.is_main:
         summary["wall_s"] = write_summary(ctx.run_dir, summary)
     return summary
-
-
-class CallableModule(types.ModuleType):
-    """This module, callable as the Python API's `train` (see `minitfm.api.train`).
-
-    Python binds a submodule to its package's attribute of the same name, so
-    `from minitfm import train` finds this module; calling it trains, while
-    `minitfm.train.train` stays the loop above, as the CLI and torchrun use it.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any):
-        from minitfm.api import train as train_api
-
-        return train_api(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = CallableModule

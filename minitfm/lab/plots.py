@@ -18,7 +18,7 @@ import yaml
 
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.runs import HIDDEN_KEYS, read_metrics
+from minitfm.lab.runs import HIDDEN_KEYS, read_metrics
 
 SOFTWARE = "minitfm"  # the PNG `Software` text of every picture minitfm writes
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
@@ -122,7 +122,7 @@ def write_picture(path: Path, option: str, write) -> None:
 
 def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) -> Path:
     """Loss and exact match against step of `runs` (default: the latest run), as one PNG."""
-    from minitfm.checkpoint import latest_run
+    from minitfm.run.checkpoint import latest_run
 
     run_dirs = [run_directory(Path(run)) for run in runs] or [latest_run()]
     out = out if out is not None else default_plot_path(run_dirs)
@@ -135,7 +135,7 @@ def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) ->
 def run_directory(path: Path, reads: str = "plot reads a run's metrics.jsonl") -> Path:
     """The run directory a RUN argument means: the directory, or the run of a checkpoint
     (`reads` says, for a checkpoint outside any run, why one is needed)."""
-    from minitfm.checkpoint import find_run_dir, is_run_dir
+    from minitfm.run.checkpoint import find_run_dir, is_run_dir
 
     if not path.exists():
         raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
@@ -172,7 +172,7 @@ def run_curves(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
 def run_labels(run_dirs: list[Path]) -> list[str]:
     """`key=value, ...` of the config keys that differ between the runs (the run's name when
     none do, or when two runs share a label)."""
-    from minitfm.sweep import short_label
+    from minitfm.lab.sweep import short_label
 
     configs = [flatten(read_config(run_dir)) for run_dir in run_dirs]
     keys = [key for key in dict.fromkeys(k for config in configs for k in config)
@@ -249,7 +249,7 @@ def length_figure(report: dict[str, Any]):
             # rounded down: 99.9% is no "100%"; a 0% bar is visible by its label
             ax.bar_label(bars, [f"{math.floor(exact * 100)}%" for _, exact in chosen],
                          fontsize=7, rotation=90, padding=2)
-    from minitfm.checkpoint import find_run_dir
+    from minitfm.run.checkpoint import find_run_dir
 
     checkpoint = Path(report["checkpoint"])
     run_dir = find_run_dir(checkpoint)

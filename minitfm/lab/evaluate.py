@@ -14,11 +14,7 @@ from pathlib import Path
 
 import torch
 
-from minitfm.checkpoint import check_vocab, does_not_fit, load_checkpoint, resolve_checkpoint
-from minitfm.config import Config, validate
-from minitfm.errors import MinitfmError, quote
-from minitfm.limits import check_fits, decoding_parts, model_parts
-from minitfm.model import (
+from minitfm.book.model import (
     HeadEdits,
     Seq2SeqTransformer,
     build_model,
@@ -27,7 +23,11 @@ from minitfm.model import (
     greedy_decode,
     sequence_loss,
 )
-from minitfm.tasks import Task, eval_set, make_batch, make_task, positions_short
+from minitfm.config import Config, validate
+from minitfm.errors import MinitfmError, quote
+from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, resolve_checkpoint
+from minitfm.run.limits import check_fits, decoding_parts, model_parts
+from minitfm.tasks.base import Task, eval_set, make_batch, make_task, positions_short
 
 Pair = tuple[list[int], list[int]]
 

@@ -244,7 +244,7 @@ NO_PACKING = AttentionPacking()
 
 # A function of one layer's head outputs (B, H, T_q, K), applied before the heads are
 # concatenated and projected by W^O; it returns a tensor of the same shape. `HeadAblation`
-# switches heads off; `minitfm.ablate.HeadMeans` records their mean output.
+# switches heads off; `minitfm.lab.ablate.HeadMeans` records their mean output.
 HeadEdit = Callable[[Tensor], Tensor]
 
 

@@ -125,7 +125,7 @@ class TensorBoardLogger(NullLogger):
     def attention(self, snapshot) -> None:
         """Heatmaps of every kind on the probe; each cross-attention head's alignment score
         (tasks with an ideal alignment) and entropy."""
-        from minitfm.viz import map_blocks
+        from minitfm.lab.viz import map_blocks
 
         step = snapshot.step
         caption = self._caption(step, snapshot.probe.prediction, snapshot.target)
@@ -146,7 +146,7 @@ class TensorBoardLogger(NullLogger):
 
     def _grid(self, block, snapshot):
         """The kind's picture maker, sized for the longest caption any step can have."""
-        from minitfm.viz import KIND_TITLES, MapGrid
+        from minitfm.lab.viz import KIND_TITLES, MapGrid
 
         if block.kind not in self.grids:
             tokens = self.task.vocab.tokens

@@ -41,7 +41,7 @@ import torch
 
 from minitfm.config import TaskConfig
 from minitfm.errors import DataError, MinitfmError, quote
-from minitfm.tasks import SPECIAL_TOKENS, SPLITS, TASKS, Pair, Task, Vocab
+from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, TASKS, Pair, Task, Vocab
 
 UNK = "<unk>"
 RESERVED = (*SPECIAL_TOKENS, UNK)  # ids 0..3; data symbols follow

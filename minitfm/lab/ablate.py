@@ -28,9 +28,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minitfm.checkpoint import find_run_dir, resolve_checkpoint
+from minitfm.book.layers import HeadAblation, HeadEdit
+from minitfm.book.model import HeadEdits, default_device, eval_mode
 from minitfm.errors import MinitfmError
-from minitfm.evaluate import (
+from minitfm.lab.evaluate import (
     EVAL_BATCH_SIZE,
     EvalResult,
     evaluate,
@@ -39,12 +40,11 @@ from minitfm.evaluate import (
     predict,
     score,
 )
-from minitfm.layers import HeadAblation, HeadEdit
-from minitfm.limits import check_fits, decoding_parts
-from minitfm.model import HeadEdits, default_device, eval_mode
-from minitfm.plots import check_picture_path, save_png
-from minitfm.tasks import Batch, Pair, Task, eval_set, make_batch
-from minitfm.viz import KIND_TITLES, KINDS
+from minitfm.lab.plots import check_picture_path, save_png
+from minitfm.lab.viz import KIND_TITLES, KINDS
+from minitfm.run.checkpoint import find_run_dir, resolve_checkpoint
+from minitfm.run.limits import check_fits, decoding_parts
+from minitfm.tasks.base import Batch, Pair, Task, eval_set, make_batch
 
 MODES = ("zero", "mean")
 MARKED_DROP = 0.10  # heads whose removal costs more than 10 points of exact match are marked

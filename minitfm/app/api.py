@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minitfm.checkpoint import find_run_dir, pick_checkpoint
+from minitfm.book.model import Seq2SeqTransformer, default_device
 from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError
-from minitfm.evaluate import EVAL_BATCH_SIZE, eval_report, load_model, predict_lines
-from minitfm.model import Seq2SeqTransformer, default_device
-from minitfm.tasks import Task, eval_set
-from minitfm.viz import KINDS, map_blocks, read_input, run_probe
+from minitfm.lab.evaluate import EVAL_BATCH_SIZE, eval_report, load_model, predict_lines
+from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
+from minitfm.run.checkpoint import find_run_dir, pick_checkpoint
+from minitfm.tasks.base import Task, eval_set
 
 
 @dataclass
@@ -160,9 +160,9 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     >>> run = train("configs/copy.yaml", train__steps=50, model__n_heads=2)
     >>> run = train({"task": {"name": "sort"}}, **{"train.steps": 50}, progress=False)
     """
-    from minitfm.memory import keep_freed_memory
-    from minitfm.progress import ConsoleReporter
-    from minitfm.train import train as train_loop
+    from minitfm.app.progress import ConsoleReporter
+    from minitfm.run.memory import keep_freed_memory
+    from minitfm.run.session import train as train_loop
 
     data = config.model_dump() if isinstance(config, Config) else config
     cfg = load_config(data, [(key.replace("__", "."), value) for key, value in overrides.items()])

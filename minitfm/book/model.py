@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minitfm.config import ModelConfig
-from minitfm.layers import (
+from minitfm.book.layers import (
     AttentionPacking,
     AttentionPositions,
     Dropout,
@@ -37,7 +36,8 @@ from minitfm.layers import (
     MultiHeadAttention,
     Packing,
 )
-from minitfm.positions import make_positional, sample_positions
+from minitfm.book.positions import make_positional, sample_positions
+from minitfm.config import ModelConfig
 
 
 def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:

@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.plots import check_picture_path, write_picture
-from minitfm.tasks import Pair, Task
-from minitfm.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.lab.plots import check_picture_path, write_picture
+from minitfm.lab.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.tasks.base import Pair, Task
 
 ATTENTION_FILE = "attention.jsonl"
 MAP_DECIMALS, SCORE_DECIMALS = 3, 4
@@ -204,8 +204,8 @@ class OverTrainingReport:
 def over_training(run: Path | None, layer: int | None = None, out: Path | None = None,
                   gif: Path | None = None) -> OverTrainingReport:
     """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF)."""
-    from minitfm.checkpoint import latest_run
-    from minitfm.plots import check_output, run_directory, save_png
+    from minitfm.lab.plots import check_output, run_directory, save_png
+    from minitfm.run.checkpoint import latest_run
 
     run_dir = latest_run() if run is None else \
         run_directory(Path(run), "--over-training reads the run's attention.jsonl")
@@ -271,7 +271,7 @@ def strip_title(timeline: Timeline, why: str, columns: list[int]) -> str:
 
 def run_title(timeline: Timeline) -> str:
     """The task's name and the run's."""
-    from minitfm.plots import read_config
+    from minitfm.lab.plots import read_config
 
     task = read_config(timeline.run_dir).get("task", {}).get("name", "?")
     return f"{task} · {timeline.run_dir.name}"
@@ -283,8 +283,8 @@ def strip_figure(timeline: Timeline, layer: int, why: str):
     from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
 
-    from minitfm.plots import wrap_to_width
-    from minitfm.viz import COLOUR_BAR_LABEL, GAMMA, TITLE_MARGIN, TITLE_SIZES, text_height
+    from minitfm.lab.plots import wrap_to_width
+    from minitfm.lab.viz import COLOUR_BAR_LABEL, GAMMA, TITLE_MARGIN, TITLE_SIZES, text_height
 
     columns, n_heads = shown_columns(len(timeline.steps)), timeline.cross.shape[2]
     tokens = max(len(timeline.source), len(timeline.decoder_input))
@@ -314,7 +314,7 @@ def strip_figure(timeline: Timeline, layer: int, why: str):
 
 def label_axes(ax, timeline: Timeline, bottom: bool, left: bool) -> None:
     """The probe's tokens: source under the bottom row, decoder input left of the first column."""
-    from minitfm.viz import MapBlock, label_tokens
+    from minitfm.lab.viz import MapBlock, label_tokens
 
     axes = MapBlock("cross", [], [], np.empty(0), timeline.decoder_input, timeline.source)
     label_tokens(ax, axes, bottom, left)
@@ -331,7 +331,7 @@ def write_gif(timeline: Timeline, path: Path) -> None:
     Written atomically, as the PNGs."""
     from PIL import Image
 
-    from minitfm.viz import KIND_TITLES, MapBlock, MapGrid
+    from minitfm.lab.viz import KIND_TITLES, MapBlock, MapGrid
 
     n_layers, n_heads = timeline.cross.shape[1:3]
     block = MapBlock("cross", list(range(n_layers)), list(range(n_heads)), timeline.cross[0],

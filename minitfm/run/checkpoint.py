@@ -332,7 +332,7 @@ def check_state(state: dict[str, Any], path: Path, resume: bool = False) -> None
     except ConfigError as err:
         raise CheckpointError(f"checkpoint '{path}' has an invalid config: {err}") from None
     if cfg.task.name == "pairs":  # its data comes from the checkpoint: checked like the rest
-        from minitfm.pairs import saved_problem
+        from minitfm.tasks.pairs import saved_problem
 
         problem = saved_problem(state)
         if problem:

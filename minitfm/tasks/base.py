@@ -501,7 +501,7 @@ class AddTask(Task):
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
     CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask)}
 
-import minitfm.pairs  # noqa: E402, F401  (registers task 'pairs', built on Task above)
+import minitfm.tasks.pairs  # noqa: E402, F401  (registers task 'pairs', built on Task above)
 
 
 def make_task(cfg: TaskConfig, state: dict[str, Any] | None = None) -> Task:

@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from minitfm.book.model import AttentionMaps, default_device, eval_mode, greedy_decode
 from minitfm.errors import MinitfmError, quote
-from minitfm.evaluate import strip_eos
-from minitfm.model import AttentionMaps, default_device, eval_mode, greedy_decode
-from minitfm.plots import save_png, wrap_to_width, wrap_words
-from minitfm.tasks import EOS_ID, Pair, Task, make_batch
+from minitfm.lab.evaluate import strip_eos
+from minitfm.lab.plots import save_png, wrap_to_width, wrap_words
+from minitfm.tasks.base import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")
 KIND_TITLES = {
@@ -466,9 +466,9 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
               layer: int | None = None, head: int | None = None,
               out: Path | None = None) -> AttentionReport:
     """Run one input through a checkpoint, write its attention maps as a PNG, score alignment."""
-    from minitfm.checkpoint import resolve_checkpoint
-    from minitfm.evaluate import load_model
-    from minitfm.tasks import eval_set
+    from minitfm.lab.evaluate import load_model
+    from minitfm.run.checkpoint import resolve_checkpoint
+    from minitfm.tasks.base import eval_set
 
     kinds = parse_kind(kind)
     path = resolve_checkpoint(run, checkpoint)
@@ -524,7 +524,7 @@ def check_selection(cfg, kinds: tuple[str, ...], layer: int | None, head: int | 
 
 def read_input(cfg, task: Task, text: str | None, held_out: list[Pair]) -> list[int]:
     """`--input` parsed in task syntax, or (none given) the held-out probe of training."""
-    from minitfm.evaluate import input_limit
+    from minitfm.lab.evaluate import input_limit
 
     if text is None:
         return pick_probe(held_out)[0]
@@ -539,7 +539,7 @@ def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,
                 head: int | None) -> Path:
     """`<run>/attention/<checkpoint>-step<N>[-<kind>][-layer<L>][-head<H>].png`; for a
     checkpoint outside any run, `<checkpoint>-attention-step<N>....png` beside the file."""
-    from minitfm.checkpoint import find_run_dir
+    from minitfm.run.checkpoint import find_run_dir
 
     suffix = f"step{step}"
     suffix += "" if kind == "all" else f"-{kind}"

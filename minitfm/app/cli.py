@@ -200,7 +200,7 @@ def out_of_memory(err: BaseException) -> bool:
 
 def chosen_checkpoint(run: Path | None, which: str) -> Path:
     """The checkpoint file RUN means; a fallback from best.pt to last.pt is a note on stderr."""
-    from minitfm.checkpoint import pick_checkpoint
+    from minitfm.run.checkpoint import pick_checkpoint
 
     path, note = pick_checkpoint(run, which)
     if note:
@@ -247,7 +247,7 @@ def clean_errors(command=None, *, uses_torch: bool = True):
 
 
 def silence_stdout() -> None:
-    from minitfm.progress import silence
+    from minitfm.app.progress import silence
 
     silence(sys.stdout)
 
@@ -264,7 +264,7 @@ def main_options(
                                  help="Print the version and exit."),
 ) -> None:
     """minitfm: train, measure and look inside a small transformer on synthetic tasks."""
-    from minitfm.memory import keep_freed_memory
+    from minitfm.run.memory import keep_freed_memory
 
     keep_freed_memory()  # reuse freed activations instead of page-faulting them in every step
 
@@ -293,11 +293,11 @@ def train(
 
     config_path, overrides = split_config_args(args or [], allow_config=resume is None)
     if resume is not None:
-        from minitfm.checkpoint import resolve_checkpoint
+        from minitfm.run.checkpoint import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
-            from minitfm.checkpoint import load_checkpoint
-            from minitfm.train import resume_config
+            from minitfm.run.checkpoint import load_checkpoint
+            from minitfm.run.session import resume_config
             console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides)), end="",
                           markup=False, highlight=False, soft_wrap=True)
             return
@@ -333,13 +333,13 @@ def is_file(text: str) -> bool:
 
 
 def run_training(cfg, **kwargs) -> None:
-    from minitfm.threads import ThreadClaim
+    from minitfm.run.threads import ThreadClaim
 
     # Registered before torch loads, so that other minitfm processes see this one at once;
     # a resumed run's `threads` is known once its checkpoint is read (train updates it).
     with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
-        from minitfm.progress import ConsoleReporter
-        from minitfm.train import train as train_run
+        from minitfm.app.progress import ConsoleReporter
+        from minitfm.run.session import train as train_run
 
         reporter = ConsoleReporter(console, err_console)
         try:
@@ -353,8 +353,8 @@ def run_training(cfg, **kwargs) -> None:
 
 
 def claim_threads(value: str):
-    """This process's thread registration for `--threads` (see minitfm.threads)."""
-    from minitfm.threads import ThreadClaim, parse_threads
+    """This process's thread registration for `--threads` (see minitfm.run.threads)."""
+    from minitfm.run.threads import ThreadClaim, parse_threads
 
     try:
         return ThreadClaim(parse_threads(value))
@@ -388,11 +388,11 @@ def eval_command(
 ) -> None:
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
     if plot is not None:
-        from minitfm.plots import check_output
+        from minitfm.lab.plots import check_output
 
         check_output(plot, "--plot", force)  # before the decoding, not after
     with claim_threads(threads) as claim:
-        from minitfm.evaluate import eval_tables, evaluate_run
+        from minitfm.lab.evaluate import eval_tables, evaluate_run
 
         claim.apply()
         report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
@@ -403,7 +403,7 @@ def eval_command(
         for table in eval_tables(report):
             show(table)
     if plot is not None:
-        from minitfm.plots import length_chart
+        from minitfm.lab.plots import length_chart
 
         length_chart(report, plot, force)
         # beside --json's one object, on stderr: stdout stays one JSON document
@@ -438,7 +438,7 @@ def predict(
                  if text.strip()]
         where = "line"
     with claim_threads(threads) as claim:
-        from minitfm.evaluate import predict_texts
+        from minitfm.lab.evaluate import predict_texts
 
         claim.apply()
         result = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
@@ -502,7 +502,7 @@ def visualize_attention(
                                             "--checkpoint": checkpoint, "--threads": threads})
         return show_over_training(run, layer, out, gif)
     with claim_threads(threads) as claim:
-        from minitfm.viz import alignment_table, terminal_legend, terminal_maps, visualize
+        from minitfm.lab.viz import alignment_table, terminal_legend, terminal_maps, visualize
 
         claim.apply()
         report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind,
@@ -556,7 +556,7 @@ def check_over_training(over_training: bool, given: dict) -> None:
 def show_over_training(run: Path | None, layer: int | None, out: Path | None,
                        gif: Path | None) -> None:
     """`visualize-attention --over-training`: a table of the heads' scores per step, the files."""
-    from minitfm.timeline import over_training, scores_table
+    from minitfm.lab.timeline import over_training, scores_table
 
     report = over_training(run, layer, out, gif)
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
@@ -579,7 +579,7 @@ def plot(
                                "picture minitfm wrote."),
 ) -> None:
     """Plot loss and exact match against step, several runs overlaid (no TensorBoard needed)."""
-    from minitfm.plots import plot_runs
+    from minitfm.lab.plots import plot_runs
 
     path = plot_runs(runs or [], out, force)
     console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
@@ -614,7 +614,7 @@ def ablate(
 ) -> None:
     """Which heads matter: exact match with each attention head, then each layer, switched off."""
     with claim_threads(threads) as claim:
-        from minitfm.ablate import ablate_run, ablation_tables, check_options
+        from minitfm.lab.ablate import ablate_run, ablation_tables, check_options
 
         claim.apply()
         check_options(mode, out)  # before RUN is looked for
@@ -632,7 +632,7 @@ def ablate(
 @clean_errors
 def tasks() -> None:
     """List the tasks (synthetic ones, and pairs read from your files) with an example each."""
-    from minitfm.tasks import TASKS
+    from minitfm.tasks.base import TASKS
 
     table = Table(title="tasks (task.name)")
     for column in ("name", "what it learns", "example input", "target"):
@@ -658,7 +658,7 @@ def bench(
 ) -> None:
     """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
     from minitfm.config import check_device
-    from minitfm.threads import cores
+    from minitfm.run.threads import cores
 
     check_device(device)
     load = {"load_average": os.getloadavg()[0], "cores": cores()}
@@ -667,7 +667,7 @@ def bench(
                           f"{load['cores']} cores: other work is running, so these figures are "
                           f"not meaningful", markup=False)
     with claim_threads(threads) as claim:
-        from minitfm.bench import bench_tables, run_bench
+        from minitfm.lab.bench import bench_tables, run_bench
 
         claim.apply()
         report = {**load, **run_bench(quick=quick, solve=solve, compile_=compile_,
@@ -711,7 +711,7 @@ def sweep(
                                  "run that still has work, and exit."),
 ) -> None:
     """Train a grid of configs in parallel, evaluate each, and compare them in one table."""
-    from minitfm.sweep import dry_run_lines, prepare, results_table, run_sweep
+    from minitfm.lab.sweep import dry_run_lines, prepare, results_table, run_sweep
 
     config, items = split_config_args(args, allow_config=True)
     plan = prepare(config, items, seeds=seeds, name=name, out=out, jobs=jobs, threads=threads,
@@ -738,7 +738,7 @@ def runs_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
 ) -> None:
     """List the runs: task, changes from the defaults, steps, best exact match, status."""
-    from minitfm.runs import list_runs, runs_table
+    from minitfm.lab.runs import list_runs, runs_table
 
     rows = list_runs(folder)
     if as_json:

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from minitfm.layers import AttentionPositions, Rotation
+from minitfm.book.layers import AttentionPositions, Rotation
 
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "alibi", "none")
 

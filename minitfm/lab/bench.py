@@ -25,12 +25,12 @@ from statistics import median
 import torch
 from torch import nn
 
+from minitfm.book.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
+from minitfm.book.positions import sinusoids
 from minitfm.config import Config, ModelConfig, TrainConfig, load_config
-from minitfm.memory import peak_rss_mb
-from minitfm.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
-from minitfm.positions import sinusoids
-from minitfm.tasks import eval_set, make_batch, make_task
-from minitfm.train import make_optimizer
+from minitfm.run.memory import peak_rss_mb
+from minitfm.run.session import make_optimizer
+from minitfm.tasks.base import eval_set, make_batch, make_task
 
 SOLVE_SEEDS = (0, 1, 2)  # `--solve` trains the default config from scratch with each
 
@@ -223,7 +223,7 @@ def decoding(length: int, device, n: int = 1000) -> dict:
 
 def eval_speed(device) -> dict:
     """`minitfm eval`-style evaluation (greedy decoding + loss) of 1000 default sequences."""
-    from minitfm.evaluate import evaluate
+    from minitfm.lab.evaluate import evaluate
 
     cfg = load_config()
     task = make_task(cfg.task)
@@ -271,7 +271,7 @@ def solve_step(metrics: Path, target: float = 0.99) -> dict:
 def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
               device: str = "auto") -> dict:
     """Every measurement, as one JSON-ready dict."""
-    from minitfm.train import pick_device
+    from minitfm.run.session import pick_device
 
     dev = pick_device(device)
     reps, n_batches = (2, 3) if quick else (5, 10)

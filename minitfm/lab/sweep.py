@@ -6,7 +6,7 @@ sweep folder `runs/sweep-<name>-<YYYYmmdd-HHMMSS>/` (its `sweep.json` holds the 
 command finds the folder again and resumes: finished runs are skipped, interrupted ones
 continue). A job is a chain of real commands (`minitfm train`, then `minitfm eval --json` per
 length range), which `--dry-run` prints for any other scheduler. Each job's threads are fixed
-so that jobs x threads never exceed the cores (see minitfm.threads). No torch here.
+so that jobs x threads never exceed the cores (see minitfm.run.threads). No torch here.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 
 from minitfm.config import Config, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError
-from minitfm.runs import DONE, SWEEP_FILE, read_summary, run_status
-from minitfm.threads import cores
+from minitfm.lab.runs import DONE, SWEEP_FILE, read_summary, run_status
+from minitfm.run.threads import cores
 
 MINITFM = [sys.executable, "-m", "minitfm"]
 

@@ -22,7 +22,7 @@ from minitfm.config import Config, flatten
 from minitfm.errors import MinitfmError
 
 SUMMARY = "summary.json"
-SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.sweep)
+SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.sweep)
 DONE = ("finished", "stopped at target")
 HIDDEN_KEYS = ("name", "log.dir", "threads")  # where a run went and how fast, not what it is
 

@@ -1,6 +1,7 @@
 """What minitfm prints: a live bar at 80 columns in a terminal (a real pty), whole lines when
 piped, --help that reads plainly, the warmup warning, `interrupted:` for a user's Ctrl-C."""
 
+import ast
 import fcntl
 import os
 import re
@@ -10,13 +11,15 @@ import subprocess
 import sys
 import termios
 import time
+from pathlib import Path
 
 import pytest
 import typer
 from rich.cells import cell_len
 
+import minitfm
 from minitfm.app.cli import clean_errors, heading_lines, show
-from minitfm.lab.bench import bench_tables
+from minitfm.app.tables import bench_tables
 from tests.helpers import TINY, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -206,6 +209,28 @@ def test_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module a Python source imports, at the top or inside functions."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_face_imports_rich():
+    assert "rich.text" in imported_modules("def f():\n    from rich.text import Text\n")
+    package = Path(minitfm.__file__).parent
+    offenders = [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
+                 if path.relative_to(package).parts[0] != "app" and any(
+                     name == "rich" or name.startswith("rich.")
+                     for name in imported_modules(path.read_text(encoding="utf-8")))]
+    assert offenders == []
+    assert "rich.table" in imported_modules((package / "app" / "tables.py").read_text())
 
 
 # --- warnings and interruptions ---

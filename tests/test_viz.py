@@ -10,6 +10,7 @@ import torch
 from matplotlib.text import Text
 from rich.console import Console
 
+from minitfm.app.tables import attention_heatmaps
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.lab.viz import (
@@ -21,7 +22,6 @@ from minitfm.lab.viz import (
     map_blocks,
     pick_probe,
     run_probe,
-    terminal_maps,
 )
 from minitfm.run.session import train
 from minitfm.tasks.base import make_task
@@ -254,7 +254,7 @@ def test_terminal_heatmap_shows_tokens_within_80_columns():
     src = task.parse("0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5")  # 16 tokens
     probe = run_probe(model, task, src)
     console = Console(file=io.StringIO(), width=80, record=True, color_system=None)
-    for renderable in terminal_maps(map_blocks(probe, task, ("cross",))):
+    for renderable in attention_heatmaps(map_blocks(probe, task, ("cross",))):
         console.print(renderable)
     text = console.export_text()
     assert "cross-attention" in text and "head 0" in text and "head 1" in text
@@ -267,7 +267,7 @@ def test_terminal_cells_carry_colour_when_the_console_has_it():
     model, task = untrained(1, 1)
     probe = run_probe(model, task, task.parse("3 1"))
     console = Console(file=io.StringIO(), width=80, color_system="truecolor", record=True)
-    for renderable in terminal_maps(map_blocks(probe, task, ("encoder",))):
+    for renderable in attention_heatmaps(map_blocks(probe, task, ("encoder",))):
         console.print(renderable)
     assert "38;2;" in console.export_text(styles=True)  # 24-bit colours
 

@@ -21,6 +21,18 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from minitfm import __version__
+from minitfm.app.tables import (
+    ablation_tables,
+    alignment_table,
+    attention_heatmaps,
+    bench_tables,
+    heatmap_legend,
+    over_training_table,
+    per_length_table,
+    runs_table,
+    sweep_table,
+    tasks_table,
+)
 from minitfm.errors import Interrupted, MinitfmError, quote
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
@@ -392,7 +404,7 @@ def eval_command(
 
         check_output(plot, "--plot", force)  # before the decoding, not after
     with claim_threads(threads) as claim:
-        from minitfm.lab.evaluate import eval_tables, evaluate_run
+        from minitfm.lab.evaluate import evaluate_run
 
         claim.apply()
         report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
@@ -400,8 +412,7 @@ def eval_command(
     if as_json:
         print(json.dumps(report))
     else:
-        for table in eval_tables(report):
-            show(table)
+        show(per_length_table(report))
     if plot is not None:
         from minitfm.lab.plots import length_chart
 
@@ -502,7 +513,7 @@ def visualize_attention(
                                             "--checkpoint": checkpoint, "--threads": threads})
         return show_over_training(run, layer, out, gif)
     with claim_threads(threads) as claim:
-        from minitfm.lab.viz import alignment_table, terminal_legend, terminal_maps, visualize
+        from minitfm.lab.viz import visualize
 
         claim.apply()
         report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind,
@@ -519,7 +530,7 @@ def visualize_attention(
     else:
         console.print(f"prediction: {fmt(report.probe.prediction)}  ({verdict})", **plain)
         console.print(f"expected:   {fmt(report.target)}", **plain)
-    maps = terminal_maps(report.terminal_blocks) if terminal else []
+    maps = attention_heatmaps(report.terminal_blocks) if terminal else []
     needed = max(map(widest, maps), default=0)
     if needed > console.width:  # wrapped, a map's rows would fall apart
         console.print(f"(the terminal heatmaps need {needed} columns, this terminal has "
@@ -527,7 +538,7 @@ def visualize_attention(
     elif terminal:
         for renderable in maps:
             console.print(renderable)
-        console.print(terminal_legend())
+        console.print(heatmap_legend())
         if len(report.terminal_blocks) < len(report.blocks):
             console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
                           "--head for the others, all of them are in the PNG)", **plain)
@@ -556,12 +567,12 @@ def check_over_training(over_training: bool, given: dict) -> None:
 def show_over_training(run: Path | None, layer: int | None, out: Path | None,
                        gif: Path | None) -> None:
     """`visualize-attention --over-training`: a table of the heads' scores per step, the files."""
-    from minitfm.lab.timeline import over_training, scores_table
+    from minitfm.lab.timeline import over_training
 
     report = over_training(run, layer, out, gif)
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
     console.print(f"{report.timeline.run_dir} · cross-attention over training", **plain)
-    show(scores_table(report))
+    show(over_training_table(report))
     for path in (report.png, report.gif):
         if path is not None:
             console.print(f"wrote {path}", **plain)  # a path, never cut in two
@@ -614,7 +625,7 @@ def ablate(
 ) -> None:
     """Which heads matter: exact match with each attention head, then each layer, switched off."""
     with claim_threads(threads) as claim:
-        from minitfm.lab.ablate import ablate_run, ablation_tables, check_options
+        from minitfm.lab.ablate import ablate_run, check_options
 
         claim.apply()
         check_options(mode, out)  # before RUN is looked for
@@ -632,15 +643,7 @@ def ablate(
 @clean_errors
 def tasks() -> None:
     """List the tasks (synthetic ones, and pairs read from your files) with an example each."""
-    from minitfm.tasks.base import TASKS
-
-    table = Table(title="tasks (task.name)")
-    for column in ("name", "what it learns", "example input", "target"):
-        table.add_column(column)
-    for name, cls in TASKS.items():
-        example_in, example_out = cls.catalog_example()
-        table.add_row(name, cls.summary, example_in, example_out)
-    show(table)
+    show(tasks_table())
 
 
 @app.command()
@@ -667,7 +670,7 @@ def bench(
                           f"{load['cores']} cores: other work is running, so these figures are "
                           f"not meaningful", markup=False)
     with claim_threads(threads) as claim:
-        from minitfm.lab.bench import bench_tables, run_bench
+        from minitfm.lab.bench import run_bench
 
         claim.apply()
         report = {**load, **run_bench(quick=quick, solve=solve, compile_=compile_,
@@ -711,7 +714,7 @@ def sweep(
                                  "run that still has work, and exit."),
 ) -> None:
     """Train a grid of configs in parallel, evaluate each, and compare them in one table."""
-    from minitfm.lab.sweep import dry_run_lines, prepare, results_table, run_sweep
+    from minitfm.lab.sweep import dry_run_lines, prepare, run_sweep
 
     config, items = split_config_args(args, allow_config=True)
     plan = prepare(config, items, seeds=seeds, name=name, out=out, jobs=jobs, threads=threads,
@@ -723,7 +726,7 @@ def sweep(
         return
     say = functools.partial(console.print, markup=False, highlight=False)
     result = run_sweep(plan, say)
-    show(results_table(result.rows, result.keys, f"sweep {plan.folder}"))
+    show(sweep_table(result.rows, result.keys, f"sweep {plan.folder}"))
     say(f"wrote {plan.folder / 'results.jsonl'}, results.csv and results.png")
     if result.failed:
         fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
@@ -738,7 +741,7 @@ def runs_command(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list instead of a table."),
 ) -> None:
     """List the runs: task, changes from the defaults, steps, best exact match, status."""
-    from minitfm.lab.runs import list_runs, runs_table
+    from minitfm.lab.runs import list_runs
 
     rows = list_runs(folder)
     if as_json:

@@ -220,37 +220,6 @@ def headline(report: AblationReport, checkpoint: str) -> str:
             f"token accuracy {base.token_accuracy:.1%}")
 
 
-def ablation_tables(report: AblationReport) -> list:
-    """A rich table per kind: rows layers, columns heads and the whole layer."""
-    from rich.table import Table
-    from rich.text import Text
-
-    out = [Text(headline(report, str(report.checkpoint)))]
-    for kind in KINDS:
-        rows = grid(report, kind)
-        table = Table(title=KIND_TITLES[kind])
-        table.add_column("layer", justify="right")
-        for head in range(len(rows[0]) - 1):
-            table.add_column(f"head {head}", justify="right")
-        table.add_column("all heads", justify="right")
-        for layer, row in enumerate(rows):
-            table.add_row(str(layer), *(cell_text(cell) for cell in row))
-        out.append(table)
-    out.append(Text(f"cells: exact match with the head (or all heads of the layer) off, and "
-                    f"its change in points; * = a drop of more than {100 * MARKED_DROP:.0f} "
-                    f"points"))
-    return out
-
-
-def cell_text(row: dict):
-    """`12.4% (-87.4) *`: exact match, change in points, and the mark of a head that matters."""
-    from rich.text import Text
-
-    marked = row["drop"] > MARKED_DROP
-    return Text(f"{row['exact_match']:.1%} ({-100 * row['drop']:+.1f}){' *' if marked else '  '}",
-                style="bold red" if marked else "")
-
-
 def ablation_figure(report: AblationReport):
     """Heatmaps of the drop, in points: per kind, rows layers, columns heads and the layer."""
     from matplotlib.figure import Figure

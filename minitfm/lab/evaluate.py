@@ -230,30 +230,6 @@ def eval_report(cfg, task: Task, model, device, path, step: int, *, samples: int
             **({} if unknown is None else {"unknown_symbols": unknown})}
 
 
-def eval_tables(report: dict) -> list:
-    """A rich table per length (count, exact match, token accuracy) and the totals."""
-    from rich.table import Table
-
-    lo, hi = report["trained_lengths"]
-    table = Table(title=f"{report['task']} · {report['checkpoint']} · step {report['step']}")
-    for column in ("length", "count", "exact match", "token accuracy"):
-        table.add_column(column, justify="right")
-    for length, row in report["per_length"].items():
-        outside = not lo <= int(length) <= hi
-        table.add_row(f"{length}{' *' if outside else ''}", str(row["count"]),
-                      f"{row['exact_match']:.1%}", f"{row['token_accuracy']:.1%}",
-                      style="yellow" if outside else None)
-    table.add_section()
-    table.add_row("all", str(report["samples"]), f"{report['exact_match']:.1%}",
-                  f"{report['token_accuracy']:.1%}", style="bold")
-    table.caption = (f"teacher-forced loss {report['loss']:.4f}; trained on lengths {lo}..{hi}"
-                     + ("; * outside the trained range" if any(
-                         not lo <= int(n) <= hi for n in report["per_length"]) else "")
-                     + (f"; {report['unknown_symbols']} symbols never trained on, read as <unk>"
-                        if report.get("unknown_symbols") else ""))
-    return [table]
-
-
 @dataclass
 class Predictions:
     """What `predict` gives: a row per input decoded, in order, up to the first bad input."""

@@ -136,27 +136,3 @@ def list_runs(root: Path) -> list[dict[str, Any]]:
     """Every run under `root`, oldest activity first."""
     rows = [describe_run(run, root) for run in find_runs(root)]
     return sorted(rows, key=lambda row: row["updated"])
-
-
-def runs_table(rows: list[dict[str, Any]], title: str):
-    """A rich table of `list_runs` rows."""
-    from rich import box
-    from rich.table import Table
-    from rich.text import Text
-
-    # No vertical lines, and each run's changes under its name: the columns fit 80 cells.
-    table = Table(title=title, box=box.SIMPLE_HEAD)
-    for column in ("run: changes from the defaults", "task", "steps", "best exact match",
-                   "wall s", "status"):
-        # folded, never cut: a change shown as "model.positiona…" says nothing
-        table.add_column(column, justify="right" if column in ("steps", "wall s") else "left",
-                         overflow="fold", no_wrap=column in ("steps", "wall s", "status"),
-                         max_width=10 if column == "best exact match" else None)
-    for row in rows:
-        best = row["best_exact_match"]
-        changes = "".join(f"\n  {key}={value}" for key, value in row["changes"].items()
-                          if key != "task.name")  # the task has its own column
-        table.add_row(Text(row["name"], style="bold") + Text(changes), row["task"],
-                      str(row["step"]), "-" if best is None else f"{best:.1%}",
-                      "-" if row["wall_s"] is None else f"{row['wall_s']:.1f}", row["status"])
-    return table

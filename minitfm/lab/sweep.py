@@ -456,25 +456,6 @@ def spread(values: list[float | None], form: str = "{:.1%}") -> str:
     return f"{form.format(mean(values))} ± {form.format(stdev(values))}"
 
 
-def results_table(rows: list[dict[str, Any]], keys: list[str], title: str):
-    """Rows = configurations, mean ± std over seeds where there are several."""
-    from rich.table import Table
-
-    names = short_names(keys)
-    shown = [key for key in keys if key != "seed"]
-    table = Table(title=title)
-    for column in [*(names[k] for k in shown), "runs", "steps", "wall s",
-                   *(f"exact match {s}" for s in range_labels(rows))]:
-        table.add_column(column, justify="left" if column in names.values() else "right")
-    for group in by_configuration(rows).values():
-        cells = [str(group[0][k]) if group[0][k] is not None else "null" for k in shown]
-        cells += [str(len(group)), spread([r["steps"] for r in group], "{:.0f}"),
-                  spread([r["wall_s"] for r in group], "{:.1f}")]
-        cells += [spread([r["exact_match"].get(s) for r in group]) for s in range_labels(rows)]
-        table.add_row(*cells)
-    return table
-
-
 @dataclass
 class SweepResult:
     """What `minitfm sweep` shows at the end."""

@@ -352,24 +352,3 @@ def gif_caption(timeline: Timeline, n: int) -> str:
     best = "" if timeline.alignment is None else \
         f" · best alignment {timeline.alignment[n].max():.2f}"
     return f"step {timeline.steps[n]} · {exact_match_text(timeline.exact_match[n])}{best}"
-
-
-def scores_table(report: OverTrainingReport):
-    """A rich table: a row per recorded step, its exact match and each head's scores."""
-    from rich.table import Table
-
-    timeline, layer = report.timeline, report.layer
-    aligned = timeline.alignment is not None
-    scores = "alignment score · entropy" if aligned else "entropy"
-    table = Table(title=f"{scores} of each cross-attention head of {report.why}")
-    for column in ("step", "exact match", *(f"head {h}" for h in range(timeline.cross.shape[2]))):
-        table.add_column(column, justify="right")
-    for n, step in enumerate(timeline.steps):
-        em = timeline.exact_match[n]
-        heads = [head_text(timeline, n, layer, h, labelled=False)
-                 for h in range(timeline.cross.shape[2])]
-        table.add_row(str(step), "" if em is None else f"{em:.1%}", *heads)
-    table.caption = (f"on {ALIGNMENT_SAMPLES} held-out pairs; entropy in nats (uniform over S "
-                     f"source tokens: ln S; one token: 0)"
-                     + ("; alignment: weight on the ideal source position" if aligned else ""))
-    return table

@@ -1,5 +1,5 @@
-"""Attention you can see: heatmap figures (PNG), pictures for TensorBoard, terminal heatmaps,
-alignment scores.
+"""Attention you can see: heatmap figures (PNG), pictures for TensorBoard, the maps and colour
+levels of the terminal heatmaps (drawn by `app.tables`), alignment scores.
 
 One input is run through the model (a `Probe`): greedy decoding first, then one teacher-forced
 pass on BOS + the decoded tokens. With a causal decoder that pass gives exactly the maps of
@@ -49,7 +49,6 @@ ALIGNMENT_SAMPLES = 200  # held-out pairs the alignment score is averaged over
 GAMMA = 0.5  # colour ∝ weight**GAMMA: diffuse rows (~1/S each) stay visible next to sharp ones
 PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, dark to light
            "#28ae80", "#5ec962", "#addc30", "#fde725")
-SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the same levels without colour
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
 GRID_MAP_PIXELS = 256  # TensorBoard pictures: a map's longer side, at most (cells <= 16 px)
 GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, the bar's width
@@ -387,60 +386,13 @@ def font_path() -> str:
     return str(package / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf")
 
 
-# --- terminal ---
+# --- terminal (the heatmaps are drawn by app/tables.py) ---
 
 def level(weight: float) -> int:
     """Palette index of an attention weight, on the figures' scale (colour ∝ weight**GAMMA)."""
     if not np.isfinite(weight):  # a diverged model's NaN: the blank end of the scale
         return 0
     return min(int(max(weight, 0.0) ** GAMMA * len(PALETTE)), len(PALETTE) - 1)
-
-
-def cell(index: int, width: int = 2):
-    """A coloured block; its shade characters show only where colour is off (pipes, NO_COLOR)."""
-    return SHADES[index] * width, f"{PALETTE[index]} on {PALETTE[index]}"
-
-
-def terminal_map(weights: np.ndarray, queries: list[str], keys: list[str], title: str):
-    """One map as rich Text: a row per query token, a 2-wide cell per key token."""
-    from rich.text import Text
-
-    width = max(len(q) for q in queries)
-    header = " " * (width + 1) + "".join(f"{SHORT_TOKENS.get(k, k)[:2]:>2}" for k in keys)
-    text = Text()
-    text.append(title, style="bold")
-    text.append("\n" + header)
-    for query, row in zip(queries, weights, strict=True):
-        text.append(f"\n{query:>{width}} ")
-        for weight in row:
-            text.append(*cell(level(float(weight))))
-    return text
-
-
-def terminal_legend():
-    """The palette from weight 0 to 1, and how to read the maps."""
-    from rich.text import Text
-
-    text = Text("weight 0 ")
-    for i in range(len(PALETTE)):
-        text.append(*cell(i))
-    text.append(" 1  (colour ∝ √weight)\nrows: query tokens, columns: key tokens, ^ = <bos>")
-    return text
-
-
-def terminal_maps(blocks: list[MapBlock]) -> list:
-    """Rich renderables: a heading per kind and layer, then its heads side by side."""
-    from rich.columns import Columns
-    from rich.text import Text
-
-    out = []
-    for block in blocks:
-        for r, layer in enumerate(block.layers):
-            out.append(Text(f"\n{KIND_TITLES[block.kind]} · layer {layer}", style="bold cyan"))
-            maps = [terminal_map(block.weights[r, c], block.queries, block.keys, f"head {head}")
-                    for c, head in enumerate(block.heads)]
-            out.append(Columns(maps, padding=(1, 3)))
-    return out
 
 
 # --- `minitfm visualize-attention` ---
@@ -560,29 +512,3 @@ def figure_title(task: Task, checkpoint: Path, step: int, probe: Probe, target: 
         verdict = "✓" if probe.prediction == target else f"✗ (expected {fmt(target)})"
     return (f"{task.name} · {checkpoint.name} · step {step}\n"
             f"input {fmt(probe.src)} → prediction {fmt(probe.prediction)} {verdict}")
-
-
-def alignment_table(report: AttentionReport):
-    """A rich table of every cross-attention head's alignment score, the best head in bold."""
-    from rich.table import Table
-    from rich.text import Text
-
-    if report.scores is None:
-        return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
-    best = divmod(int(report.held_out_scores.argmax()), report.held_out_scores.size(1))
-    table = Table(title="alignment score of each cross-attention head")
-    held_out = f"held-out ({ALIGNMENT_SAMPLES})"
-    for column in ("layer", "head", "this input", held_out, "held-out argmax"):
-        table.add_column(column, justify="right")
-    table.add_column("")
-    for layer, head in np.ndindex(*report.scores.shape):
-        is_best = (layer, head) == best
-        table.add_row(str(layer), str(head), f"{report.scores[layer, head]:.3f}",
-                      f"{report.held_out_scores[layer, head]:.3f}",
-                      f"{report.held_out_hits[layer, head]:.3f}", "← best" if is_best else "",
-                      style="bold green" if is_best else None)
-    table.caption = ("weight on the ideal source position, mean over target positions (EOS "
-                     "excluded), teacher-forced on the true target: 1 = exact, about 1/S = "
-                     f"uniform; held-out argmax: share of the target positions of the same "
-                     f"{ALIGNMENT_SAMPLES} held-out pairs whose strongest key is the ideal one")
-    return table

@@ -1,0 +1,290 @@
+"""What the commands draw in the terminal: a function per table or heatmap, from the data the
+library returns (report dicts, dataclasses, lists of rows).
+
+This is the only module besides the CLI and the progress display that knows `rich`: the
+library computes, the face draws. The lab modules import torch, so their names are imported
+inside the functions that need them, and `minitfm runs` or `minitfm sweep` never pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich import box
+from rich.columns import Columns
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from minitfm.lab.ablate import AblationReport
+    from minitfm.lab.timeline import OverTrainingReport
+    from minitfm.lab.viz import AttentionReport, MapBlock
+
+SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the palette's levels without colour
+
+
+# --- `minitfm eval` ---
+
+def per_length_table(report: dict) -> Table:
+    """A row per length (count, exact match, token accuracy) and the totals."""
+    lo, hi = report["trained_lengths"]
+    table = Table(title=f"{report['task']} · {report['checkpoint']} · step {report['step']}")
+    for column in ("length", "count", "exact match", "token accuracy"):
+        table.add_column(column, justify="right")
+    for length, row in report["per_length"].items():
+        outside = not lo <= int(length) <= hi
+        table.add_row(f"{length}{' *' if outside else ''}", str(row["count"]),
+                      f"{row['exact_match']:.1%}", f"{row['token_accuracy']:.1%}",
+                      style="yellow" if outside else None)
+    table.add_section()
+    table.add_row("all", str(report["samples"]), f"{report['exact_match']:.1%}",
+                  f"{report['token_accuracy']:.1%}", style="bold")
+    table.caption = (f"teacher-forced loss {report['loss']:.4f}; trained on lengths {lo}..{hi}"
+                     + ("; * outside the trained range" if any(
+                         not lo <= int(n) <= hi for n in report["per_length"]) else "")
+                     + (f"; {report['unknown_symbols']} symbols never trained on, read as <unk>"
+                        if report.get("unknown_symbols") else ""))
+    return table
+
+
+# --- `minitfm visualize-attention`: terminal heatmaps ---
+
+def palette_cells(width: int = 2) -> list[tuple[str, str]]:
+    """The palette's coloured blocks; their shade characters show only where colour is off
+    (pipes, NO_COLOR)."""
+    from minitfm.lab.viz import PALETTE
+
+    return [(shade * width, f"{colour} on {colour}")
+            for shade, colour in zip(SHADES, PALETTE, strict=True)]
+
+
+def heatmap(weights: np.ndarray, queries: list[str], keys: list[str], title: str) -> Text:
+    """One map: a row per query token, a 2-wide cell per key token."""
+    from minitfm.lab.viz import SHORT_TOKENS, level
+
+    cells = palette_cells()
+    width = max(len(q) for q in queries)
+    header = " " * (width + 1) + "".join(f"{SHORT_TOKENS.get(k, k)[:2]:>2}" for k in keys)
+    text = Text()
+    text.append(title, style="bold")
+    text.append("\n" + header)
+    for query, row in zip(queries, weights, strict=True):
+        text.append(f"\n{query:>{width}} ")
+        for weight in row:
+            text.append(*cells[level(float(weight))])
+    return text
+
+
+def heatmap_legend() -> Text:
+    """The palette from weight 0 to 1, and how to read the maps."""
+    text = Text("weight 0 ")
+    for cell in palette_cells():
+        text.append(*cell)
+    text.append(" 1  (colour ∝ √weight)\nrows: query tokens, columns: key tokens, ^ = <bos>")
+    return text
+
+
+def attention_heatmaps(blocks: list[MapBlock]) -> list:
+    """A heading per kind and layer, then its heads side by side."""
+    from minitfm.lab.viz import KIND_TITLES
+
+    out = []
+    for block in blocks:
+        for r, layer in enumerate(block.layers):
+            out.append(Text(f"\n{KIND_TITLES[block.kind]} · layer {layer}", style="bold cyan"))
+            maps = [heatmap(block.weights[r, c], block.queries, block.keys, f"head {head}")
+                    for c, head in enumerate(block.heads)]
+            out.append(Columns(maps, padding=(1, 3)))
+    return out
+
+
+def alignment_table(report: AttentionReport) -> Table | Text:
+    """Every cross-attention head's alignment score, the best head in bold."""
+    import numpy as np
+
+    from minitfm.lab.viz import ALIGNMENT_SAMPLES
+
+    if report.scores is None:
+        return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
+    best = divmod(int(report.held_out_scores.argmax()), report.held_out_scores.size(1))
+    table = Table(title="alignment score of each cross-attention head")
+    held_out = f"held-out ({ALIGNMENT_SAMPLES})"
+    for column in ("layer", "head", "this input", held_out, "held-out argmax"):
+        table.add_column(column, justify="right")
+    table.add_column("")
+    for layer, head in np.ndindex(*report.scores.shape):
+        is_best = (layer, head) == best
+        table.add_row(str(layer), str(head), f"{report.scores[layer, head]:.3f}",
+                      f"{report.held_out_scores[layer, head]:.3f}",
+                      f"{report.held_out_hits[layer, head]:.3f}", "← best" if is_best else "",
+                      style="bold green" if is_best else None)
+    table.caption = ("weight on the ideal source position, mean over target positions (EOS "
+                     "excluded), teacher-forced on the true target: 1 = exact, about 1/S = "
+                     f"uniform; held-out argmax: share of the target positions of the same "
+                     f"{ALIGNMENT_SAMPLES} held-out pairs whose strongest key is the ideal one")
+    return table
+
+
+def over_training_table(report: OverTrainingReport) -> Table:
+    """A row per recorded step: its exact match and each cross-attention head's scores."""
+    from minitfm.lab.timeline import head_text
+    from minitfm.lab.viz import ALIGNMENT_SAMPLES
+
+    timeline, layer = report.timeline, report.layer
+    aligned = timeline.alignment is not None
+    scores = "alignment score · entropy" if aligned else "entropy"
+    table = Table(title=f"{scores} of each cross-attention head of {report.why}")
+    for column in ("step", "exact match", *(f"head {h}" for h in range(timeline.cross.shape[2]))):
+        table.add_column(column, justify="right")
+    for n, step in enumerate(timeline.steps):
+        em = timeline.exact_match[n]
+        heads = [head_text(timeline, n, layer, h, labelled=False)
+                 for h in range(timeline.cross.shape[2])]
+        table.add_row(str(step), "" if em is None else f"{em:.1%}", *heads)
+    table.caption = (f"on {ALIGNMENT_SAMPLES} held-out pairs; entropy in nats (uniform over S "
+                     f"source tokens: ln S; one token: 0)"
+                     + ("; alignment: weight on the ideal source position" if aligned else ""))
+    return table
+
+
+# --- `minitfm ablate` ---
+
+def ablation_tables(report: AblationReport) -> list:
+    """The headline, a table per kind (rows layers, columns heads and the whole layer), a key."""
+    from minitfm.lab.ablate import MARKED_DROP, grid, headline
+    from minitfm.lab.viz import KIND_TITLES, KINDS
+
+    out: list = [Text(headline(report, str(report.checkpoint)))]
+    for kind in KINDS:
+        rows = grid(report, kind)
+        table = Table(title=KIND_TITLES[kind])
+        table.add_column("layer", justify="right")
+        for head in range(len(rows[0]) - 1):
+            table.add_column(f"head {head}", justify="right")
+        table.add_column("all heads", justify="right")
+        for layer, row in enumerate(rows):
+            table.add_row(str(layer), *(ablation_cell(cell) for cell in row))
+        out.append(table)
+    out.append(Text(f"cells: exact match with the head (or all heads of the layer) off, and "
+                    f"its change in points; * = a drop of more than {100 * MARKED_DROP:.0f} "
+                    f"points"))
+    return out
+
+
+def ablation_cell(row: dict) -> Text:
+    """`12.4% (-87.4) *`: exact match, change in points, and the mark of a head that matters."""
+    from minitfm.lab.ablate import MARKED_DROP
+
+    marked = row["drop"] > MARKED_DROP
+    return Text(f"{row['exact_match']:.1%} ({-100 * row['drop']:+.1f}){' *' if marked else '  '}",
+                style="bold red" if marked else "")
+
+
+# --- `minitfm tasks` ---
+
+def tasks_table() -> Table:
+    """Every registered task with what it learns and an example."""
+    from minitfm.tasks.base import TASKS
+
+    table = Table(title="tasks (task.name)")
+    for column in ("name", "what it learns", "example input", "target"):
+        table.add_column(column)
+    for name, cls in TASKS.items():
+        example_in, example_out = cls.catalog_example()
+        table.add_row(name, cls.summary, example_in, example_out)
+    return table
+
+
+# --- `minitfm bench` ---
+
+def bench_tables(report: dict) -> list[Table]:
+    """The tables of a bench report: training throughput, greedy decoding, end to end."""
+    return [throughput_table(report), decoding_table(report), end_to_end_table(report)]
+
+
+def throughput_table(report: dict) -> Table:
+    """Training tokens per second against nn.Transformer, and MFU, per setup."""
+    load = (f" · load {report['load_average']:.1f} on {report['cores']} cores"
+            if "load_average" in report else "")
+    threads = f"{report['threads']} thread{'s' if report['threads'] != 1 else ''}"
+    title = (f"minitfm bench · {report['device']} · {threads}{load} · torch "
+             f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
+    train = Table(title=title)
+    for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU"):
+        train.add_column(col, justify="right")
+    for row in report["throughput"]:
+        train.add_row(row["setup"], f"{row['minitfm_tokens_per_s']:,.0f}",
+                      f"{row['torch_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",
+                      f"{row['mfu']:.1%}")
+    return train
+
+
+def decoding_table(report: dict) -> Table:
+    """Greedy decoding with and without the KV cache."""
+    decode = Table(title="greedy decoding")
+    for col in ("length", "sequences", "tokens decoded", "KV cache", "no cache", "speed-up"):
+        decode.add_column(col, justify="right")
+    for row in report["decoding"]:
+        decode.add_row(str(row["length"]), str(row["sequences"]), str(row["decoded_len"]),
+                       f"{row['cached_s']:.3f} s",
+                       f"{row['uncached_s']:.3f} s", f"{row['speedup']:.1f}x")
+    return decode
+
+
+def end_to_end_table(report: dict) -> Table:
+    """Evaluation time, peak memory, and the default config's time to solve."""
+    other = Table(title="end to end", show_header=False)
+    other.add_row("eval of 1000 sequences (default)", f"{report['eval']['seconds']:.2f} s")
+    runs = report.get("solve") or [report["memory"]]
+    peaks = [run["peak_rss_mb"] for run in runs if run["peak_rss_mb"]]  # None: no /proc
+    other.add_row("peak RSS of a training run", f"{max(peaks):.0f} MB" if peaks else "n/a")
+    for run in report.get("solve", []):
+        solved = run["steps_to_99"]
+        steps = (f"solved at step {solved}" if solved
+                 else f"not solved ({run['exact_match']:.1%} at step {run['steps']})")
+        other.add_row(f"default config, seed {run['seed']}: whole process",
+                      f"{run['wall_s']:.1f} s, {steps}")
+    return other
+
+
+# --- `minitfm sweep` and `minitfm runs` ---
+
+def sweep_table(rows: list[dict[str, Any]], keys: list[str], title: str) -> Table:
+    """Rows = configurations, mean ± std over seeds where there are several."""
+    from minitfm.lab.sweep import by_configuration, range_labels, short_names, spread
+
+    names = short_names(keys)
+    shown = [key for key in keys if key != "seed"]
+    table = Table(title=title)
+    for column in [*(names[k] for k in shown), "runs", "steps", "wall s",
+                   *(f"exact match {s}" for s in range_labels(rows))]:
+        table.add_column(column, justify="left" if column in names.values() else "right")
+    for group in by_configuration(rows).values():
+        cells = [str(group[0][k]) if group[0][k] is not None else "null" for k in shown]
+        cells += [str(len(group)), spread([r["steps"] for r in group], "{:.0f}"),
+                  spread([r["wall_s"] for r in group], "{:.1f}")]
+        cells += [spread([r["exact_match"].get(s) for r in group]) for s in range_labels(rows)]
+        table.add_row(*cells)
+    return table
+
+
+def runs_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """The rows of `runs.list_runs`: a run's name with its changes, task, steps, best, status."""
+    # No vertical lines, and each run's changes under its name: the columns fit 80 cells.
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for column in ("run: changes from the defaults", "task", "steps", "best exact match",
+                   "wall s", "status"):
+        # folded, never cut: a change shown as "model.positiona…" says nothing
+        table.add_column(column, justify="right" if column in ("steps", "wall s") else "left",
+                         overflow="fold", no_wrap=column in ("steps", "wall s", "status"),
+                         max_width=10 if column == "best exact match" else None)
+    for row in rows:
+        best = row["best_exact_match"]
+        changes = "".join(f"\n  {key}={value}" for key, value in row["changes"].items()
+                          if key != "task.name")  # the task has its own column
+        table.add_row(Text(row["name"], style="bold") + Text(changes), row["task"],
+                      str(row["step"]), "-" if best is None else f"{best:.1%}",
+                      "-" if row["wall_s"] is None else f"{row['wall_s']:.1f}", row["status"])
+    return table

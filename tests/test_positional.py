@@ -353,8 +353,8 @@ ROOT = Path(__file__).parent.parent
 
 
 def readme_settings() -> list[list[str]]:
-    """The overrides of each row of README's length generalisation tables."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The overrides of each row of docs/experiments.md's length generalisation tables."""
+    text = (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     section = text.split("## Length generalisation")[1].split("\n## ")[0]
     rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| ")]
     settings = [" ".join(re.findall(r"`([^`]*=[^`]*)`", cell)).split() for cell in rows]

@@ -1,0 +1,159 @@
+"""The README and docs/: links that resolve, a README that stays short, facts that match."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import typer.main
+
+from minitfm.app.cli import app
+from minitfm.config import Config
+from tests.helpers import run_cli
+
+ROOT = Path(__file__).parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+README_MAX_LINES = 350
+
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def prose(text: str) -> str:
+    """The text without fenced code blocks and code spans, where a `](` is no link."""
+    return CODE_SPAN.sub("", FENCE.sub("", text))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lowercase, punctuation but - and _ dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor on a page; a repeated one gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    found = set()
+    for line in FENCE.sub("", page.read_text(encoding="utf-8")).splitlines():
+        match = re.match(r"#{1,6} (.+)", line)
+        if not match:
+            continue
+        base = anchor(match.group(1))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def relative_links(page: Path) -> list[str]:
+    """The links of a page that point inside the repository (no scheme, no mail)."""
+    links = LINK.findall(prose(page.read_text(encoding="utf-8")))
+    return [link for link in links if not re.match(r"[a-z][a-z0-9+.-]*:", link)]
+
+
+def test_there_are_pages_and_links():
+    names = {page.name for page in PAGES}
+    assert {"README.md", "config.md", "experiments.md", "operations.md", "speed.md"} <= names
+    assert sum(len(relative_links(page)) for page in PAGES) > 20
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_resolves(page):
+    for link in relative_links(page):
+        path, _, fragment = link.partition("#")
+        target = (page.parent / path).resolve() if path else page
+        assert target.is_file(), f"{page.name}: {link} names no file"
+        if fragment:
+            assert target.suffix == ".md", f"{page.name}: {link} has an anchor into no page"
+            assert fragment in anchors(target), f"{page.name}: {link} names no heading"
+
+
+def test_anchor_rule_is_githubs():
+    assert anchor("Looking inside: which heads matter") == "looking-inside-which-heads-matter"
+    assert anchor("What minitfm refuses, and why") == "what-minitfm-refuses-and-why"
+    assert anchor("Distributed training (torchrun)") == "distributed-training-torchrun"
+    assert anchor("What `minitfm bench` measures") == "what-minitfm-bench-measures"
+    assert anchor("predict: input and output") == "predict-input-and-output"
+
+
+def test_readme_stays_short():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+
+
+@pytest.mark.parametrize("page", PAGES[1:], ids=lambda p: p.name)
+def test_every_page_says_who_it_is_for_and_links_back(page):
+    title, blank, first, *_ = page.read_text(encoding="utf-8").splitlines()
+    assert title.startswith("# ") and blank == ""
+    assert first.startswith("For "), f"{page.name} does not start by saying who it is for"
+    opening = page.read_text(encoding="utf-8").split("\n\n")[1]
+    assert "](../README.md)" in opening, f"{page.name} does not link back to the README"
+
+
+def flat_defaults(values: dict, prefix: str = "") -> dict[str, object]:
+    """`{"model": {"d_model": 64}}` -> `{"model.d_model": 64}`."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(flat_defaults(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def yaml_text(value: object) -> str:
+    """A default as the table writes it (YAML's spelling of None and booleans)."""
+    if value is None:
+        return "null"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def config_table() -> dict[str, str]:
+    """docs/config.md's table of keys: `key` -> its default as written."""
+    text = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
+    section = text.split("## Keys")[1].split("\n## ")[0]
+    table = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cells = line.split(" | ")
+        keys = re.findall(r"`([\w.]+)`", cells[0])
+        defaults = re.findall(r"`([^`]*)`", cells[1])
+        assert len(keys) == len(defaults), line
+        table.update(zip(keys, defaults))
+    return table
+
+
+def test_config_page_lists_every_key_with_its_default():
+    table = config_table()
+    defaults = flat_defaults(Config().model_dump())
+    assert set(table) == set(defaults)
+    for key, value in defaults.items():
+        assert table[key] == yaml_text(value), f"{key}: docs say {table[key]}, code has {value}"
+
+
+def readme_commands() -> list[tuple[str, list[str]]]:
+    """The README's command table: each command with the options its row names."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Commands")[1].split("\n## ")[0]
+    rows = []
+    for line in section.splitlines():
+        match = re.match(r"\| `minitfm ([a-z][\w-]*)", line)
+        if match:
+            rows.append((match.group(1), sorted(set(re.findall(r"--[a-z][\w-]*", line)))))
+    return rows
+
+
+def test_readme_names_every_command():
+    listed = {name for name, _ in readme_commands()}
+    assert listed == set(typer.main.get_command(app).commands)
+
+
+@pytest.mark.parametrize("command, options", readme_commands(),
+                         ids=[name for name, _ in readme_commands()])
+def test_readme_command_options_exist(command, options):
+    result = run_cli(command, "--help")
+    assert result.exit_code == 0, result.output
+    for option in options:
+        assert option in result.output, f"minitfm {command} has no {option}"

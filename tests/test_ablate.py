@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from minitfm.book.layers import HeadAblation, MultiHeadAttention
+from minitfm.book.attention import HeadAblation, MultiHeadAttention
 from minitfm.book.model import HeadEdits, greedy_decode
 from minitfm.config import load_config
 from minitfm.lab.ablate import HeadMeans, ablate_model, head_means

@@ -7,16 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitfm.book.layers import (
-    AttentionFunction,
-    Dropout,
-    FeedForward,
-    KVCache,
-    LayerNorm,
-    LayerNormFunction,
-    MultiHeadAttention,
-    scaled_dot_product_attention,
-)
+from minitfm.book.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from minitfm.book.layers import Dropout, FeedForward, LayerNorm
 from minitfm.book.positions import (
     ALiBiPositions,
     LearnedPositions,
@@ -25,6 +17,7 @@ from minitfm.book.positions import (
     SinusoidalPositions,
     make_positional,
 )
+from minitfm.fast.kernels import AttentionFunction, LayerNormFunction
 from tests.helpers import assert_clean_error, run_cli
 
 DTYPE = torch.float64

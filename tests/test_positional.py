@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minitfm.book.layers import KVCache, MultiHeadAttention
+from minitfm.book.attention import KVCache, MultiHeadAttention
 from minitfm.book.model import Seq2SeqTransformer, greedy_decode
 from minitfm.book.positions import (
     ALiBiPositions,

@@ -7,7 +7,7 @@ The model masks by itself: source padding (tokens == pad_id) in encoder self-att
 cross-attention, and future positions in decoder self-attention. Target padding needs no mask:
 the loss ignores PAD targets and the causal mask keeps real positions from seeing later ones.
 In training on a CPU the padding is also skipped: embeddings, projections, feed-forward blocks
-and layer norms see only the real tokens, packed into rows (N, D) (`layers.Packing`).
+and layer norms see only the real tokens, packed into rows (N, D) (`fast.packing.Packing`).
 
 Positions are 0..S-1 in the source and 0..T-1 in the target (continuing from the cache when
 decoding step by step); with `model.random_positions` set, `forward` in training mode draws
@@ -25,19 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minitfm.book.layers import (
-    AttentionPacking,
-    AttentionPositions,
-    Dropout,
-    FeedForward,
-    HeadEdit,
-    KVCache,
-    LayerNorm,
-    MultiHeadAttention,
-    Packing,
-)
-from minitfm.book.positions import make_positional, sample_positions
+from minitfm.book.attention import HeadEdit, KVCache, MultiHeadAttention
+from minitfm.book.layers import Dropout, FeedForward, LayerNorm
+from minitfm.book.positions import AttentionPositions, make_positional, sample_positions
 from minitfm.config import ModelConfig
+from minitfm.fast.packing import AttentionPacking, Packing
 
 
 def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:
@@ -56,7 +48,7 @@ class AttentionMaps:
 
 @dataclass
 class HeadEdits:
-    """Edits of the head outputs (see `layers.HeadEdit`) by kind and layer; absent = intact."""
+    """Edits of the head outputs (see `attention.HeadEdit`) by kind and layer; absent = intact."""
 
     encoder: dict[int, HeadEdit] = field(default_factory=dict)
     decoder: dict[int, HeadEdit] = field(default_factory=dict)

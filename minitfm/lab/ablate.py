@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minitfm.book.layers import HeadAblation, HeadEdit
+from minitfm.book.attention import HeadAblation, HeadEdit
 from minitfm.book.model import HeadEdits, default_device, eval_mode
 from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import (

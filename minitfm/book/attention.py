@@ -21,7 +21,6 @@ the schemes in `positions.py`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -123,30 +122,13 @@ class KVCache:
         return self.k, self.v
 
 
-# A function of one layer's head outputs (B, H, T_q, K), applied before the heads are
-# concatenated and projected by W^O; it returns a tensor of the same shape. `HeadAblation`
-# switches heads off; `minitfm.lab.ablate.HeadMeans` records their mean output.
-HeadEdit = Callable[[Tensor], Tensor]
-
-
-@dataclass(frozen=True)
-class HeadAblation:
-    """Heads of one attention layer switched off: each output head_h (before W^O) replaced.
-
-    Zero ablation replaces head_h with 0, mean ablation with its mean over held-out data
-    (the usual choice in interpretability work: the next layers see a vector of the usual scale).
-    """
-
-    off: Tensor  # (H,) bool, True = switched off
-    value: Tensor  # (H, K): what a switched-off head outputs at every position
-
-    def __call__(self, heads: Tensor) -> Tensor:
-        off = self.off[:, None, None]  # (H, 1, 1)
-        return torch.where(off, self.value[:, None, :], heads)  # (B, H, T_q, K)
-
-
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention, Vaswani et al. 2017, §3.2.2: H heads of width K = D / H."""
+    """Multi-head attention, Vaswani et al. 2017, §3.2.2: H heads of width K = D / H.
+
+    `heads` is a hook point: a named identity applied to the head outputs (B, H, T_q, K) before
+    they are concatenated and projected by W^O. Instruments attach forward hooks to it from
+    outside, as TransformerLens does, instead of adding parameters here (`minitfm ablate`).
+    """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
         super().__init__()
@@ -159,6 +141,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
+        self.heads = nn.Identity()  # the hook point on the head outputs, see above
 
     def forward(
         self,
@@ -168,13 +151,11 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         cache: KVCache | None = None,
         positions: AttentionPositions | None = None,
-        edit: HeadEdit | None = None,
         packing: AttentionPacking | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Attend from `query` (B, T_q, D) to `key`/`value` (B, T_k, D); returns output, weights.
 
-        `positions` is set only for schemes that act inside attention (RoPE, ALiBi); `edit`
-        (see `HeadEdit`) changes the head outputs before W^O, e.g. to ablate heads; `packing`
+        `positions` is set only for schemes that act inside attention (RoPE, ALiBi); `packing`
         says which inputs hold only their real tokens, (N, D) (the output is packed as `query`).
         """
         positions, packing = positions or NO_POSITIONS, packing or NO_PACKING
@@ -187,8 +168,7 @@ class MultiHeadAttention(nn.Module):
             q = positions.queries.rotate(q)  # (B, H, T_q, K), RoPE
         k, v = self.project_kv(key, value, cache, positions.keys, packing.keys)  # (B, H, T_k, K)
         out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout, positions.bias)
-        if edit is not None:
-            out = edit(out)  # (B, H, T_q, K)
+        out = self.heads(out)  # (B, H, T_q, K): the hook point, the identity unless hooked
         out = out.transpose(1, 2).reshape(B, T_q, D)  # (B, T_q, D): heads concatenated
         if packing.queries is not None:
             out = packing.queries.pack(out)  # (N_q, D)

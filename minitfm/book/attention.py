@@ -3,7 +3,8 @@
 In reading order: `attention`, the readable reference of scaled dot-product attention in a few
 lines; `additive_mask` and `scaled_dot_product_attention`, the one the model runs (it calls the
 speed appendix, `fast/kernels.py`); `KVCache`, the keys and values kept between decoding steps;
-and `MultiHeadAttention` (§3.2.2), H heads side by side.
+`AttentionScope`, what one call attends over; and `MultiHeadAttention` (§3.2.2), H heads side
+by side.
 
 Shapes: B batch, S source len, T target len, D d_model, H n_heads, K d_head (= D / H);
 T_q and T_k are the query and key lengths of one attention call (T and S in cross-attention,
@@ -122,6 +123,23 @@ class KVCache:
         return self.k, self.v
 
 
+@dataclass(frozen=True)
+class AttentionScope:
+    """What one attention call attends over: the keys it may see, positions, packed inputs.
+
+    Built once per encode or decode call and shared by every layer, as its parts are the same
+    in each: the mask (None: every key), what positions do inside attention (RoPE, ALiBi, from
+    `positions.py`) and which inputs hold only their real tokens (`fast/packing.py`).
+    """
+
+    mask: Tensor | None = None  # (B, 1, 1, T_k) padding or (T_q, T_k) causal, True = may attend
+    positions: AttentionPositions = NO_POSITIONS
+    packing: AttentionPacking = NO_PACKING
+
+
+EVERY_KEY = AttentionScope()  # frozen, so one shared instance is safe: no mask, nothing else
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention, Vaswani et al. 2017, §3.2.2: H heads of width K = D / H.
 
@@ -144,21 +162,16 @@ class MultiHeadAttention(nn.Module):
         self.heads = nn.Identity()  # the hook point on the head outputs, see above
 
     def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Tensor | None = None,
+        self, query: Tensor, key: Tensor, value: Tensor, scope: AttentionScope = EVERY_KEY,
         cache: KVCache | None = None,
-        positions: AttentionPositions | None = None,
-        packing: AttentionPacking | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Attend from `query` (B, T_q, D) to `key`/`value` (B, T_k, D); returns output, weights.
 
-        `positions` is set only for schemes that act inside attention (RoPE, ALiBi); `packing`
-        says which inputs hold only their real tokens, (N, D) (the output is packed as `query`).
+        `scope` holds the mask, what RoPE or ALiBi do here, and which inputs hold only their
+        real tokens, (N, D) (the output is then packed as `query`); `cache` keeps the keys and
+        values between decoding steps.
         """
-        positions, packing = positions or NO_POSITIONS, packing or NO_PACKING
+        positions, packing = scope.positions, scope.packing
         q = self.q_proj(query)  # (B, T_q, D), or (N_q, D) packed
         if packing.queries is not None:
             q = packing.queries.unpack(q)  # (B, T_q, D), zeros at the padding
@@ -167,7 +180,8 @@ class MultiHeadAttention(nn.Module):
         if positions.queries is not None:
             q = positions.queries.rotate(q)  # (B, H, T_q, K), RoPE
         k, v = self.project_kv(key, value, cache, positions.keys, packing.keys)  # (B, H, T_k, K)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout, positions.bias)
+        out, weights = scaled_dot_product_attention(q, k, v, scope.mask, self.dropout,
+                                                    positions.bias)
         out = self.heads(out)  # (B, H, T_q, K): the hook point, the identity unless hooked
         out = out.transpose(1, 2).reshape(B, T_q, D)  # (B, T_q, D): heads concatenated
         if packing.queries is not None:

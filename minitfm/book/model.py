@@ -13,7 +13,8 @@ Positions are 0..S-1 in the source and 0..T-1 in the target (continuing from the
 decoding step by step); with `model.random_positions` set, `forward` in training mode draws
 them instead (Ruoss et al. 2023), so that longer inputs at test time meet positions seen in
 training. Schemes acting inside attention (RoPE, ALiBi) get the position indices through
-`AttentionPositions`, computed once per encode/decode call and shared by every layer.
+`AttentionPositions`. What each attention attends over (mask, positions, packing) travels as
+one `AttentionScope`, built once per encode/decode call and shared by every layer.
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minitfm.book.attention import KVCache, MultiHeadAttention
+from minitfm.book.attention import AttentionScope, KVCache, MultiHeadAttention
 from minitfm.book.layers import Dropout, FeedForward, LayerNorm
-from minitfm.book.positions import AttentionPositions, make_positional, sample_positions
+from minitfm.book.positions import (
+    NO_POSITIONS,
+    AttentionPositions,
+    make_positional,
+    sample_positions,
+)
 from minitfm.config import ModelConfig
 from minitfm.fast.packing import AttentionPacking, Packing
 
@@ -66,22 +72,18 @@ class EncoderLayer(nn.Module):
         self.norm2 = LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)  # on each sub-layer's output, §5.4
 
-    def forward(
-        self, x: Tensor, mask: Tensor, positions: AttentionPositions | None = None,
-        packing: Packing | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """x (B, S, D), mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S).
+    def forward(self, x: Tensor, scope: AttentionScope) -> tuple[Tensor, Tensor]:
+        """x (B, S, D), scope.mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S).
 
-        With `packing`, x holds the real tokens only: (N, D) in and out.
+        With `scope.packing`, x holds the real tokens only: (N, D) in and out.
         """
-        packed = AttentionPacking(packing, packing)
         if self.norm_first:  # pre-LN: x + Sublayer(LN(x)) (Xiong et al. 2020)
             h = self.norm1(x)
-            attn, weights = self.self_attn(h, h, h, mask, positions=positions, packing=packed)
+            attn, weights = self.self_attn(h, h, h, scope)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm2(x)))
         else:  # post-LN, as in the paper: LN(x + Sublayer(x))
-            attn, weights = self.self_attn(x, x, x, mask, positions=positions, packing=packed)
+            attn, weights = self.self_attn(x, x, x, scope)
             x = self.norm1(x + self.dropout(attn))
             x = self.norm2(x + self.dropout(self.feed_forward(x)))
         return x, weights
@@ -102,43 +104,28 @@ class DecoderLayer(nn.Module):
         self.dropout = Dropout(cfg.dropout)
 
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor,
-        self_mask: Tensor | None,
-        src_mask: Tensor,
+        self, x: Tensor, memory: Tensor, self_scope: AttentionScope, cross_scope: AttentionScope,
         cache: DecoderLayerCache | None = None,
-        positions: tuple[AttentionPositions | None, AttentionPositions | None] = (None, None),
-        packings: tuple[Packing | None, Packing | None] = (None, None),
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
 
-        `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention.
-        `packings` are x's and the memory's: each then holds its real tokens only, (N, D)
-        (x in and out).
+        `self_scope` holds the causal mask, `cross_scope` the source padding mask; with their
+        packing, x (in and out) and the memory hold their real tokens only, (N, D).
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
-        self_pos, cross_pos = positions
-        packing, memory_packing = packings
-        self_packed = AttentionPacking(packing, packing)
-        cross_packed = AttentionPacking(packing, memory_packing)
         if self.norm_first:
             h = self.norm1(x)
-            attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos,
-                                                self_packed)
+            attn, self_weights = self.self_attn(h, h, h, self_scope, self_cache)
             x = x + self.dropout(attn)
             h = self.norm2(x)
-            attn, cross_weights = self.cross_attn(h, memory, memory, src_mask, cross_cache,
-                                                  cross_pos, cross_packed)
+            attn, cross_weights = self.cross_attn(h, memory, memory, cross_scope, cross_cache)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm3(x)))
         else:
-            attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache, self_pos,
-                                                self_packed)
+            attn, self_weights = self.self_attn(x, x, x, self_scope, self_cache)
             x = self.norm1(x + self.dropout(attn))
-            attn, cross_weights = self.cross_attn(x, memory, memory, src_mask, cross_cache,
-                                                  cross_pos, cross_packed)
+            attn, cross_weights = self.cross_attn(x, memory, memory, cross_scope, cross_cache)
             x = self.norm2(x + self.dropout(attn))
             x = self.norm3(x + self.dropout(self.feed_forward(x)))
         return x, self_weights, cross_weights
@@ -195,9 +182,8 @@ class Seq2SeqTransformer(nn.Module):
         x = self.embedding(tokens) * self.embed_scale  # (B, T, D) or (N, D)
         return self.embed_dropout(self.positional(x, offset, positions))
 
-    def encode(
-        self, src: Tensor, positions: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    def encode(self, src: Tensor,
+               positions: Tensor | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
         """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S), encoder maps [(B, H, S, S)].
 
         `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`).
@@ -213,15 +199,16 @@ class Seq2SeqTransformer(nn.Module):
         """`encode`, with the memory of only the real tokens (N, D) when the batch is packed
         (in training), and its Packing (None: padded (B, S, D))."""
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
-        attn_positions = None
+        attn_positions = NO_POSITIONS
         if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
             pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
             attn_positions = self.positional.attention(pos, pos)
         packing = self.packing(src)
+        scope = AttentionScope(src_mask, attn_positions, AttentionPacking(packing, packing))
         x = self.embed(src, positions=positions, packing=packing)  # (B, S, D) or (N, D)
         maps = []
         for layer in self.encoder_layers:
-            x, weights = layer(x, src_mask, attn_positions, packing)
+            x, weights = layer(x, scope)
             maps.append(weights)
         return self.encoder_norm(x), src_mask, maps, packing  # memory (B, S, D) or (N, D)
 
@@ -248,10 +235,10 @@ class Seq2SeqTransformer(nn.Module):
     def decoder_positions(
         self, offset: int, T: int, S: int, device, tgt_positions: Tensor | None,
         src_positions: Tensor | None,
-    ) -> tuple[AttentionPositions | None, AttentionPositions | None]:
+    ) -> tuple[AttentionPositions, AttentionPositions]:
         """What RoPE or ALiBi do in decoder self-attention and in cross-attention."""
         if not self.positional.in_attention:
-            return None, None
+            return NO_POSITIONS, NO_POSITIONS
         queries = self.indices(tgt_positions, T, offset, device)  # (T,) or (B, T)
         # Self-attention keys: the cached positions 0..offset-1, then this call's.
         keys = queries if offset == 0 else torch.arange(offset + T, device=device)
@@ -282,15 +269,18 @@ class Seq2SeqTransformer(nn.Module):
         # (T, offset + T), rows offset..offset+T-1; a single new token (a decoding step) may
         # see every position so far, so it needs no mask.
         self_mask = self.subsequent(offset, T) if T > 1 else None
-        attn_positions = self.decoder_positions(offset, T, src_mask.size(-1), tgt.device,
-                                                tgt_positions, src_positions)
+        self_positions, cross_positions = self.decoder_positions(
+            offset, T, src_mask.size(-1), tgt.device, tgt_positions, src_positions)
         packing = self.packing(tgt) if cache is None else None  # a cache is for decoding
+        self_scope = AttentionScope(self_mask, self_positions, AttentionPacking(packing, packing))
+        cross_scope = AttentionScope(src_mask, cross_positions,
+                                     AttentionPacking(packing, memory_packing))
         x = self.embed(tgt, offset, tgt_positions, packing)  # (B, T, D) or (N, D)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
-            x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
-                                                   attn_positions, (packing, memory_packing))
+            x, self_weights, cross_weights = layer(x, memory, self_scope, cross_scope,
+                                                   layer_cache)
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
         logits = self.generator(self.decoder_norm(x))  # (B, T, V) or (N, V)

@@ -83,8 +83,9 @@ def hook_point(model, kind: str, layer: int) -> nn.Module:
     """The `heads` hook point of one attention layer: encoder, decoder or cross, by kind."""
     if kind == "encoder":
         return model.encoder_layers[layer].self_attn.heads
-    attn = "self_attn" if kind == "decoder" else "cross_attn"
-    return getattr(model.decoder_layers[layer], attn).heads
+    if kind == "decoder":
+        return model.decoder_layers[layer].self_attn.heads
+    return model.decoder_layers[layer].cross_attn.heads  # "cross"
 
 
 def forward_hook(edit: HeadEdit):

@@ -5,10 +5,17 @@ import json
 import pytest
 import torch
 
-from minitfm.book.layers import HeadAblation, MultiHeadAttention
-from minitfm.book.model import HeadEdits, greedy_decode
-from minitfm.config import load_config
-from minitfm.lab.ablate import HeadMeans, ablate_model, head_means
+from minitfm.book.attention import MultiHeadAttention
+from minitfm.book.model import Seq2SeqTransformer, greedy_decode
+from minitfm.config import ModelConfig, load_config
+from minitfm.lab.ablate import (
+    HeadAblation,
+    HeadMeans,
+    ablate_model,
+    attached,
+    edited_heads,
+    head_means,
+)
 from minitfm.lab.evaluate import evaluate, predict
 from minitfm.run.session import train
 from minitfm.tasks.base import eval_set, make_batch
@@ -37,13 +44,14 @@ def mha():
     return identity_projection(MultiHeadAttention(D, H)).eval()
 
 
-# --- the ablation in MultiHeadAttention ---
+# --- the ablation on MultiHeadAttention's hook point ---
 
 def test_zeroed_head_outputs_exactly_zero_before_the_output_projection(mha):
     x = torch.randn(2, 5, D)
     intact, _ = mha(x, x, x)
     off = torch.tensor([False, True, False, False])
-    ablated, _ = mha(x, x, x, edit=HeadAblation(off, torch.zeros(H, K)))
+    with attached({mha.heads: HeadAblation(off, torch.zeros(H, K))}):
+        ablated, _ = mha(x, x, x)
     assert torch.equal(heads_of(ablated)[:, :, 1], torch.zeros(2, 5, K))
     kept = [0, 2, 3]
     assert torch.equal(heads_of(ablated)[:, :, kept], heads_of(intact)[:, :, kept])
@@ -54,7 +62,8 @@ def test_mean_ablation_replaces_the_head_with_its_value_at_every_position(mha):
     value = torch.randn(H, K)
     off = torch.tensor([True, False, False, True])
     intact, _ = mha(x, memory, memory)
-    ablated, _ = mha(x, memory, memory, edit=HeadAblation(off, value))
+    with attached({mha.heads: HeadAblation(off, value)}):
+        ablated, _ = mha(x, memory, memory)
     for head in (0, 3):
         assert torch.equal(heads_of(ablated)[:, :, head], value[head].expand(3, 4, K))
     assert torch.equal(heads_of(ablated)[:, :, 1:3], heads_of(intact)[:, :, 1:3])
@@ -105,28 +114,49 @@ def test_head_means_do_not_depend_on_padding(short_run):
 def test_ablating_nothing_gives_the_intact_predictions(short_run):
     model, task, pairs = loaded(short_run)
     none_off = HeadAblation(torch.zeros(2, dtype=torch.bool), torch.randn(2, 16))
-    edits = HeadEdits({0: none_off}, {0: none_off}, {0: none_off})
+    edits = {("encoder", 0): none_off, ("decoder", 0): none_off, ("cross", 0): none_off}
     sources = [src for src, _ in pairs]
-    assert predict(model, task, sources, "cpu", edits=edits) == \
-        evaluate(model, task, pairs, "cpu").predictions
+    with edited_heads(model, edits):
+        predictions = predict(model, task, sources, "cpu")
+    assert predictions == evaluate(model, task, pairs, "cpu").predictions
 
 
 def test_ablated_decoding_with_cache_equals_without_and_teacher_forcing(short_run):
     model, task, pairs = loaded(short_run)
     means = head_means(model, task, pairs, "cpu")
-    edits = HeadEdits(encoder={0: HeadAblation(torch.tensor([True, False]), means["encoder", 0])},
-                      decoder={0: HeadAblation(torch.tensor([False, True]), means["decoder", 0])},
-                      cross={0: HeadAblation(torch.tensor([True, False]), means["cross", 0])})
+    edits = {("encoder", 0): HeadAblation(torch.tensor([True, False]), means["encoder", 0]),
+             ("decoder", 0): HeadAblation(torch.tensor([False, True]), means["decoder", 0]),
+             ("cross", 0): HeadAblation(torch.tensor([True, False]), means["cross", 0])}
     vocab, src = task.vocab, make_batch(pairs[:64], task.vocab).src
-    cached = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8, True, edits)
-    uncached = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8, False, edits)
+    with edited_heads(model, edits):
+        cached = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8, True)
+        uncached = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8, False)
     assert torch.equal(cached, uncached)
     assert not torch.equal(cached, greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8))
     tgt_in = torch.cat([torch.full((64, 1), vocab.bos_id), cached[:, :-1]], dim=1)  # (B, L)
-    forced = model(src, tgt_in, edits=edits).argmax(dim=-1)  # (B, L)
+    with edited_heads(model, edits):
+        forced = model(src, tgt_in).argmax(dim=-1)  # (B, L)
     eos = (cached == vocab.eos_id).long()  # (B, L)
     written = eos.cumsum(dim=1) - eos == 0  # up to the first EOS; PAD after it is not decoded
     assert torch.equal(forced[written], cached[written])
+
+
+def test_no_hook_is_left_behind_after_an_ablation_even_when_it_raises():
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=D, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32)
+    model = Seq2SeqTransformer(cfg, 12, 0).eval()
+    src, tgt = torch.randint(3, 12, (3, 5)), torch.randint(3, 12, (3, 4))
+    before = model(src, tgt)
+    off = HeadAblation(torch.tensor([True, False]), torch.zeros(2, D // 2))
+    edits = {(kind, layer): off for kind in ("encoder", "decoder", "cross") for layer in (0, 1)}
+    with edited_heads(model, edits):
+        assert not torch.equal(model(src, tgt), before)
+    assert torch.equal(model(src, tgt), before)
+    with pytest.raises(RuntimeError, match="stopped"), edited_heads(model, edits):
+        assert not torch.equal(model(src, tgt), before)
+        raise RuntimeError("stopped")
+    assert torch.equal(model(src, tgt), before)
+    assert not any(module._forward_hooks for module in model.modules())
 
 
 # --- a solved model ---

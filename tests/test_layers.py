@@ -7,16 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minitfm.book.layers import (
-    AttentionFunction,
-    Dropout,
-    FeedForward,
+from minitfm.book.attention import (
+    AttentionScope,
     KVCache,
-    LayerNorm,
-    LayerNormFunction,
     MultiHeadAttention,
+    attention,
     scaled_dot_product_attention,
 )
+from minitfm.book.layers import Dropout, FeedForward, LayerNorm
 from minitfm.book.positions import (
     ALiBiPositions,
     LearnedPositions,
@@ -25,6 +23,7 @@ from minitfm.book.positions import (
     SinusoidalPositions,
     make_positional,
 )
+from minitfm.fast.kernels import AttentionFunction, LayerNormFunction
 from tests.helpers import assert_clean_error, run_cli
 
 DTYPE = torch.float64
@@ -102,6 +101,29 @@ def test_attention_matches_reference(kind):
     assert weights.shape == (B, H, T_q, T_k)
     assert torch.all(weights[~full] == 0)  # exactly zero, not just small
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, T_q, dtype=DTYPE))
+
+
+@pytest.mark.parametrize("kind", ["padding", "causal"])
+def test_readable_attention_equals_the_one_the_model_runs_and_torchs(kind):
+    """The book's few-line `attention` against `scaled_dot_product_attention` (the kernel) and
+    torch's, in values, weights and gradients."""
+    B, H, T, K = 3, 2, 5, 4
+    q, k, v = leaf(B, H, T, K), leaf(B, H, T, K), leaf(B, H, T, K)
+    if kind == "causal":
+        mask = causal(T)  # (T, T)
+    else:
+        lengths = torch.tensor([5, 3, 1])
+        mask = (torch.arange(T)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, T)
+    readable, readable_weights = attention(q, k, v, mask)
+    kernel, kernel_weights = scaled_dot_product_attention(q, k, v, mask)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    for ours in (readable, kernel):
+        torch.testing.assert_close(ours, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(readable, kernel, rtol=0, atol=1e-12)
+    torch.testing.assert_close(readable_weights, kernel_weights, rtol=0, atol=1e-12)
+    expected = grads(ref, (q, k, v))
+    assert_all_close(grads(readable, (q, k, v)), expected, atol=1e-12)
+    assert_all_close(grads(kernel, (q, k, v)), expected, atol=1e-12)
 
 
 def autograd_attention(q, k, v, additive, keep):
@@ -208,7 +230,7 @@ def param_grads_match(ours, ref):
 def test_multi_head_self_attention_with_causal_mask_matches_reference():
     ours, ref = paired_attention()
     x = leaf(2, 5, 8)
-    out, weights = ours(x, x, x, mask=causal(5))
+    out, weights = ours(x, x, x, AttentionScope(causal(5)))
     ref_out, ref_weights = ref(x, x, x, attn_mask=~causal(5), average_attn_weights=False)
     torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
     torch.testing.assert_close(weights, ref_weights, rtol=0, atol=1e-12)  # (B, H, T, T)
@@ -225,7 +247,7 @@ def test_multi_head_cross_attention_with_padding_matches_reference():
     query, memory = leaf(2, 3, 8), leaf(2, 6, 8)
     lengths = torch.tensor([6, 4])
     keep = torch.arange(6)[None, :] < lengths[:, None]  # (B, S), True = real token
-    out, weights = ours(query, memory, memory, mask=keep[:, None, None, :])
+    out, weights = ours(query, memory, memory, AttentionScope(keep[:, None, None, :]))
     ref_out, ref_weights = ref(query, memory, memory, key_padding_mask=~keep)  # head average
     torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
     assert weights.shape == (2, 2, 3, 6)
@@ -238,14 +260,14 @@ def test_multi_head_cross_attention_with_padding_matches_reference():
 def test_self_attention_cache_matches_full_causal_pass():
     attn = MultiHeadAttention(8, 2).to(DTYPE)
     x = leaf(2, 6, 8)
-    full, full_weights = attn(x, x, x, mask=causal(6))
+    full, full_weights = attn(x, x, x, AttentionScope(causal(6)))
     cache = KVCache(grow=True)
     steps = []
     for t in range(4):  # one token at a time, then two at once
         out, _ = attn(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], cache=cache)
         steps.append(out)
     chunk = x[:, 4:6]
-    out, weights = attn(chunk, chunk, chunk, mask=causal(6)[4:6], cache=cache)
+    out, weights = attn(chunk, chunk, chunk, AttentionScope(causal(6)[4:6]), cache=cache)
     steps.append(out)
     assert cache.length == 6
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)

@@ -1,9 +1,15 @@
 """The encoder-decoder model: masking, padding, attention maps, sizes and greedy decoding."""
 
+import importlib
+import inspect
+import pkgutil
+
 import pytest
 import torch
 from torch import nn
 
+import minitfm.book
+from minitfm.book.attention import AttentionScope
 from minitfm.book.model import (
     AttentionMaps,
     DecoderLayer,
@@ -33,6 +39,27 @@ def symbols(*shape, seed=1):
 def padded(rows: list[list[int]], width: int | None = None) -> torch.Tensor:
     width = width or max(map(len, rows))
     return torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
+
+
+def book_forwards():
+    """Every `forward` defined by a class of a module in book/, by its qualified name."""
+    for info in pkgutil.iter_modules(minitfm.book.__path__, "minitfm.book."):
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and cls.__module__ == module.__name__ \
+                    and "forward" in vars(cls):
+                yield f"{cls.__qualname__}.forward", vars(cls)["forward"]
+
+
+def test_no_forward_in_the_book_takes_more_than_6_parameters():
+    """What one call attends over travels as one AttentionScope, and instruments attach by
+    hooks: a feature does not grow the book's signatures."""
+    forwards = dict(book_forwards())
+    assert {"MultiHeadAttention.forward", "EncoderLayer.forward", "DecoderLayer.forward",
+            "Seq2SeqTransformer.forward"} <= forwards.keys()
+    for name, forward in forwards.items():
+        params = [p for p in inspect.signature(forward).parameters if p not in ("self", "ctx")]
+        assert len(params) <= 6, f"{name} takes {len(params)} parameters: {params}"
 
 
 def test_subsequent_mask():
@@ -80,7 +107,7 @@ def test_encoder_layer_matches_reference(norm_first):
     load_from_reference(ours, ref)
     x = torch.randn(2, 5, 8, dtype=DTYPE, requires_grad=True)
     keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])  # (B, S)
-    out, _ = ours(x, keep[:, None, None, :])
+    out, _ = ours(x, AttentionScope(keep[:, None, None, :]))
     expected = ref(x, src_key_padding_mask=~keep)
     torch.testing.assert_close(out[keep], expected[keep], rtol=0, atol=1e-12)
     assert_same_gradients(out[keep], expected[keep], [x])
@@ -95,7 +122,8 @@ def test_decoder_layer_matches_reference(norm_first):
     x = torch.randn(2, 4, 8, dtype=DTYPE, requires_grad=True)
     memory = torch.randn(2, 6, 8, dtype=DTYPE, requires_grad=True)
     keep = torch.tensor([[True] * 6, [True] * 2 + [False] * 4])  # (B, S)
-    out, _, _ = ours(x, memory, subsequent_mask(4), keep[:, None, None, :])
+    out, _, _ = ours(x, memory, AttentionScope(subsequent_mask(4)),
+                     AttentionScope(keep[:, None, None, :]))
     expected = ref(x, memory, tgt_mask=~subsequent_mask(4), memory_key_padding_mask=~keep)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     assert_same_gradients(out, expected, [x, memory])

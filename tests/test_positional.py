@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minitfm.book.layers import KVCache, MultiHeadAttention
+from minitfm.book.attention import AttentionScope, KVCache, MultiHeadAttention
 from minitfm.book.model import Seq2SeqTransformer, greedy_decode
 from minitfm.book.positions import (
     ALiBiPositions,
@@ -160,11 +160,12 @@ def test_rope_self_attention_cache_matches_the_full_pass():
     attn, rope = MultiHeadAttention(8, 2).to(DTYPE), RotaryPositions(4).to(DTYPE)
     x = torch.randn(2, 6, 8, dtype=DTYPE)
     everything = rope.attention(torch.arange(6), torch.arange(6))
-    full, _ = attn(x, x, x, torch.ones(6, 6, dtype=torch.bool).tril(), positions=everything)
+    full, _ = attn(x, x, x, AttentionScope(torch.ones(6, 6, dtype=torch.bool).tril(), everything))
     cache, steps = KVCache(grow=True), []
     for t in range(6):  # queries at their absolute position, keys rotated once and cached
         step = rope.attention(torch.tensor([t]), torch.arange(t + 1))
-        out, _ = attn(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], cache=cache, positions=step)
+        out, _ = attn(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], AttentionScope(positions=step),
+                      cache=cache)
         steps.append(out)
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-12)
     k = attn.split_heads(attn.k_proj(x))  # (B, H, T, K)
@@ -223,7 +224,8 @@ def test_alibi_decoder_weights_are_the_papers_causal_bias():
     attn, alibi = MultiHeadAttention(8, 2).to(DTYPE), ALiBiPositions(2).to(DTYPE)
     x = torch.randn(1, 4, 8, dtype=DTYPE)
     mask = torch.ones(4, 4, dtype=torch.bool).tril()
-    _, weights = attn(x, x, x, mask, positions=alibi.attention(torch.arange(4), torch.arange(4)))
+    scope = AttentionScope(mask, alibi.attention(torch.arange(4), torch.arange(4)))
+    _, weights = attn(x, x, x, scope)
     q, k = attn.split_heads(attn.q_proj(x)), attn.split_heads(attn.k_proj(x))  # (1, H, T, K)
     i, j = torch.arange(4)[:, None], torch.arange(4)[None, :]
     scores = q @ k.transpose(-2, -1) / 2 - alibi.slopes[:, None, None] * (i - j)  # (1, H, T, T)

@@ -7,13 +7,14 @@ The model masks by itself: source padding (tokens == pad_id) in encoder self-att
 cross-attention, and future positions in decoder self-attention. Target padding needs no mask:
 the loss ignores PAD targets and the causal mask keeps real positions from seeing later ones.
 In training on a CPU the padding is also skipped: embeddings, projections, feed-forward blocks
-and layer norms see only the real tokens, packed into rows (N, D) (`layers.Packing`).
+and layer norms see only the real tokens, packed into rows (N, D) (`fast.packing.Packing`).
 
 Positions are 0..S-1 in the source and 0..T-1 in the target (continuing from the cache when
 decoding step by step); with `model.random_positions` set, `forward` in training mode draws
 them instead (Ruoss et al. 2023), so that longer inputs at test time meet positions seen in
 training. Schemes acting inside attention (RoPE, ALiBi) get the position indices through
-`AttentionPositions`, computed once per encode/decode call and shared by every layer.
+`AttentionPositions`. What each attention attends over (mask, positions, packing) travels as
+one `AttentionScope`, built once per encode/decode call and shared by every layer.
 """
 
 from __future__ import annotations
@@ -25,19 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minitfm.book.layers import (
-    AttentionPacking,
+from minitfm.book.attention import AttentionScope, KVCache, MultiHeadAttention
+from minitfm.book.layers import Dropout, FeedForward, LayerNorm
+from minitfm.book.positions import (
+    NO_POSITIONS,
     AttentionPositions,
-    Dropout,
-    FeedForward,
-    HeadEdit,
-    KVCache,
-    LayerNorm,
-    MultiHeadAttention,
-    Packing,
+    make_positional,
+    sample_positions,
 )
-from minitfm.book.positions import make_positional, sample_positions
 from minitfm.config import ModelConfig
+from minitfm.fast.packing import AttentionPacking, Packing
 
 
 def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:
@@ -52,15 +50,6 @@ class AttentionMaps:
     encoder: list[Tensor] = field(default_factory=list)
     decoder: list[Tensor] = field(default_factory=list)
     cross: list[Tensor] = field(default_factory=list)
-
-
-@dataclass
-class HeadEdits:
-    """Edits of the head outputs (see `layers.HeadEdit`) by kind and layer; absent = intact."""
-
-    encoder: dict[int, HeadEdit] = field(default_factory=dict)
-    decoder: dict[int, HeadEdit] = field(default_factory=dict)
-    cross: dict[int, HeadEdit] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,24 +72,18 @@ class EncoderLayer(nn.Module):
         self.norm2 = LayerNorm(cfg.d_model)
         self.dropout = Dropout(cfg.dropout)  # on each sub-layer's output, §5.4
 
-    def forward(
-        self, x: Tensor, mask: Tensor, positions: AttentionPositions | None = None,
-        edit: HeadEdit | None = None, packing: Packing | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """x (B, S, D), mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S).
+    def forward(self, x: Tensor, scope: AttentionScope) -> tuple[Tensor, Tensor]:
+        """x (B, S, D), scope.mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S).
 
-        With `packing`, x holds the real tokens only: (N, D) in and out.
+        With `scope.packing`, x holds the real tokens only: (N, D) in and out.
         """
-        packed = AttentionPacking(packing, packing)
         if self.norm_first:  # pre-LN: x + Sublayer(LN(x)) (Xiong et al. 2020)
             h = self.norm1(x)
-            attn, weights = self.self_attn(h, h, h, mask, positions=positions, edit=edit,
-                                           packing=packed)
+            attn, weights = self.self_attn(h, h, h, scope)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm2(x)))
         else:  # post-LN, as in the paper: LN(x + Sublayer(x))
-            attn, weights = self.self_attn(x, x, x, mask, positions=positions, edit=edit,
-                                           packing=packed)
+            attn, weights = self.self_attn(x, x, x, scope)
             x = self.norm1(x + self.dropout(attn))
             x = self.norm2(x + self.dropout(self.feed_forward(x)))
         return x, weights
@@ -121,45 +104,28 @@ class DecoderLayer(nn.Module):
         self.dropout = Dropout(cfg.dropout)
 
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor,
-        self_mask: Tensor | None,
-        src_mask: Tensor,
+        self, x: Tensor, memory: Tensor, self_scope: AttentionScope, cross_scope: AttentionScope,
         cache: DecoderLayerCache | None = None,
-        positions: tuple[AttentionPositions | None, AttentionPositions | None] = (None, None),
-        edits: tuple[HeadEdit | None, HeadEdit | None] = (None, None),
-        packings: tuple[Packing | None, Packing | None] = (None, None),
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
 
-        `positions` holds what RoPE or ALiBi do in self-attention and in cross-attention,
-        `edits` what changes their head outputs (ablations). `packings` are x's and the
-        memory's: each then holds its real tokens only, (N, D) (x in and out).
+        `self_scope` holds the causal mask, `cross_scope` the source padding mask; with their
+        packing, x (in and out) and the memory hold their real tokens only, (N, D).
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
-        self_pos, cross_pos = positions
-        self_edit, cross_edit = edits
-        packing, memory_packing = packings
-        self_packed = AttentionPacking(packing, packing)
-        cross_packed = AttentionPacking(packing, memory_packing)
         if self.norm_first:
             h = self.norm1(x)
-            attn, self_weights = self.self_attn(h, h, h, self_mask, self_cache, self_pos,
-                                                self_edit, self_packed)
+            attn, self_weights = self.self_attn(h, h, h, self_scope, self_cache)
             x = x + self.dropout(attn)
             h = self.norm2(x)
-            attn, cross_weights = self.cross_attn(h, memory, memory, src_mask, cross_cache,
-                                                  cross_pos, cross_edit, cross_packed)
+            attn, cross_weights = self.cross_attn(h, memory, memory, cross_scope, cross_cache)
             x = x + self.dropout(attn)
             x = x + self.dropout(self.feed_forward(self.norm3(x)))
         else:
-            attn, self_weights = self.self_attn(x, x, x, self_mask, self_cache, self_pos,
-                                                self_edit, self_packed)
+            attn, self_weights = self.self_attn(x, x, x, self_scope, self_cache)
             x = self.norm1(x + self.dropout(attn))
-            attn, cross_weights = self.cross_attn(x, memory, memory, src_mask, cross_cache,
-                                                  cross_pos, cross_edit, cross_packed)
+            attn, cross_weights = self.cross_attn(x, memory, memory, cross_scope, cross_cache)
             x = self.norm2(x + self.dropout(attn))
             x = self.norm3(x + self.dropout(self.feed_forward(x)))
         return x, self_weights, cross_weights
@@ -216,35 +182,33 @@ class Seq2SeqTransformer(nn.Module):
         x = self.embedding(tokens) * self.embed_scale  # (B, T, D) or (N, D)
         return self.embed_dropout(self.positional(x, offset, positions))
 
-    def encode(
-        self, src: Tensor, positions: Tensor | None = None, edits: HeadEdits | None = None
-    ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    def encode(self, src: Tensor,
+               positions: Tensor | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
         """src (B, S) -> memory (B, S, D), src_mask (B, 1, 1, S), encoder maps [(B, H, S, S)].
 
-        `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`);
-        `edits.encoder` changes head outputs (ablations).
+        `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`).
         """
-        memory, src_mask, maps, packing = self.encode_rows(src, positions, edits)
+        memory, src_mask, maps, packing = self.encode_rows(src, positions)
         if packing is not None:
             memory = packing.unpack(memory)  # (B, S, D), zeros at the padding (masked anyway)
         return memory, src_mask, maps
 
     def encode_rows(
-        self, src: Tensor, positions: Tensor | None = None, edits: HeadEdits | None = None
+        self, src: Tensor, positions: Tensor | None = None
     ) -> tuple[Tensor, Tensor, list[Tensor], Packing | None]:
         """`encode`, with the memory of only the real tokens (N, D) when the batch is packed
         (in training), and its Packing (None: padded (B, S, D))."""
-        edits = edits or HeadEdits()
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
-        attn_positions = None
+        attn_positions = NO_POSITIONS
         if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
             pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
             attn_positions = self.positional.attention(pos, pos)
         packing = self.packing(src)
+        scope = AttentionScope(src_mask, attn_positions, AttentionPacking(packing, packing))
         x = self.embed(src, positions=positions, packing=packing)  # (B, S, D) or (N, D)
         maps = []
-        for i, layer in enumerate(self.encoder_layers):
-            x, weights = layer(x, src_mask, attn_positions, edits.encoder.get(i), packing)
+        for layer in self.encoder_layers:
+            x, weights = layer(x, scope)
             maps.append(weights)
         return self.encoder_norm(x), src_mask, maps, packing  # memory (B, S, D) or (N, D)
 
@@ -271,10 +235,10 @@ class Seq2SeqTransformer(nn.Module):
     def decoder_positions(
         self, offset: int, T: int, S: int, device, tgt_positions: Tensor | None,
         src_positions: Tensor | None,
-    ) -> tuple[AttentionPositions | None, AttentionPositions | None]:
+    ) -> tuple[AttentionPositions, AttentionPositions]:
         """What RoPE or ALiBi do in decoder self-attention and in cross-attention."""
         if not self.positional.in_attention:
-            return None, None
+            return NO_POSITIONS, NO_POSITIONS
         queries = self.indices(tgt_positions, T, offset, device)  # (T,) or (B, T)
         # Self-attention keys: the cached positions 0..offset-1, then this call's.
         keys = queries if offset == 0 else torch.arange(offset + T, device=device)
@@ -290,7 +254,6 @@ class Seq2SeqTransformer(nn.Module):
         cache: list[DecoderLayerCache] | None = None,
         tgt_positions: Tensor | None = None,
         src_positions: Tensor | None = None,
-        edits: HeadEdits | None = None,
         memory_packing: Packing | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """tgt (B, T) -> logits (B, T, V), decoder maps [(B,H,T,T)], cross maps [(B,H,T,S)].
@@ -298,26 +261,26 @@ class Seq2SeqTransformer(nn.Module):
         With a `cache` (from `new_cache`), `tgt` holds only the tokens after those already
         cached; their positions and causal mask continue from there. `tgt_positions` (B, T) and
         `src_positions` (B, S) replace 0..T-1 and 0..S-1 (randomized positions, no cache).
-        `edits.decoder` and `edits.cross` change head outputs (ablations). `memory_packing`:
-        the memory holds the real source tokens only, (N_s, D) (`encode_rows`).
+        `memory_packing`: the memory holds the real source tokens only, (N_s, D)
+        (`encode_rows`).
         """
-        edits = edits or HeadEdits()
         offset = cache[0].self_attn.length if cache is not None else 0
         T = tgt.size(1)
         # (T, offset + T), rows offset..offset+T-1; a single new token (a decoding step) may
         # see every position so far, so it needs no mask.
         self_mask = self.subsequent(offset, T) if T > 1 else None
-        attn_positions = self.decoder_positions(offset, T, src_mask.size(-1), tgt.device,
-                                                tgt_positions, src_positions)
+        self_positions, cross_positions = self.decoder_positions(
+            offset, T, src_mask.size(-1), tgt.device, tgt_positions, src_positions)
         packing = self.packing(tgt) if cache is None else None  # a cache is for decoding
+        self_scope = AttentionScope(self_mask, self_positions, AttentionPacking(packing, packing))
+        cross_scope = AttentionScope(src_mask, cross_positions,
+                                     AttentionPacking(packing, memory_packing))
         x = self.embed(tgt, offset, tgt_positions, packing)  # (B, T, D) or (N, D)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
-            x, self_weights, cross_weights = layer(x, memory, self_mask, src_mask, layer_cache,
-                                                   attn_positions,
-                                                   (edits.decoder.get(i), edits.cross.get(i)),
-                                                   (packing, memory_packing))
+            x, self_weights, cross_weights = layer(x, memory, self_scope, cross_scope,
+                                                   layer_cache)
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
         logits = self.generator(self.decoder_norm(x))  # (B, T, V) or (N, V)
@@ -339,16 +302,15 @@ class Seq2SeqTransformer(nn.Module):
         return [DecoderLayerCache() for _ in self.decoder_layers]
 
     def forward(
-        self, src: Tensor, tgt: Tensor, return_attention: bool = False,
-        edits: HeadEdits | None = None,
+        self, src: Tensor, tgt: Tensor, return_attention: bool = False
     ) -> Tensor | tuple[Tensor, AttentionMaps]:
         """src (B, S), tgt (B, T) -> logits (B, T, V), and AttentionMaps if asked."""
         src_positions = tgt_positions = None
         if self.training and self.config.random_positions is not None:
             src_positions, tgt_positions = self.draw_positions(src, tgt)
-        memory, src_mask, encoder_maps, packing = self.encode_rows(src, src_positions, edits)
+        memory, src_mask, encoder_maps, packing = self.encode_rows(src, src_positions)
         logits, decoder_maps, cross_maps = self.decode(tgt, memory, src_mask, None, tgt_positions,
-                                                       src_positions, edits, packing)
+                                                       src_positions, packing)
         if return_attention:
             return logits, AttentionMaps(encoder_maps, decoder_maps, cross_maps)
         return logits
@@ -407,17 +369,16 @@ def greedy_decode(
     eos_id: int,
     max_len: int,
     use_cache: bool = True,
-    edits: HeadEdits | None = None,
     encoded: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Batched greedy decoding from BOS: tokens (B, T <= max_len), EOS kept, PAD after it.
 
-    `edits` change head outputs at every step (ablations; see `HeadEdits`). `encoded` is
-    `model.encode(src)`'s memory and source mask when the caller has them already.
+    `encoded` is `model.encode(src)`'s memory and source mask when the caller has them
+    already.
     """
     with eval_mode(model):  # dropout off: decoding is deterministic
         if encoded is None:  # the source is encoded once, for every step
-            memory, src_mask, _ = model.encode(src, edits=edits)
+            memory, src_mask, _ = model.encode(src)
         else:
             memory, src_mask = encoded
         B = src.size(0)
@@ -426,7 +387,7 @@ def greedy_decode(
         cache = model.new_cache() if use_cache else None
         for _ in range(max_len):
             step_input = tokens[:, -1:] if use_cache else tokens  # (B, 1) or (B, t)
-            logits, _, _ = model.decode(step_input, memory, src_mask, cache, edits=edits)
+            logits, _, _ = model.decode(step_input, memory, src_mask, cache)
             next_token = logits[:, -1].argmax(dim=-1)  # (B,)
             next_token = next_token.masked_fill(done, model.pad_id)  # finished rows: PAD
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)

@@ -3,8 +3,8 @@
 A scheme adds a vector to each token embedding (sinusoidal, Vaswani et al. 2017, §3.5;
 learned) or acts inside attention (RoPE rotates queries and keys, Su et al. 2021; ALiBi adds a
 bias to the scores, Press et al. 2022); `PositionalEncoding` has one hook for each, so the
-model treats all schemes alike. `sample_positions` draws randomized positions (Ruoss et al.
-2023).
+model treats all schemes alike; a scheme acting inside attention hands it an
+`AttentionPositions`. `sample_positions` draws randomized positions (Ruoss et al. 2023).
 
 Shapes: B batch, T positions, D d_model, H n_heads, K d_head (= D / H).
 """
@@ -12,13 +12,48 @@ Shapes: B batch, T positions, D d_model, H n_heads, K d_head (= D / H).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from minitfm.book.layers import AttentionPositions, Rotation
-
 POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "alibi", "none")
+
+
+# What a scheme acting inside attention hands to it: `MultiHeadAttention` turns queries and
+# keys by a `Rotation` (RoPE) and adds a bias to the scores (ALiBi).
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """RoPE angles of a run of positions (Su et al. 2021, §3.4.2): cos and sin per feature pair."""
+
+    cos: Tensor  # (T, K/2), or (B, 1, T, K/2) for per-row positions
+    sin: Tensor  # same shape as cos
+
+    def rotate(self, x: Tensor) -> Tensor:
+        """Turn each pair (x_2i, x_2i+1) of x (B, H, T_x, K) by the last T_x positions' angles.
+
+        The last ones, because new keys come after the cached ones: with a KV cache the rotation
+        holds every key position while x holds only the keys of this step.
+        """
+        T = x.size(-2)
+        cos, sin = self.cos[..., -T:, :], self.sin[..., -T:, :]  # (..., T, K/2)
+        even, odd = x[..., 0::2], x[..., 1::2]  # (B, H, T, K/2) each
+        turned = (even * cos - odd * sin, even * sin + odd * cos)  # (B, H, T, K/2) each
+        return torch.stack(turned, dim=-1).flatten(-2)  # (B, H, T, K): pairs back in place
+
+
+@dataclass(frozen=True)
+class AttentionPositions:
+    """What positions do inside one attention call: RoPE rotations, an ALiBi bias (None: none)."""
+
+    queries: Rotation | None = None  # angles of the query positions
+    keys: Rotation | None = None  # angles of every key position, cached ones first
+    bias: Tensor | None = None  # (H, T_q, T_k) or (B, H, T_q, T_k), added to the scores
+
+
+NO_POSITIONS = AttentionPositions()  # frozen, so one shared instance is safe: nothing to do
 
 
 # Positional encodings. A scheme adds position vectors to the token embeddings (`forward`:

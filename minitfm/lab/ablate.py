@@ -16,20 +16,25 @@ A sub-layer with every head off still adds W^O times the replacement plus its bi
 which carries no information about the input. The drop of an ablation is the intact model's
 exact match minus the ablated one, as fractions.
 
+The model knows nothing of ablations: `edited_heads` attaches forward hooks to the hook point
+`heads` of each `MultiHeadAttention` (its head outputs, before W^O) for the length of a block,
+and removes them after, so the greedy decoding of `minitfm eval` runs unchanged underneath.
+
 Shapes: B batch, H n_heads, Q query len, K d_head, L layers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from minitfm.book.layers import HeadAblation, HeadEdit
-from minitfm.book.model import HeadEdits, default_device, eval_mode
+from minitfm.book.model import default_device, eval_mode
 from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import (
     EVAL_BATCH_SIZE,
@@ -48,6 +53,64 @@ from minitfm.tasks.base import Batch, Pair, Task, eval_set, make_batch
 
 MODES = ("zero", "mean")
 MARKED_DROP = 0.10  # heads whose removal costs more than 10 points of exact match are marked
+
+
+# --- editing the head outputs: forward hooks on the hook points ---
+
+# A function of one layer's head outputs (B, H, Q, K), applied before the heads are
+# concatenated and projected by W^O; it returns a tensor of the same shape. `HeadAblation`
+# switches heads off; `HeadMeans.recorder` records their mean output.
+HeadEdit = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class HeadAblation:
+    """Heads of one attention layer switched off: each output head_h (before W^O) replaced.
+
+    Zero ablation replaces head_h with 0, mean ablation with its mean over held-out data
+    (the usual choice in interpretability work: the next layers see a vector of the usual scale).
+    """
+
+    off: Tensor  # (H,) bool, True = switched off
+    value: Tensor  # (H, K): what a switched-off head outputs at every position
+
+    def __call__(self, heads: Tensor) -> Tensor:
+        off = self.off[:, None, None]  # (H, 1, 1)
+        return torch.where(off, self.value[:, None, :], heads)  # (B, H, Q, K)
+
+
+def hook_point(model, kind: str, layer: int) -> nn.Module:
+    """The `heads` hook point of one attention layer: encoder, decoder or cross, by kind."""
+    if kind == "encoder":
+        return model.encoder_layers[layer].self_attn.heads
+    if kind == "decoder":
+        return model.decoder_layers[layer].self_attn.heads
+    return model.decoder_layers[layer].cross_attn.heads  # "cross"
+
+
+def forward_hook(edit: HeadEdit):
+    """`edit` as a forward hook: a hook that returns a tensor replaces the module's output."""
+    return lambda _module, _inputs, heads: edit(heads)
+
+
+@contextmanager
+def attached(edits: dict[nn.Module, HeadEdit]) -> Iterator[None]:
+    """Each edit hooked to its hook point for the block; every hook removed after, even if the
+    block raises (a hook left behind would edit every later call of the model)."""
+    handles = []
+    try:
+        for point, edit in edits.items():
+            handles.append(point.register_forward_hook(forward_hook(edit)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def edited_heads(model, edits: dict[tuple[str, int], HeadEdit]):
+    """`attached` for edits by (kind, layer): `with edited_heads(model, {("cross", 0): edit}):`."""
+    return attached({hook_point(model, kind, layer): edit
+                     for (kind, layer), edit in edits.items()})
 
 
 # --- mean ablation: the mean output of every head ---
@@ -70,12 +133,13 @@ class HeadMeans:
             return heads
         return record
 
-    def edits(self, batch: Batch, pad_id: int, n_layers: dict[str, int]) -> HeadEdits:
-        """Recorders for every layer of one teacher-forced batch."""
+    def recorders(self, batch: Batch, pad_id: int,
+                  n_layers: dict[str, int]) -> dict[tuple[str, int], HeadEdit]:
+        """Recorders for every layer of one teacher-forced batch, by (kind, layer)."""
         src_valid, tgt_valid = batch.src != pad_id, batch.tgt_in != pad_id  # (B, S), (B, T)
         valid = {"encoder": src_valid, "decoder": tgt_valid, "cross": tgt_valid}
-        return HeadEdits(**{kind: {i: self.recorder(kind, i, valid[kind])
-                                   for i in range(n_layers[kind])} for kind in KINDS})
+        return {(kind, i): self.recorder(kind, i, valid[kind])
+                for kind in KINDS for i in range(n_layers[kind])}
 
     def means(self) -> dict[tuple[str, int], Tensor]:
         """The mean output (H, K) of every head, per (kind, layer)."""
@@ -96,7 +160,8 @@ def head_means(model, task: Task, pairs: list[Pair], device,
     with eval_mode(model):
         for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
             batch = make_batch([pairs[i] for i in chunk], task.vocab).to(device)
-            model(batch.src, batch.tgt_in, edits=means.edits(batch, task.vocab.pad_id, n_layers))
+            with edited_heads(model, means.recorders(batch, task.vocab.pad_id, n_layers)):
+                model(batch.src, batch.tgt_in)
     return means.means()
 
 
@@ -137,9 +202,8 @@ class AblationReport:
 def ablated(model, task: Task, pairs: list[Pair], device, batch_size: int, baseline: EvalResult,
             kind: str, layer: int, ablation: HeadAblation) -> dict:
     """Exact match with `ablation` in layer `layer` of `kind`, and its drop from `baseline`."""
-    edits = HeadEdits(**{kind: {layer: ablation}})
-    predictions = predict(model, task, [src for src, _ in pairs], device, batch_size,
-                          edits=edits)
+    with edited_heads(model, {(kind, layer): ablation}):
+        predictions = predict(model, task, [src for src, _ in pairs], device, batch_size)
     total, _ = score(pairs, predictions)
     drop = (baseline.total.exact - total.exact) / max(total.count, 1)  # counts: no float noise
     return {"exact_match": total.exact_match, "drop": drop}

@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from minitfm.book.model import (
-    HeadEdits,
     Seq2SeqTransformer,
     build_model,
     default_device,
@@ -124,29 +123,24 @@ def length_chunks(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 @torch.no_grad()
 def predict(model, task: Task, sources: list[list[int]], device,
-            batch_size: int = EVAL_BATCH_SIZE, use_cache: bool = True,
-            edits: HeadEdits | None = None) -> list[list[int]]:
-    """Greedy-decode each source; the target is never looked at. Outputs keep the input order.
-
-    `edits` change head outputs while decoding (`minitfm ablate`).
-    """
+            batch_size: int = EVAL_BATCH_SIZE, use_cache: bool = True) -> list[list[int]]:
+    """Greedy-decode each source; the target is never looked at. Outputs keep the input order."""
     out = [[] for _ in sources]
     for chunk in length_chunks([len(s) for s in sources], batch_size):
         src = make_batch([(sources[i], []) for i in chunk], task.vocab).src.to(device)
-        decoded = decode_chunk(model, task, src, [len(sources[i]) for i in chunk], use_cache,
-                               edits)
+        decoded = decode_chunk(model, task, src, [len(sources[i]) for i in chunk], use_cache)
         for i, row in zip(chunk, decoded):
             out[i] = row
     return out
 
 
 def decode_chunk(model, task: Task, src, lengths: list[int], use_cache: bool = True,
-                 edits: HeadEdits | None = None, encoded=None) -> list[list[int]]:
+                 encoded=None) -> list[list[int]]:
     """Greedy-decode one chunk of padded sources (B, S) whose lengths are `lengths`, up to the
     longest target they allow (+ EOS); the outputs without EOS. `encoded`: see greedy_decode."""
     vocab = task.vocab
     cap = max(task.max_target_len(n) for n in lengths) + 1  # + EOS
-    tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache, edits, encoded)
+    tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache, encoded)
     return [strip_eos(row, vocab.eos_id) for row in tokens.tolist()]
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minitfm.book.attention import MultiHeadAttention
+from minitfm.book.metrics import evaluate, predict
 from minitfm.book.model import Seq2SeqTransformer, greedy_decode
 from minitfm.config import ModelConfig, load_config
 from minitfm.lab.ablate import (
@@ -16,7 +17,6 @@ from minitfm.lab.ablate import (
     edited_heads,
     head_means,
 )
-from minitfm.lab.evaluate import evaluate, predict
 from minitfm.run.session import train
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli

@@ -31,10 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from minitfm.book.metrics import EVAL_BATCH_SIZE
 from minitfm.book.model import Seq2SeqTransformer, default_device
 from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.evaluate import EVAL_BATCH_SIZE, eval_report, load_model, predict_lines
+from minitfm.lab.evaluate import eval_report, load_model, predict_lines
 from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
 from minitfm.run.checkpoint import find_run_dir, pick_checkpoint
 from minitfm.tasks.base import Task, eval_set

@@ -34,17 +34,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from minitfm.book.model import default_device, eval_mode
-from minitfm.errors import MinitfmError
-from minitfm.lab.evaluate import (
+from minitfm.book.metrics import (
     EVAL_BATCH_SIZE,
     EvalResult,
     evaluate,
     length_chunks,
-    load_model,
     predict,
     score,
 )
+from minitfm.book.model import default_device, eval_mode
+from minitfm.errors import MinitfmError
+from minitfm.lab.evaluate import load_model
 from minitfm.lab.plots import check_picture_path, save_png
 from minitfm.lab.viz import KIND_TITLES, KINDS
 from minitfm.run.checkpoint import find_run_dir, resolve_checkpoint

@@ -223,7 +223,7 @@ def decoding(length: int, device, n: int = 1000) -> dict:
 
 def eval_speed(device) -> dict:
     """`minitfm eval`-style evaluation (greedy decoding + loss) of 1000 default sequences."""
-    from minitfm.lab.evaluate import evaluate
+    from minitfm.book.metrics import evaluate
 
     cfg = load_config()
     task = make_task(cfg.task)

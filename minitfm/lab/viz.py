@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from minitfm.book.metrics import strip_eos
 from minitfm.book.model import AttentionMaps, default_device, eval_mode, greedy_decode
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.evaluate import strip_eos
 from minitfm.lab.plots import save_png, wrap_to_width, wrap_words
 from minitfm.tasks.base import EOS_ID, Pair, Task, make_batch
 

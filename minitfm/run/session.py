@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from minitfm.book.metrics import EvalResult, LengthStats, evaluate
 from minitfm.book.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
 from minitfm.book.optim import AdamW
 from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
-from minitfm.lab.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.lab.runs import SUMMARY, write_summary
 from minitfm.run import distributed
 from minitfm.run.checkpoint import (

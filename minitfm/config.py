@@ -1,4 +1,8 @@
-"""The YAML config: schema, loading, key=value overrides and validation (no torch here).
+"""The YAML config: schema, loading, key=value overrides and validation.
+
+The kernel of the package: it imports only `minitfm.errors`, needs no torch and never looks
+at the machine, so a config reads the same everywhere; whether it fits this machine's memory
+is asked where a run starts (`minitfm.run.limits`).
 
 Every key has a default, so a YAML file states only what it changes. The YAML key, the
 pydantic field and the override path are the same string: `model.n_heads: 4` in a file is
@@ -24,8 +28,6 @@ from pydantic import (
 )
 
 from minitfm.errors import ConfigError, quote
-from minitfm.run.limits import check_fits, training_parts
-from minitfm.run.threads import parse_threads
 
 # The names `minitfm.tasks.base` registers; kept here so validation needs no torch.
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
@@ -264,6 +266,16 @@ class Config(Section):
         return self
 
 
+def parse_threads(value: str | int) -> str | int:
+    """`auto` or a positive integer (as given on the command line or in a config)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"threads ({value!r}) must be auto or a positive integer")
+
+
 def check_device(name: str, error=ConfigError) -> str:
     """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
     if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
@@ -350,9 +362,7 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
         key, value = item if isinstance(item, tuple) else parse_override(item)
         set_path(data, key, value)
     resolve_data_paths(data, Path.cwd())  # overrides name files from where you are
-    cfg = validate(data)
-    check_fits(training_parts(cfg), "training")
-    return cfg
+    return validate(data)
 
 
 def resolve_data_paths(data: dict[str, Any], base: Path) -> None:

@@ -402,6 +402,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
     checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
     if checkpoint is not None:
         cfg = resume_config(checkpoint, overrides)
+    check_fits(training_parts(cfg), "training")  # before anything is allocated or written
     with distributed.session(cfg.device) as dist, ExitStack() as held:
         claim = threads or held.enter_context(ThreadClaim(cfg.threads))
         claim.update(cfg.threads)

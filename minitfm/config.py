@@ -29,7 +29,7 @@ from pydantic import (
 
 from minitfm.errors import ConfigError, quote
 
-# The names `minitfm.tasks.base` registers; kept here so validation needs no torch.
+# The names `minitfm.tasks` registers; kept here so validation needs no torch.
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
 TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.tasks.pairs)
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}

@@ -149,7 +149,7 @@ def test_name_lists_match_the_registries():
     # config.py keeps its own lists so that validation needs no torch; they must not drift.
     from minitfm.book.positions import POSITIONAL_KINDS
     from minitfm.config import POSITIONALS, TASK_NAMES
-    from minitfm.tasks.base import TASKS
+    from minitfm.tasks import TASKS
 
     assert TASK_NAMES == tuple(TASKS) and POSITIONALS == POSITIONAL_KINDS
 

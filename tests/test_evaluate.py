@@ -7,7 +7,7 @@ import pytest
 from minitfm.config import load_config
 from minitfm.lab.evaluate import length_chunks, load_model, predict, score, strip_eos
 from minitfm.run.session import train
-from minitfm.tasks.base import make_task
+from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,19 +14,18 @@ from hypothesis import strategies as st
 
 from minitfm.config import SYNTHETIC_TASKS, TASK_NAMES, TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
+from minitfm.tasks import TASKS, make_task, positions_short
 from minitfm.tasks.base import (
     BOS_ID,
     EOS_ID,
     MIN_HOLDOUT_SPACE,
     PAD_ID,
-    TASKS,
     Task,
     Vocab,
     eval_set,
     make_batch,
-    make_task,
-    positions_short,
 )
+from minitfm.tasks.synthetic import SYNTHETIC
 
 SEQUENCE_RULES = {
     "copy": lambda v: list(v),
@@ -59,6 +60,22 @@ def test_registry_matches_config_names():
     assert tuple(TASKS) == TASK_NAMES
     for name, cls in TASKS.items():
         assert cls.name == name and cls.summary and "->" in cls.__doc__
+
+
+def test_synthetic_names_match_the_config():
+    assert tuple(cls.name for cls in SYNTHETIC) == SYNTHETIC_TASKS
+
+
+def test_the_task_modules_import_down_only():
+    # base knows no task; each task module knows only base; the package names them all.
+    folder = Path(__file__).parent.parent / "minitfm" / "tasks"
+    wanted = {"base": set(), "synthetic": {"minitfm.tasks.base"}, "pairs": {"minitfm.tasks.base"}}
+    for name, allowed in wanted.items():
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                  for alias in node.names}
+        assert {m for m in found if m.startswith("minitfm.tasks")} == allowed, name
 
 
 def test_vocab_layout():

@@ -635,7 +635,7 @@ def ablate(
 @clean_errors
 def tasks() -> None:
     """List the tasks (synthetic ones, and pairs read from your files) with an example each."""
-    from minitfm.tasks.base import TASKS
+    from minitfm.tasks import TASKS
 
     table = Table(title="tasks (task.name)")
     for column in ("name", "what it learns", "example input", "target"):

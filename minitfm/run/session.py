@@ -42,7 +42,8 @@ from minitfm.run.distributed import Dist
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.threads import ThreadClaim, ThreadPacer
-from minitfm.tasks.base import Task, eval_set, make_batch, make_task, positions_short
+from minitfm.tasks import make_task, positions_short
+from minitfm.tasks.base import Task, eval_set, make_batch
 
 if TYPE_CHECKING:  # tb and timeline are imported when a run starts
     from minitfm.lab.tb import Logger

@@ -41,7 +41,7 @@ import torch
 
 from minitfm.config import TaskConfig
 from minitfm.errors import DataError, MinitfmError, quote
-from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, TASKS, Pair, Task, Vocab
+from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, Pair, Task, Vocab
 
 UNK = "<unk>"
 RESERVED = (*SPECIAL_TOKENS, UNK)  # ids 0..3; data symbols follow
@@ -383,9 +383,6 @@ class PairsTask(Task):
         return (f"{len(self.train):,} training pairs, {len(self.held_out):,} held out, "
                 f"{self.n_symbols:,} symbols ({self.cfg.tokenize}), sources of "
                 f"{lengths[0]}..{lengths[-1]} symbols")
-
-
-TASKS[PairsTask.name] = PairsTask
 
 
 def saved_problem(state: dict[str, Any]) -> str | None:

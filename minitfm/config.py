@@ -35,6 +35,31 @@ TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.task
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
 POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
+# What a task's name fixes before any data is read, stated once: the tasks (minitfm.tasks)
+# build on it, and the memory check (minitfm.run.limits) reads it without torch.
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
+TASK_SYMBOLS = {"add": ("+",), "pairs": ("<unk>",)}  # next, before the data symbols
+
+
+def vocab_size(task: str, n_symbols: int) -> int:
+    """Tokens of the vocabulary of `task` over `n_symbols` data symbols."""
+    return len(SPECIAL_TOKENS) + len(TASK_SYMBOLS.get(task, ())) + n_symbols
+
+
+def longest_source(task: str, n: int) -> int:
+    """Tokens of the longest source of `task` for inputs of up to `n` symbols (task.max_len)."""
+    return 2 * n + 1 if task == "add" else n  # add: two n-digit numbers and a '+'
+
+
+def longest_target(task: str, n: int) -> int:
+    """Tokens of the longest target of `task` for inputs of up to `n` symbols (pairs: as many
+    here; once its files are read, their longest target)."""
+    if task == "duplicate":
+        return 2 * n  # each symbol twice
+    if task == "add":
+        return n + 1  # a sum has at most one digit more than its longer operand
+    return n
+
 
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
 FINITE = {"allow_inf_nan": False}

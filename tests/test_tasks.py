@@ -12,8 +12,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm.config import SYNTHETIC_TASKS, TASK_NAMES, TaskConfig, load_config
+from minitfm.config import (
+    SYNTHETIC_TASKS,
+    TASK_NAMES,
+    TaskConfig,
+    load_config,
+    longest_source,
+    longest_target,
+    vocab_size,
+)
 from minitfm.errors import ConfigError, TaskInputError
+from minitfm.run.limits import sequence_lengths
 from minitfm.tasks import TASKS, make_task, positions_short
 from minitfm.tasks.base import (
     BOS_ID,
@@ -76,6 +85,18 @@ def test_the_task_modules_import_down_only():
         found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                   for alias in node.names}
         assert {m for m in found if m.startswith("minitfm.tasks")} == allowed, name
+
+
+@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+def test_the_sizes_the_memory_check_reads_are_the_tasks(name):
+    # config states them once, without torch; the tasks and run.limits both read them.
+    t = task(name)
+    pairs = draw(t, 300, 0, min_len=6, max_len=6)
+    assert max(len(src) for src, _ in pairs) == longest_source(name, 6) == t.max_source_len(6)
+    assert max(len(tgt) for _, tgt in pairs) == longest_target(name, 6)
+    assert all(len(tgt) <= t.max_target_len(len(src)) for src, tgt in pairs)
+    assert len(t.vocab) == vocab_size(name, t.n_symbols)
+    assert sequence_lengths(name, 6) == (longest_source(name, 6), longest_target(name, 6) + 1)
 
 
 def test_vocab_layout():

@@ -43,11 +43,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from minitfm.config import TaskConfig
+from minitfm.config import SPECIAL_TOKENS, TaskConfig, longest_source, longest_target
 from minitfm.errors import ConfigError, TaskInputError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 SPLITS = ("train", "eval")
 HOLDOUT_MODULUS = 16  # 1 in 16 inputs of a big length is held out
 MIN_HOLDOUT_SPACE = 10_000  # a length needs this many possible inputs to hold any out
@@ -148,12 +147,13 @@ class Task(ABC):
         return None
 
     def max_target_len(self, src_len: int) -> int:
-        """The longest target for a source of `src_len` tokens (a cap for decoding)."""
-        return src_len
+        """The longest target for a source of `src_len` tokens (a cap for decoding); here a
+        source is one input of `src_len` symbols."""
+        return longest_target(self.name, src_len)
 
     def max_source_len(self, max_len: int) -> int:
         """The longest source for a length setting of `max_len` (task.max_len)."""
-        return max_len
+        return longest_source(self.name, max_len)
 
     def input_length(self, src: list[int]) -> int:
         """The length of `src` in the sense of task.min_len/max_len (for per-length tables)."""

@@ -39,11 +39,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from minitfm.config import TaskConfig
+from minitfm.config import TASK_SYMBOLS, TaskConfig
 from minitfm.errors import DataError, MinitfmError, quote
 from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, Pair, Task, Vocab
 
-UNK = "<unk>"
+(UNK,) = TASK_SYMBOLS["pairs"]  # "<unk>": a symbol never trained on
 RESERVED = (*SPECIAL_TOKENS, UNK)  # ids 0..3; data symbols follow
 UNK_ID = RESERVED.index(UNK)
 MAX_FILE_BYTES = 1_000_000_000  # 1 GB

@@ -2,16 +2,17 @@
 
 Copy, reverse, sort, duplicate, shift and add, over the data symbols 0..n_symbols-1. What
 they share (vocabulary, sampling, the held-out rule, text) is `base.Task`; each class here
-states its rule (`target`), the source position each target token should attend to
-(`alignment`, what the attention pictures compare with) and, where they differ from the
-source's, its lengths.
+states its rule (`target`) and the source position each target token should attend to
+(`alignment`, what the attention pictures compare with). How long a source and a target can
+get (add: two numbers and a '+'; duplicate: twice the input) is stated in `minitfm.config`
+(`longest_source`, `longest_target`), where the memory check reads it without torch.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minitfm.config import TaskConfig
+from minitfm.config import TASK_SYMBOLS, TaskConfig, longest_target
 from minitfm.errors import TaskInputError
 from minitfm.tasks.base import Task
 
@@ -68,9 +69,6 @@ class DuplicateTask(Task):
     def alignment(self, src: list[int]) -> list[int]:
         return [i // 2 for i in range(2 * len(src))]
 
-    def max_target_len(self, src_len: int) -> int:
-        return 2 * src_len
-
 
 class ShiftTask(Task):
     """Shift: rotate left by one, the first symbol moves to the end. Example: 3 1 4 5 -> 1 4 5 3."""
@@ -98,7 +96,7 @@ class AddTask(Task):
 
     name = "add"
     summary = "add two numbers, most significant digit first"
-    task_symbols = ("+",)
+    task_symbols = TASK_SYMBOLS["add"]  # ("+",)
 
     def __init__(self, cfg: TaskConfig) -> None:
         super().__init__(cfg)  # the config refuses n_symbols > 10 for add
@@ -110,11 +108,8 @@ class AddTask(Task):
         return self._digits(self._value(a) + self._value(b))
 
     def max_target_len(self, src_len: int) -> int:
-        # The longer operand has at most src_len - 2 digits; a sum has at most one more.
-        return max(1, src_len - 1)
-
-    def max_source_len(self, max_len: int) -> int:
-        return 2 * max_len + 1
+        # The longer operand has at most src_len - 2 digits (besides it: '+' and one digit).
+        return max(1, longest_target(self.name, src_len - 2))
 
     def input_length(self, src: list[int]) -> int:
         return max(len(operand) for operand in self._operands(src))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -97,6 +98,18 @@ def test_the_sizes_the_memory_check_reads_are_the_tasks(name):
     assert all(len(tgt) <= t.max_target_len(len(src)) for src, tgt in pairs)
     assert len(t.vocab) == vocab_size(name, t.n_symbols)
     assert sequence_lengths(name, 6) == (longest_source(name, 6), longest_target(name, 6) + 1)
+
+
+def test_outside_the_tasks_package_no_module_imports_a_task():
+    # The run and the lab reach a task through the registry (make_task, TASKS) and its
+    # methods, such as the check of a checkpoint's task data (Task.saved_problem).
+    root = Path(__file__).parent.parent / "minitfm"
+    for path in root.rglob("*.py"):
+        if path.parent.name != "tasks":
+            text = path.read_text(encoding="utf-8")
+            assert not re.search(r"^\s*(from|import) minitfm\.tasks\.(pairs|synthetic)\b", text,
+                                 re.M), path
+    assert all(cls.saved_problem({"vocab": []}) is None for cls in SYNTHETIC)
 
 
 def test_vocab_layout():

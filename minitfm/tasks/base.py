@@ -123,6 +123,12 @@ class Task(ABC):
         """The task a checkpoint was trained on (synthetic tasks: their config alone)."""
         return cls(cfg)
 
+    @classmethod
+    def saved_problem(cls, state: dict[str, Any]) -> str | None:
+        """What is wrong with the task's data in a checkpoint, read as untrusted (None:
+        nothing; synthetic tasks keep none: their config is all)."""
+        return None
+
     def checkpoint_data(self) -> dict[str, Any]:
         """What a checkpoint keeps besides config and vocabulary to rebuild the task."""
         return {}

@@ -35,6 +35,12 @@ TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.task
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
 POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
+SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
+FINITE = {"allow_inf_nan": False}
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
+MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
+
 # What a task's name fixes before any data is read, stated once: the tasks (minitfm.tasks)
 # build on it, and the memory check (minitfm.run.limits) reads it without torch.
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
@@ -59,13 +65,6 @@ def longest_target(task: str, n: int) -> int:
     if task == "add":
         return n + 1  # a sum has at most one digit more than its longer operand
     return n
-
-
-SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
-FINITE = {"allow_inf_nan": False}
-DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
-MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
 
 
 class Section(BaseModel):

@@ -14,7 +14,9 @@ Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
     then   data symbols "0", "1", ..., str(n_symbols - 1), in order of value
 
 so data symbol v has id `3 + len(task symbols) + v`, and sorting ids sorts values. Special
-tokens are never data: sampling never draws them and `parse` rejects them.
+tokens are never data: sampling never draws them and `parse` rejects them. The special and
+task symbols are listed in `minitfm.config` (SPECIAL_TOKENS, TASK_SYMBOLS), where the memory
+check counts them without torch.
 
 Sampling. Lengths are uniform in [min_len, max_len], symbols uniform over the data symbols,
 and every draw comes from the `torch.Generator` passed in (never the global RNG), so a seed

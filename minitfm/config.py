@@ -1,4 +1,8 @@
-"""The YAML config: schema, loading, key=value overrides and validation (no torch here).
+"""The YAML config: schema, loading, key=value overrides and validation.
+
+The kernel of the package: it imports only `minitfm.errors`, needs no torch and never looks
+at the machine, so a config reads the same everywhere; whether it fits this machine's memory
+is asked where a run starts (`minitfm.run.limits`).
 
 Every key has a default, so a YAML file states only what it changes. The YAML key, the
 pydantic field and the override path are the same string: `model.n_heads: 4` in a file is
@@ -24,21 +28,43 @@ from pydantic import (
 )
 
 from minitfm.errors import ConfigError, quote
-from minitfm.run.limits import check_fits, training_parts
-from minitfm.run.threads import parse_threads
 
-# The names `minitfm.tasks.base` registers; kept here so validation needs no torch.
+# The names `minitfm.tasks` registers; kept here so validation needs no torch.
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
 TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.tasks.pairs)
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
 POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
-
 
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
 FINITE = {"allow_inf_nan": False}
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
 MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
+
+# What a task's name fixes before any data is read, stated once: the tasks (minitfm.tasks)
+# build on it, and the memory check (minitfm.run.limits) reads it without torch.
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
+TASK_SYMBOLS = {"add": ("+",), "pairs": ("<unk>",)}  # next, before the data symbols
+
+
+def vocab_size(task: str, n_symbols: int) -> int:
+    """Tokens of the vocabulary of `task` over `n_symbols` data symbols."""
+    return len(SPECIAL_TOKENS) + len(TASK_SYMBOLS.get(task, ())) + n_symbols
+
+
+def longest_source(task: str, n: int) -> int:
+    """Tokens of the longest source of `task` for inputs of up to `n` symbols (task.max_len)."""
+    return 2 * n + 1 if task == "add" else n  # add: two n-digit numbers and a '+'
+
+
+def longest_target(task: str, n: int) -> int:
+    """Tokens of the longest target of `task` for inputs of up to `n` symbols (pairs: as many
+    here; once its files are read, their longest target)."""
+    if task == "duplicate":
+        return 2 * n  # each symbol twice
+    if task == "add":
+        return n + 1  # a sum has at most one digit more than its longer operand
+    return n
 
 
 class Section(BaseModel):
@@ -264,6 +290,16 @@ class Config(Section):
         return self
 
 
+def parse_threads(value: str | int) -> str | int:
+    """`auto` or a positive integer (as given on the command line or in a config)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(f"threads ({value!r}) must be auto or a positive integer")
+
+
 def check_device(name: str, error=ConfigError) -> str:
     """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
     if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
@@ -350,9 +386,7 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
         key, value = item if isinstance(item, tuple) else parse_override(item)
         set_path(data, key, value)
     resolve_data_paths(data, Path.cwd())  # overrides name files from where you are
-    cfg = validate(data)
-    check_fits(training_parts(cfg), "training")
-    return cfg
+    return validate(data)
 
 
 def resolve_data_paths(data: dict[str, Any], base: Path) -> None:

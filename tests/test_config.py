@@ -1,12 +1,15 @@
 """Config loading, overrides and validation (no torch needed)."""
 
+import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from minitfm.config import TASK_NAMES, Config, load_config, to_yaml
+from minitfm.config import TASK_NAMES, Config, load_config, parse_threads, to_yaml
 from minitfm.errors import ConfigError
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
@@ -146,7 +149,7 @@ def test_name_lists_match_the_registries():
     # config.py keeps its own lists so that validation needs no torch; they must not drift.
     from minitfm.book.positions import POSITIONAL_KINDS
     from minitfm.config import POSITIONALS, TASK_NAMES
-    from minitfm.tasks.base import TASKS
+    from minitfm.tasks import TASKS
 
     assert TASK_NAMES == tuple(TASKS) and POSITIONALS == POSITIONAL_KINDS
 
@@ -157,3 +160,29 @@ def test_attention_images_follow_the_evaluations_by_default():
     for bad in ("sometimes", "-1", "true"):
         with pytest.raises(ConfigError, match=r"log.attention_every .* must be eval"):
             load_config(None, [f"log.attention_every={bad}"])
+
+
+def test_config_imports_nothing_from_minitfm_but_errors():
+    # The kernel: a config reads the same without torch and on any machine.
+    tree = ast.parse((Path(__file__).parent.parent / "minitfm" / "config.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert {name for name in imported if name.split(".")[0] == "minitfm"} == {"minitfm.errors"}
+    code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('minitfm', 'torch'))))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "['minitfm', 'minitfm.config', 'minitfm.errors']", \
+        result.stdout + result.stderr[-500:]
+
+
+def test_loading_a_config_does_not_measure_the_machine():
+    # Whether it fits this machine is asked where a run starts (tests/test_refuse_inputs.py).
+    assert load_config(None, ["train.batch_size=1000000"]).train.batch_size == 1_000_000
+
+
+def test_threads_are_auto_or_a_positive_count():
+    assert parse_threads(" AUTO ") == "auto" and parse_threads("3") == parse_threads(3) == 3
+    for bad in ("0", "-1", "many", "2.5"):
+        with pytest.raises(ValueError, match="must be auto or a positive integer"):
+            parse_threads(bad)

@@ -8,7 +8,7 @@ from minitfm.book.metrics import length_chunks, predict, score, strip_eos
 from minitfm.config import load_config
 from minitfm.lab.evaluate import load_model
 from minitfm.run.session import train
-from minitfm.tasks.base import make_task
+from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 

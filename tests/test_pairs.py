@@ -11,11 +11,11 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from minitfm.config import load_config
+from minitfm.config import load_config, vocab_size
 from minitfm.errors import CheckpointError
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.session import train
-from minitfm.tasks.base import make_task
+from minitfm.tasks import make_task
 from minitfm.tasks.pairs import MAX_PAIRS, UNK_ID
 from tests.helpers import assert_clean_error, run_cli
 
@@ -127,6 +127,7 @@ def test_tokenize_char_keeps_spaces_as_symbols(tmp_path):
     path = write_tsv(tmp_path / "c.tsv", [("ab", "a b")])
     task = pairs_task(path, f"task.eval_path={path}")
     assert " " in task.vocab and task.format(task.parse("b a")) == "b a"
+    assert len(task.vocab) == vocab_size("pairs", task.n_symbols)  # the memory check's count
 
 
 def test_task_max_len_selects_the_sources_trained_on(many):

@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm.config import SYNTHETIC_TASKS, TASK_NAMES, TaskConfig, load_config
+from minitfm.config import (
+    SYNTHETIC_TASKS,
+    TASK_NAMES,
+    TaskConfig,
+    load_config,
+    longest_source,
+    longest_target,
+    vocab_size,
+)
 from minitfm.errors import ConfigError, TaskInputError
+from minitfm.run.limits import sequence_lengths
+from minitfm.tasks import TASKS, make_task, positions_short
 from minitfm.tasks.base import (
     BOS_ID,
     EOS_ID,
     MIN_HOLDOUT_SPACE,
     PAD_ID,
-    TASKS,
     Task,
     Vocab,
     eval_set,
     make_batch,
-    make_task,
-    positions_short,
 )
+from minitfm.tasks.synthetic import SYNTHETIC
 
 SEQUENCE_RULES = {
     "copy": lambda v: list(v),
@@ -59,6 +70,46 @@ def test_registry_matches_config_names():
     assert tuple(TASKS) == TASK_NAMES
     for name, cls in TASKS.items():
         assert cls.name == name and cls.summary and "->" in cls.__doc__
+
+
+def test_synthetic_names_match_the_config():
+    assert tuple(cls.name for cls in SYNTHETIC) == SYNTHETIC_TASKS
+
+
+def test_the_task_modules_import_down_only():
+    # base knows no task; each task module knows only base; the package names them all.
+    folder = Path(__file__).parent.parent / "minitfm" / "tasks"
+    wanted = {"base": set(), "synthetic": {"minitfm.tasks.base"}, "pairs": {"minitfm.tasks.base"}}
+    for name, allowed in wanted.items():
+        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
+        found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                  for alias in node.names}
+        assert {m for m in found if m.startswith("minitfm.tasks")} == allowed, name
+
+
+@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+def test_the_sizes_the_memory_check_reads_are_the_tasks(name):
+    # config states them once, without torch; the tasks and run.limits both read them.
+    t = task(name)
+    pairs = draw(t, 300, 0, min_len=6, max_len=6)
+    assert max(len(src) for src, _ in pairs) == longest_source(name, 6) == t.max_source_len(6)
+    assert max(len(tgt) for _, tgt in pairs) == longest_target(name, 6)
+    assert all(len(tgt) <= t.max_target_len(len(src)) for src, tgt in pairs)
+    assert len(t.vocab) == vocab_size(name, t.n_symbols)
+    assert sequence_lengths(name, 6) == (longest_source(name, 6), longest_target(name, 6) + 1)
+
+
+def test_outside_the_tasks_package_no_module_imports_a_task():
+    # The run and the lab reach a task through the registry (make_task, TASKS) and its
+    # methods, such as the check of a checkpoint's task data (Task.saved_problem).
+    root = Path(__file__).parent.parent / "minitfm"
+    for path in root.rglob("*.py"):
+        if path.parent.name != "tasks":
+            text = path.read_text(encoding="utf-8")
+            assert not re.search(r"^\s*(from|import) minitfm\.tasks\.(pairs|synthetic)\b", text,
+                                 re.M), path
+    assert all(cls.saved_problem({"vocab": []}) is None for cls in SYNTHETIC)
 
 
 def test_vocab_layout():

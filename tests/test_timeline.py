@@ -23,7 +23,8 @@ from minitfm.lab.timeline import (
 )
 from minitfm.lab.viz import attention_entropy
 from minitfm.run.session import train
-from minitfm.tasks.base import eval_set, make_task
+from minitfm.tasks import make_task
+from minitfm.tasks.base import eval_set
 from tests.helpers import QUICK, assert_clean_error, run_cli
 
 EVALS = [25, 50]

@@ -24,7 +24,7 @@ from minitfm.lab.viz import (
     run_probe,
 )
 from minitfm.run.session import train
-from minitfm.tasks.base import make_task
+from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

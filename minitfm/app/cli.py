@@ -317,6 +317,8 @@ def train(
                             overwrite=overwrite)
     cfg = load_config(config_path, overrides)
     if print_config:
+        from minitfm.run.limits import check_fits, training_parts
+        check_fits(training_parts(cfg), "training")  # it refuses what train refuses
         console.print(to_yaml(cfg), end="", markup=False, highlight=False,
                       soft_wrap=True)  # a long path stays on its line: the output is YAML
         return
@@ -366,7 +368,8 @@ def run_training(cfg, **kwargs) -> None:
 
 def claim_threads(value: str):
     """This process's thread registration for `--threads` (see minitfm.run.threads)."""
-    from minitfm.run.threads import ThreadClaim, parse_threads
+    from minitfm.config import parse_threads
+    from minitfm.run.threads import ThreadClaim
 
     try:
         return ThreadClaim(parse_threads(value))

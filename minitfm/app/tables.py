@@ -186,7 +186,7 @@ def ablation_cell(row: dict) -> Text:
 
 def tasks_table() -> Table:
     """Every registered task with what it learns and an example."""
-    from minitfm.tasks.base import TASKS
+    from minitfm.tasks import TASKS
 
     table = Table(title="tasks (task.name)")
     for column in ("name", "what it learns", "example input", "target"):

@@ -30,7 +30,8 @@ from minitfm.book.positions import sinusoids
 from minitfm.config import Config, ModelConfig, TrainConfig, load_config
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.session import make_optimizer
-from minitfm.tasks.base import eval_set, make_batch, make_task
+from minitfm.tasks import make_task
+from minitfm.tasks.base import eval_set, make_batch
 
 SOLVE_SEEDS = (0, 1, 2)  # `--solve` trains the default config from scratch with each
 

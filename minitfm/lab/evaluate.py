@@ -22,7 +22,8 @@ from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
 from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, resolve_checkpoint
 from minitfm.run.limits import check_fits, decoding_parts, model_parts
-from minitfm.tasks.base import Task, eval_set, make_task, positions_short
+from minitfm.tasks import make_task, positions_short
+from minitfm.tasks.base import Task, eval_set
 
 
 def load_model(path: Path, device: torch.device | str = "cpu"

@@ -32,6 +32,7 @@ from typing import Any
 from minitfm.config import Config, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError
 from minitfm.lab.runs import DONE, SWEEP_FILE, read_summary, run_status
+from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.threads import cores
 
 MINITFM = [sys.executable, "-m", "minitfm"]
@@ -117,6 +118,7 @@ def plan_runs(grid: Grid, folder: Path, threads: int,
         overrides = [*grid.fixed, *(f"{k}={v}" for k, v in choice.items())]
         try:
             cfg = load_config(grid.config, [*overrides, f"threads={threads}"])
+            check_fits(training_parts(cfg), "training")  # a MinitfmError: never skipped
         except ConfigError as err:
             if not skip_invalid or not choice:
                 where = f" (in the run {run_id(choice)})" if choice else ""
@@ -137,7 +139,9 @@ def sweep_folder(grid: Grid, name: str, out: Path | None) -> Path:
             raise MinitfmError(f"--out '{out}' holds another sweep (its grid is in "
                                f"{out / SWEEP_FILE}): pick another folder")
         return out
-    base = Path(load_config(grid.config, grid.fixed).log.dir)
+    cfg = load_config(grid.config, grid.fixed)
+    check_fits(training_parts(cfg), "training")  # the grid's fixed part alone must fit
+    base = Path(cfg.log.dir)
     same = [p for p in sorted(base.glob(f"sweep-{name}-*")) if read_spec(p) == grid.spec()]
     if same:
         return same[-1]

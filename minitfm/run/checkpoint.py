@@ -331,13 +331,12 @@ def check_state(state: dict[str, Any], path: Path, resume: bool = False) -> None
         cfg = validate(state["config"])
     except ConfigError as err:
         raise CheckpointError(f"checkpoint '{path}' has an invalid config: {err}") from None
-    if cfg.task.name == "pairs":  # its data comes from the checkpoint: checked like the rest
-        from minitfm.tasks.pairs import saved_problem
+    from minitfm.tasks import TASKS
 
-        problem = saved_problem(state)
-        if problem:
-            raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
-                                  f"({problem})")
+    problem = TASKS[cfg.task.name].saved_problem(state)  # pairs: its data, checked like the rest
+    if problem:
+        raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
+                              f"({problem})")
 
 
 def check_keys(state: dict[str, Any], keys: dict[str, tuple], path: Path, prefix: str = "") -> None:

@@ -4,7 +4,8 @@ A config that cannot fit is refused with one line naming the key that makes it l
 value and the estimate, instead of an allocator traceback minutes later (or a machine
 swapping). The estimates count float32 tensors the way `layers.py` keeps them for backward;
 they are meant to be right within a factor of about two, which is enough to tell "fits" from
-"needs a terabyte". No torch here, so `--print-config` refuses the same configs as `train`.
+"needs a terabyte". A run checks as it starts (`run.session.train`); no torch here, so
+`--print-config` and a sweep's plan refuse the same configs without loading it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 
+from minitfm.config import longest_source, longest_target, vocab_size
 from minitfm.errors import MinitfmError
 
 FLOAT = 4  # bytes of a float32
@@ -43,11 +45,9 @@ def human(n: float) -> str:
 
 
 def sequence_lengths(task_name: str, n: int) -> tuple[int, int]:
-    """(source, decoder) tokens of the longest example with inputs of length `n`: add reads
-    two n-digit numbers and a '+', duplicate writes each symbol twice; BOS/EOS add one."""
-    source = 2 * n + 1 if task_name == "add" else n
-    target = 2 * n if task_name == "duplicate" else n + 1
-    return source, target + 1
+    """(source, decoder) tokens of the longest example with inputs of length `n`, as the task
+    states them (`config.longest_source`, `longest_target`); BOS/EOS add one."""
+    return longest_source(task_name, n), longest_target(task_name, n) + 1
 
 
 def parameter_count(model, vocab_size: int) -> int:
@@ -70,7 +70,7 @@ def activation_bytes(model, batch: int, src: int, tgt: int, vocab_size: int) -> 
 
 def model_parts(cfg) -> list[tuple[str, int, int]]:
     """(key, value, bytes) of what a model of `cfg` holds however it is used."""
-    vocab = cfg.task.n_symbols + 4
+    vocab = vocab_size(cfg.task.name, cfg.task.n_symbols)
     n = cfg.model.max_len
     return [
         ("model.d_model", cfg.model.d_model,
@@ -83,7 +83,8 @@ def model_parts(cfg) -> list[tuple[str, int, int]]:
 def training_parts(cfg) -> list[tuple[str, int, int]]:
     """(key, value, bytes) of a training run of `cfg`: model, one batch, the held-out set."""
     src, tgt = sequence_lengths(cfg.task.name, cfg.task.max_len)
-    batch = activation_bytes(cfg.model, cfg.train.batch_size, src, tgt, cfg.task.n_symbols + 4)
+    vocab = vocab_size(cfg.task.name, cfg.task.n_symbols)
+    batch = activation_bytes(cfg.model, cfg.train.batch_size, src, tgt, vocab)
     # The batch grows with its size and (quadratically) with the length: blame the one further
     # from its default.
     by_length = cfg.task.max_len / 16 >= cfg.train.batch_size / 128
@@ -98,8 +99,9 @@ def decoding_parts(cfg, samples: int, max_len: int, batch_size: int,
                    names: tuple[str, str] = ("--samples", "--max-len")) -> list:
     """(key, value, bytes) of decoding `samples` inputs of up to `max_len` tokens."""
     src, tgt = sequence_lengths(cfg.task.name, max_len)
+    vocab = vocab_size(cfg.task.name, cfg.task.n_symbols)
     chunk = activation_bytes(cfg.model, min(batch_size, samples), src, tgt,
-                             cfg.task.n_symbols + 4) // 2  # no backward: about half
+                             vocab) // 2  # no backward: about half
     return [*model_parts(cfg), (names[1], max_len, chunk),
             (names[0], samples, PYTHON_INT * samples * (src + tgt))]
 

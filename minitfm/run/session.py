@@ -42,7 +42,8 @@ from minitfm.run.distributed import Dist
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.threads import ThreadClaim, ThreadPacer
-from minitfm.tasks.base import Task, eval_set, make_batch, make_task, positions_short
+from minitfm.tasks import make_task, positions_short
+from minitfm.tasks.base import Task, eval_set, make_batch
 
 if TYPE_CHECKING:  # tb and timeline are imported when a run starts
     from minitfm.lab.tb import Logger
@@ -402,6 +403,7 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
     checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
     if checkpoint is not None:
         cfg = resume_config(checkpoint, overrides)
+    check_fits(training_parts(cfg), "training")  # before anything is allocated or written
     with distributed.session(cfg.device) as dist, ExitStack() as held:
         claim = threads or held.enter_context(ThreadClaim(cfg.threads))
         claim.update(cfg.threads)

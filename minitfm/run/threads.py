@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from minitfm.config import parse_threads
+
 REGISTRY_ENV = "MINITFM_REGISTRY"  # another registry folder (tests)
 RECHECK_S = 1.0  # how often a training run looks at its neighbours again
 
@@ -34,16 +36,6 @@ def registry_dir() -> Path:
     if os.environ.get(REGISTRY_ENV):
         return Path(os.environ[REGISTRY_ENV])
     return Path(tempfile.gettempdir()) / f"minitfm-{os.getuid()}" / "procs"
-
-
-def parse_threads(value: str | int) -> str | int:
-    """`auto` or a positive integer (as given on the command line or in a config)."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise ValueError(f"threads ({value!r}) must be auto or a positive integer")
 
 
 def env_threads() -> int | None:

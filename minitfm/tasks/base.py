@@ -1,8 +1,9 @@
-"""Synthetic sequence tasks: vocabulary, sampling, text I/O, batching and ideal alignments.
+"""What every task shares: vocabulary, sampling, the held-out rule, text I/O and batching.
 
 Each task is a rule from a source sequence of symbols to a target sequence (copy, reverse,
 sort, ...). The encoder reads the source; the decoder writes the target after BOS and ends
-it with EOS.
+it with EOS. The rules are in `synthetic` (copy .. add) and `pairs` (read from files); the
+package (`minitfm.tasks`) names them all.
 
 Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
 
@@ -13,7 +14,9 @@ Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
     then   data symbols "0", "1", ..., str(n_symbols - 1), in order of value
 
 so data symbol v has id `3 + len(task symbols) + v`, and sorting ids sorts values. Special
-tokens are never data: sampling never draws them and `parse` rejects them.
+tokens are never data: sampling never draws them and `parse` rejects them. The special and
+task symbols are listed in `minitfm.config` (SPECIAL_TOKENS, TASK_SYMBOLS), where the memory
+check counts them without torch.
 
 Sampling. Lengths are uniform in [min_len, max_len], symbols uniform over the data symbols,
 and every draw comes from the `torch.Generator` passed in (never the global RNG), so a seed
@@ -42,11 +45,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from minitfm.config import ModelConfig, TaskConfig
+from minitfm.config import SPECIAL_TOKENS, TaskConfig, longest_source, longest_target
 from minitfm.errors import ConfigError, TaskInputError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
 SPLITS = ("train", "eval")
 HOLDOUT_MODULUS = 16  # 1 in 16 inputs of a big length is held out
 MIN_HOLDOUT_SPACE = 10_000  # a length needs this many possible inputs to hold any out
@@ -102,7 +104,7 @@ class Vocab:
 
 
 class Task(ABC):
-    """A synthetic task: its vocabulary, its rule (`target`), sampling and text I/O."""
+    """A task: its vocabulary, its rule (`target`), sampling and text I/O."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -122,6 +124,12 @@ class Task(ABC):
     def from_checkpoint(cls, cfg: TaskConfig, state: dict[str, Any]) -> Task:
         """The task a checkpoint was trained on (synthetic tasks: their config alone)."""
         return cls(cfg)
+
+    @classmethod
+    def saved_problem(cls, state: dict[str, Any]) -> str | None:
+        """What is wrong with the task's data in a checkpoint, read as untrusted (None:
+        nothing; synthetic tasks keep none: their config is all)."""
+        return None
 
     def checkpoint_data(self) -> dict[str, Any]:
         """What a checkpoint keeps besides config and vocabulary to rebuild the task."""
@@ -147,12 +155,13 @@ class Task(ABC):
         return None
 
     def max_target_len(self, src_len: int) -> int:
-        """The longest target for a source of `src_len` tokens (a cap for decoding)."""
-        return src_len
+        """The longest target for a source of `src_len` tokens (a cap for decoding); here a
+        source is one input of `src_len` symbols."""
+        return longest_target(self.name, src_len)
 
     def max_source_len(self, max_len: int) -> int:
         """The longest source for a length setting of `max_len` (task.max_len)."""
-        return max_len
+        return longest_source(self.name, max_len)
 
     def input_length(self, src: list[int]) -> int:
         """The length of `src` in the sense of task.min_len/max_len (for per-length tables)."""
@@ -160,7 +169,7 @@ class Task(ABC):
 
     def check_positions(self, max_len: int) -> None:
         """Refuse data that needs more than `max_len` (model.max_len) positions; a synthetic
-        task's lengths are its config's, checked with the model (train.check_lengths)."""
+        task's lengths are its config's, checked with the model by `positions_short`."""
         return None
 
     # --- sampling ---
@@ -316,221 +325,6 @@ class Task(ABC):
 
     def _example_source(self) -> list[int]:
         return [self.first_data_id + v % self.n_symbols for v in (3, 1, 4, 1, 5)]
-
-
-class CopyTask(Task):
-    """Copy: the target is the source. Example: 3 1 4 1 5 -> 3 1 4 1 5."""
-
-    name = "copy"
-    summary = "repeat the input"
-
-    def target(self, src: list[int]) -> list[int]:
-        return list(src)
-
-    def alignment(self, src: list[int]) -> list[int]:
-        return list(range(len(src)))
-
-
-class ReverseTask(Task):
-    """Reverse: the source backwards. Example: 3 1 4 1 5 -> 5 1 4 1 3."""
-
-    name = "reverse"
-    summary = "the input backwards"
-
-    def target(self, src: list[int]) -> list[int]:
-        return src[::-1]
-
-    def alignment(self, src: list[int]) -> list[int]:
-        return [len(src) - 1 - i for i in range(len(src))]
-
-
-class SortTask(Task):
-    """Sort: the source in ascending order of value. Example: 3 1 4 1 5 -> 1 1 3 4 5."""
-
-    name = "sort"
-    summary = "the input in ascending order"
-
-    def target(self, src: list[int]) -> list[int]:
-        return sorted(src)  # ids are in order of value (module docstring)
-
-    def alignment(self, src: list[int]) -> list[int]:
-        # Python's sort is stable: equal symbols keep their source order.
-        return sorted(range(len(src)), key=src.__getitem__)
-
-
-class DuplicateTask(Task):
-    """Duplicate: each symbol twice. Example: 3 1 4 -> 3 3 1 1 4 4."""
-
-    name = "duplicate"
-    summary = "each symbol twice"
-
-    def target(self, src: list[int]) -> list[int]:
-        return [i for i in src for _ in range(2)]
-
-    def alignment(self, src: list[int]) -> list[int]:
-        return [i // 2 for i in range(2 * len(src))]
-
-    def max_target_len(self, src_len: int) -> int:
-        return 2 * src_len
-
-
-class ShiftTask(Task):
-    """Shift: rotate left by one, the first symbol moves to the end. Example: 3 1 4 5 -> 1 4 5 3."""
-
-    name = "shift"
-    summary = "rotate left by one"
-
-    def target(self, src: list[int]) -> list[int]:
-        return src[1:] + src[:1]
-
-    def alignment(self, src: list[int]) -> list[int]:
-        return [(i + 1) % len(src) for i in range(len(src))]
-
-
-class AddTask(Task):
-    """Addition of two numbers in base n_symbols (at most 10), most significant digit first.
-
-    Example (base 10): 4 7 + 8 5 -> 1 3 2, since 47 + 85 = 132; compact text "47+85".
-    Each operand has between min_len and max_len digits (drawn independently) and no
-    leading zero (a one-digit operand may be 0); the target is the sum without leading
-    zeros. `parse` accepts leading zeros ("007+1" -> 8), though training never shows them.
-    For the held-out rule a+b and b+a count as one input, so training never shows the
-    mirror image of an evaluation problem.
-    """
-
-    name = "add"
-    summary = "add two numbers, most significant digit first"
-    task_symbols = ("+",)
-
-    def __init__(self, cfg: TaskConfig) -> None:
-        super().__init__(cfg)  # the config refuses n_symbols > 10 for add
-        self.base = cfg.n_symbols
-        self.plus_id = self.vocab.id("+")
-
-    def target(self, src: list[int]) -> list[int]:
-        a, b = self._operands(src)
-        return self._digits(self._value(a) + self._value(b))
-
-    def max_target_len(self, src_len: int) -> int:
-        # The longer operand has at most src_len - 2 digits; a sum has at most one more.
-        return max(1, src_len - 1)
-
-    def max_source_len(self, max_len: int) -> int:
-        return 2 * max_len + 1
-
-    def input_length(self, src: list[int]) -> int:
-        return max(len(operand) for operand in self._operands(src))
-
-    def _operands(self, src: list[int]) -> tuple[list[int], list[int]]:
-        i = src.index(self.plus_id)
-        return src[:i], src[i + 1:]
-
-    def _value(self, digits: list[int]) -> int:
-        value = 0
-        for i in digits:
-            value = value * self.base + (i - self.first_data_id)
-        return value
-
-    def _digits(self, value: int) -> list[int]:
-        digits = []
-        while True:
-            value, digit = divmod(value, self.base)
-            digits.append(self.first_data_id + digit)
-            if value == 0:
-                return digits[::-1]
-
-    def _draw_shapes(self, n: int, generator: torch.Generator, lo: int, hi: int) -> list:
-        """The digit counts (of a, of b) of each of `n` problems."""
-        return [tuple(pair) for pair in
-                torch.randint(lo, hi + 1, (n, 2), generator=generator).tolist()]
-
-    def _draw_inputs(self, shapes: list, generator: torch.Generator) -> list[list[int]]:
-        lengths = torch.tensor(shapes).view(-1, 2)  # (P, 2)
-        width = int(lengths.max())
-        digits = torch.randint(self.base, (len(shapes), 2, width), generator=generator)
-        leads = torch.randint(1, self.base, (len(shapes), 2), generator=generator)
-        # Numbers of more than one digit start with a non-zero digit.
-        digits[:, :, 0] = torch.where(lengths > 1, leads, digits[:, :, 0])
-        rows = (digits + self.first_data_id).tolist()
-        return [a[:la] + [self.plus_id] + b[:lb]
-                for (a, b), (la, lb) in zip(rows, shapes, strict=True)]
-
-    def _shape(self, src: list[int]) -> tuple[int, int]:
-        a, b = self._operands(src)
-        return len(a), len(b)
-
-    def _space(self, shape: tuple[int, int]) -> int:
-        return self._count(shape[0]) * self._count(shape[1])
-
-    def _count(self, k: int) -> int:
-        """How many k-digit numbers have no leading zero (0 counts as a 1-digit number)."""
-        return self.base if k == 1 else (self.base - 1) * self.base ** (k - 1)
-
-    def _holdout_key(self, src: list[int]) -> list[int]:
-        a, b = sorted(self._operands(src))  # a+b and b+a share a partition
-        return a + [self.plus_id] + b
-
-    def _tokenize(self, text: str) -> list[str]:
-        """Each operand is a number ("12") or its digits between spaces ("1 2")."""
-        tokens: list[str] = []
-        for k, operand in enumerate(text.split("+")):
-            tokens += ["+"] * (k > 0) + self._read_words(operand.split())
-        return tokens
-
-    def written_compact(self, text: str) -> bool:
-        """Operands written as numbers ("12+34", "12 + 34"): the sum is printed as one too."""
-        return all(len(operand.split()) <= 1 for operand in text.split("+"))
-
-    def _allowed(self) -> str:
-        return f"two numbers of digits 0..{self.base - 1} joined by one '+'"
-
-    def _check_structure(self, ids: list[int], text: str) -> None:
-        count = ids.count(self.plus_id)
-        problem = "has no '+'" if count == 0 else f"has {count} '+' signs"
-        if count == 1:
-            a, b = self._operands(ids)
-            problem = "needs a number on each side of '+'" if not a or not b else ""
-        if problem:
-            raise TaskInputError(f"{text.strip()!r} {problem}: task 'add' takes "
-                                 f"{self._allowed()}, e.g. {self._example_text()!r}")
-
-    def _example_source(self) -> list[int]:
-        return self._digits(47) + [self.plus_id] + self._digits(85)
-
-
-TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (
-    CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask)}
-
-import minitfm.tasks.pairs  # noqa: E402, F401  (registers task 'pairs', built on Task above)
-
-
-def make_task(cfg: TaskConfig, state: dict[str, Any] | None = None) -> Task:
-    """The task named by `cfg.name`, set up for `cfg`; with a checkpoint's `state`, as it
-    was trained (pairs: from the checkpoint, without its files)."""
-    if cfg.name not in TASKS:
-        raise ConfigError(f"task.name ({cfg.name!r}) is not a task; choose one of "
-                          f"{', '.join(TASKS)}")
-    cls = TASKS[cfg.name]
-    return cls(cfg) if state is None else cls.from_checkpoint(cfg, state)
-
-
-def positions_short(model: ModelConfig, task: Task, src_len: int,
-                    training: bool = False) -> tuple[str, int, int] | None:
-    """None if the model has positions for a source of `src_len` tokens and its target; else
-    (the key that stops them, its value, the positions needed).
-
-    The one check of lengths at run time (training, eval, predict, visualize): learned
-    positions stop at model.max_len, and training with randomized ones draws them from
-    [0, model.random_positions). The config checks the keys against each other up front.
-    """
-    needed = max(src_len, task.max_target_len(src_len) + 1)  # the source, or BOS + target
-    limits = [("model.max_len", model.max_len)] if model.positional == "learned" else []
-    if training and model.random_positions is not None:
-        limits.append(("model.random_positions", model.random_positions))
-    for key, limit in limits:
-        if needed > limit:
-            return key, limit, needed
-    return None
 
 
 @dataclass

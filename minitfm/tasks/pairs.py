@@ -39,11 +39,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from minitfm.config import TaskConfig
+from minitfm.config import TASK_SYMBOLS, TaskConfig
 from minitfm.errors import DataError, MinitfmError, quote
-from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, TASKS, Pair, Task, Vocab
+from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, Pair, Task, Vocab
 
-UNK = "<unk>"
+(UNK,) = TASK_SYMBOLS["pairs"]  # "<unk>": a symbol never trained on
 RESERVED = (*SPECIAL_TOKENS, UNK)  # ids 0..3; data symbols follow
 UNK_ID = RESERVED.index(UNK)
 MAX_FILE_BYTES = 1_000_000_000  # 1 GB
@@ -276,6 +276,27 @@ class PairsTask(Task):
         return cls(cfg, PairsData(list(state["vocab"][len(RESERVED):]), [], held_out,
                                   saved["train_sha256"], longest=list(saved["longest"])))
 
+    @classmethod
+    def saved_problem(cls, state: dict[str, Any]) -> str | None:
+        """What is wrong with a checkpoint's pairs data (None: nothing), read as untrusted."""
+        if tuple(state["vocab"][:len(RESERVED)]) != RESERVED:
+            return f"a pairs vocabulary starts with {', '.join(RESERVED)}"
+        saved = state.get("pairs")
+        if not isinstance(saved, dict) or set(saved) != {"held_out", "longest", "train_sha256"}:
+            return "'pairs' must be a mapping of held_out, longest, train_sha256"
+        held_out, longest = saved["held_out"], saved["longest"]
+        if not isinstance(held_out, list) or not 1 <= len(held_out) <= MAX_HELD_OUT or not all(
+                isinstance(pair, list) and len(pair) == 2 and all(
+                    isinstance(text, str) and 0 < len(text) <= MAX_LINE_BYTES for text in pair)
+                for pair in held_out):
+            return f"'pairs.held_out' must be 1 to {MAX_HELD_OUT:,} [source, target] strings"
+        if not isinstance(longest, list) or len(longest) != 2 or not all(
+                type(n) is int and 1 <= n <= 65_536 for n in longest):
+            return "'pairs.longest' must be two lengths"
+        if not isinstance(saved["train_sha256"], str) or len(saved["train_sha256"]) != 64:
+            return "'pairs.train_sha256' must be a SHA-256 in hex"
+        return None
+
     def checkpoint_data(self) -> dict[str, Any]:
         return {"pairs": {"held_out": [[p.source, p.target] for p in self.data.held_out],
                           "longest": list(self.longest),
@@ -383,27 +404,3 @@ class PairsTask(Task):
         return (f"{len(self.train):,} training pairs, {len(self.held_out):,} held out, "
                 f"{self.n_symbols:,} symbols ({self.cfg.tokenize}), sources of "
                 f"{lengths[0]}..{lengths[-1]} symbols")
-
-
-TASKS[PairsTask.name] = PairsTask
-
-
-def saved_problem(state: dict[str, Any]) -> str | None:
-    """What is wrong with a checkpoint's pairs data (None: nothing), read as untrusted."""
-    if tuple(state["vocab"][:len(RESERVED)]) != RESERVED:
-        return f"a pairs vocabulary starts with {', '.join(RESERVED)}"
-    saved = state.get("pairs")
-    if not isinstance(saved, dict) or set(saved) != {"held_out", "longest", "train_sha256"}:
-        return "'pairs' must be a mapping of held_out, longest, train_sha256"
-    held_out, longest = saved["held_out"], saved["longest"]
-    if not isinstance(held_out, list) or not 1 <= len(held_out) <= MAX_HELD_OUT or not all(
-            isinstance(pair, list) and len(pair) == 2 and all(
-                isinstance(text, str) and 0 < len(text) <= MAX_LINE_BYTES for text in pair)
-            for pair in held_out):
-        return f"'pairs.held_out' must be 1 to {MAX_HELD_OUT:,} [source, target] strings"
-    if not isinstance(longest, list) or len(longest) != 2 or not all(
-            type(n) is int and 1 <= n <= 65_536 for n in longest):
-        return "'pairs.longest' must be two lengths"
-    if not isinstance(saved["train_sha256"], str) or len(saved["train_sha256"]) != 64:
-        return "'pairs.train_sha256' must be a SHA-256 in hex"
-    return None

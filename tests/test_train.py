@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from minitfm.app.progress import ConsoleReporter
+from minitfm.book.loop import lr_factor
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.evaluate import load_model
 from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import NullReporter, Reporter, lr_factor, train
+from minitfm.run.session import NullReporter, Reporter, train
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 

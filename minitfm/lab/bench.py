@@ -25,11 +25,11 @@ from statistics import median
 import torch
 from torch import nn
 
+from minitfm.book.loop import make_optimizer
 from minitfm.book.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
 from minitfm.book.positions import sinusoids
 from minitfm.config import Config, ModelConfig, TrainConfig, load_config
 from minitfm.run.memory import peak_rss_mb
-from minitfm.run.session import make_optimizer
 from minitfm.tasks.base import eval_set, make_batch, make_task
 
 SOLVE_SEEDS = (0, 1, 2)  # `--solve` trains the default config from scratch with each

@@ -1,14 +1,13 @@
-"""The training loop: AdamW, warmup + decay, periodic greedy evaluation, checkpoints, resume.
+"""A run's life around the loop: run directory, resume, signals, torchrun, checkpoints, reports.
 
-One step: sample a batch from the task's training stream, teacher-forced cross-entropy on
-`target + EOS` (PAD ignored), backward, the scheduled lr, clip and AdamW step. Every random draw
-comes from a state that the checkpoint saves (torch's RNG for init and dropout, the data
-generator), so N straight steps and N/2 + resume give bit-identical losses.
+`train` prepares a run (its directory, a fresh or restored state, every rank under torchrun)
+and hands the book's loop (`minitfm.book.loop.run_loop`) the callbacks of `RunCallbacks`:
+evaluation with `best.pt`, `last.pt`, metrics.jsonl, collectives over ranks, thread pacing, the
+reporter, and the TensorBoard logger and attention recorder its caller handed in.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import signal
 import time
@@ -19,9 +18,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from minitfm.book.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
-from minitfm.book.optim import AdamW
-from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
+from minitfm.book.loop import (
+    LossMeter,
+    TrainState,
+    make_optimizer,
+    next_lr,
+    run_loop,
+    warmup_warning,
+)
+from minitfm.book.model import build_model, default_device
+from minitfm.config import Config, parse_override, set_path, to_yaml, validate
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.lab.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.lab.runs import SUMMARY, write_summary
@@ -42,7 +48,7 @@ from minitfm.run.distributed import Dist
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.threads import ThreadClaim, ThreadPacer
-from minitfm.tasks.base import Task, eval_set, make_batch, make_task, positions_short
+from minitfm.tasks.base import Task, eval_set, make_task, positions_short
 
 if TYPE_CHECKING:  # tb and timeline are imported when a run starts
     from minitfm.lab.tb import Logger
@@ -64,53 +70,12 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of the peak lr after `step` steps: linear warmup, then the schedule."""
-    warmup = cfg.warmup_steps
-    if step < warmup:
-        return (step + 1) / warmup
-    if cfg.schedule == "constant":
-        return 1.0
-    if cfg.schedule == "inverse_sqrt":
-        return math.sqrt(max(warmup, 1) / max(step, 1))
-    progress = (step - warmup) / max(cfg.steps - warmup, 1)  # cosine to 0 at cfg.steps
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def warmup_warning(cfg: TrainConfig) -> str | None:
-    """A run that ends inside its warmup never reaches the decay that lr_factor schedules."""
-    if cfg.steps >= cfg.warmup_steps:
-        return None
-    decay = "" if cfg.schedule == "constant" else f", so its {cfg.schedule} decay never starts"
-    return (f"train.steps ({cfg.steps}) is below train.warmup_steps ({cfg.warmup_steps}): "
-            f"the learning rate rises for the whole run{decay}; lower train.warmup_steps "
-            f"(e.g. train.warmup_steps={cfg.steps // 10}) or raise train.steps")
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW:
-    """AdamW (see `optim`) with weight decay on matrices only (not on biases, norms' γ/δ)."""
-    return AdamW(model, lr=cfg.lr, weight_decay=cfg.weight_decay)  # the loop sets each lr
-
-
 @dataclass
-class TrainState:
-    """Everything a checkpoint must hold to continue a run exactly."""
+class RunState(TrainState):
+    """The loop's state and what a checkpoint must hold besides it to continue a run exactly."""
 
-    cfg: Config
-    task: Task
-    model: Seq2SeqTransformer
-    optimizer: AdamW
-    data_rng: torch.Generator
-    step: int = 0
     best_exact_match: float = -1.0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
-    # What a step calls: under torchrun the model in its DDP wrapper, else the model itself.
-    model_or_ddp: torch.nn.Module | None = None
-
-    def __post_init__(self) -> None:
-        if self.model_or_ddp is None:
-            self.model_or_ddp = self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so `weights_only=True` can load it."""
@@ -163,7 +128,7 @@ class TrainState:
             self.data_rng.manual_seed(seed)
 
 
-def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainState:
+def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> RunState:
     """Task, model (seeded init) and optimizer for a fresh run."""
     task = make_task(cfg.task)
     check_lengths(cfg, task)
@@ -173,8 +138,8 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
         torch.manual_seed(cfg.seed + dist.rank)
     optimizer = make_optimizer(model, cfg.train)
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
-    return TrainState(cfg, task, model, optimizer, data_rng, device=device, dist=dist,
-                      model_or_ddp=dist.wrap(model))
+    return RunState(cfg, task, model, optimizer, data_rng, device=device,
+                    model_or_wrapper=dist.wrap(model), dist=dist)
 
 
 def check_lengths(cfg: Config, task: Task) -> None:
@@ -185,24 +150,6 @@ def check_lengths(cfg: Config, task: Task) -> None:
         key, limit, needed = short
         raise MinitfmError(f"{key} ({limit}) is too small for task.max_len ({cfg.task.max_len}): "
                            f"sequences need {needed} positions; raise {key}")
-
-
-def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step on `batch`; returns the (detached) mean loss per target token and
-    the gradient norm before clipping, both unread tensors on the device."""
-    cfg = state.cfg.train
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
-        logits = state.model_or_ddp(batch.src, batch.tgt_in)  # (B, T, V)
-    loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
-    # Over ranks, so a NaN on one stops them all. Not read here: on CUDA, reading a value
-    # waits for the GPU; `LossMeter` reads the losses every few steps and checks them then.
-    mean_loss = state.dist.average(loss.detach())
-    state.optimizer.zero_grad()
-    loss.backward()  # under torchrun DDP averages the gradients over ranks here
-    state.optimizer.lr = next_lr(state)  # the schedule: warmup, decay
-    grad_norm = state.optimizer.step(cfg.grad_clip)
-    state.step += 1
-    return mean_loss, grad_norm
 
 
 class StopSignal:
@@ -239,7 +186,7 @@ class StopSignal:
 class Reporter(Protocol):
     """Whom training tells how it goes: `progress.ConsoleReporter` in the CLI, else nobody."""
 
-    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+    def start(self, run_dir: Path, state: RunState, device: torch.device,
               threads: str = "") -> None:
         """The run starts (or resumes) in `run_dir`; `threads` describes the CPU threads."""
 
@@ -260,7 +207,7 @@ class NullReporter:
     """Reports nothing: the default when training is called as a library."""
 
     def warning(self, text: str) -> None: ...
-    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+    def start(self, run_dir: Path, state: RunState, device: torch.device,
               threads: str = "") -> None: ...
     def step(self, step: int) -> None: ...
     def train_line(self, record: dict) -> None: ...
@@ -361,7 +308,7 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
     return run_dir
 
 
-def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
+def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
     """Load a checkpoint into a fresh state; a mismatch is the checkpoint's fault, not a bug."""
     check_vocab(checkpoint, state.task, path)
     for key, value in state.task.checkpoint_data().items():
@@ -376,9 +323,11 @@ def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
 
 
 @dataclass
-class RunContext:
-    """What the loop needs besides the state: where to write and whom to tell."""
+class RunCallbacks:
+    """The loop's callbacks for one run (see `loop.Callbacks`): where it writes, whom it tells,
+    what stops it, and the collectives that keep torchrun's ranks in step."""
 
+    state: RunState
     run_dir: Path
     eval_pairs: list
     reporter: Reporter
@@ -386,7 +335,43 @@ class RunContext:
     recorder: AttentionRecorder
     stop: StopSignal
     pacer: ThreadPacer
+    stop_at: int | None = None  # pause after this step, as a signal would
     started: float = field(default_factory=time.perf_counter)
+    evaluated: tuple[int, EvalResult] | None = None  # the latest evaluation and its step
+    signum: int = 0  # the signal every rank agreed to stop on (0: none)
+
+    def shared_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """The mean over ranks, so that a NaN on one rank stops them all at the same step."""
+        return self.state.dist.average(losses)
+
+    def train_line(self, step: int, meter: LossMeter, grad_norm: torch.Tensor) -> None:
+        """A train record: to metrics.jsonl, the logger and the reporter."""
+        tokens = self.state.dist.all_sum([meter.tokens])[0]  # under torchrun: all ranks' tokens
+        log_train(self.state, self, meter.flush(tokens), grad_norm)
+
+    def evaluate(self, step: int) -> float:
+        """Greedy evaluation (see `run_eval`); its exact match."""
+        self.evaluated = step, run_eval(self.state, self)
+        return self.evaluated[1].exact_match
+
+    def snapshot(self, step: int) -> None:
+        """The attention recorder's snapshot, to attention.jsonl and the logger."""
+        log_attention(self.state, self)
+
+    def save(self, step: int) -> None:
+        """`checkpoints/last.pt`."""
+        save(self.state, self, "last")
+
+    def should_stop(self, step: int) -> bool:
+        """A signal on any rank, or `stop_at`."""
+        self.signum = self.stop.agreed(self.state.dist)
+        return bool(self.signum) or step == self.stop_at
+
+    def after_step(self, step: int) -> None:
+        """The progress bar moves; the thread count follows other minitfm processes."""
+        self.reporter.step(step)
+        if self.pacer.tick():  # another minitfm process started or ended
+            self.reporter.message(f"step {step}: now {self.pacer.claim.describe()}")
 
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
@@ -432,7 +417,7 @@ def write_failure(err: OSError, run_dir: Path) -> str:
     return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
-def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | None,
+def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
         claim: ThreadClaim) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
     from minitfm.lab.tb import NullLogger, open_logger
@@ -443,68 +428,21 @@ def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | Non
     logger = open_logger(run_dir, cfg, state.task) if is_main else NullLogger()
     recorder = open_recorder(run_dir, cfg, state.task, eval_pairs, is_main)
     with StopSignal() as stop, logger:
-        ctx = RunContext(run_dir, eval_pairs, reporter, logger, recorder, stop,
-                         ThreadPacer(claim))
+        ctx = RunCallbacks(state, run_dir, eval_pairs, reporter, logger, recorder, stop,
+                           ThreadPacer(claim), stop_at)
         reporter.start(run_dir, state, state.device, claim.describe())
         try:
-            summary = run_loop(state, ctx, stop_at)
-        except RunFailed as err:
+            ended = run_loop(state, ctx)
+            summary = pause(state, ctx) if ended == "paused" else finish(state, ctx)
+        except RunFailed as err:  # a non-finite loss: every rank read the same losses
             record_status(state, ctx, "failed", error=str(err))
-            raise
+            raise state.dist.on_all_ranks(err) from None
         logger.finish(summary)
     reporter.finish(summary)
     return summary
 
 
-def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[str, Any]:
-    """Step until train.steps, the target exact match, `stop_at` or a signal."""
-    cfg, vocab = state.cfg, state.task.vocab
-    meter = LossMeter(state.step)
-    last_eval: EvalResult | None = None
-    while state.step < cfg.train.steps:
-        batch = make_batch(state.task.sample(cfg.train.batch_size, state.data_rng), vocab)
-        loss, grad_norm = train_step(state, batch.to(state.device))
-        meter.add(loss, batch.n_target_tokens)
-        ctx.reporter.step(state.step)
-        step = state.step
-        evaluate_now = due(step, cfg.train.eval_every)
-        attention_now = due(step, attention_every(cfg))
-        save_now = evaluate_now or due(step, cfg.train.checkpoint_every)
-        if step % cfg.log.log_every == 0 or evaluate_now or attention_now or save_now:
-            meter.read(state)  # a non-finite loss stops the run here, before anything is saved
-        if step % cfg.log.log_every == 0:
-            log_train(state, ctx, meter.flush(state.dist), grad_norm)
-        last_eval = None
-        if evaluate_now:
-            last_eval = run_eval(state, ctx)
-            if reached_target(state, last_eval):
-                break
-        if attention_now:
-            log_attention(state, ctx)
-        if save_now:
-            save(state, ctx, "last")  # after each evaluation too: a kill -9 loses little
-        signum = ctx.stop.agreed(state.dist)
-        if signum or step == stop_at:
-            meter.read(state)
-            return pause(state, ctx, signum)
-        if ctx.pacer.tick():  # another minitfm process started or ended
-            ctx.reporter.message(f"step {step}: now {ctx.pacer.claim.describe()}")
-    meter.read(state)
-    return finish(state, ctx, last_eval)
-
-
-def due(step: int, every: int) -> bool:
-    """Whether something done every `every` steps (0: never) is done after `step`."""
-    return every > 0 and step % every == 0
-
-
-def attention_every(cfg: Config) -> int:
-    """Steps between attention snapshots: log.attention_every, or train.eval_every for `eval`."""
-    every = cfg.log.attention_every
-    return cfg.train.eval_every if every == "eval" else every
-
-
-def log_attention(state: TrainState, ctx: RunContext) -> None:
+def log_attention(state: RunState, ctx: RunCallbacks) -> None:
     """A snapshot of the probe's maps and the heads' scores: to attention.jsonl and TensorBoard."""
     snapshot = ctx.recorder.take(state.step, state.model)
     if snapshot is not None:
@@ -512,15 +450,10 @@ def log_attention(state: TrainState, ctx: RunContext) -> None:
         ctx.logger.attention(snapshot)
 
 
-def reached_target(state: TrainState, result: EvalResult) -> bool:
-    target = state.cfg.train.target_exact_match
-    return target is not None and result.exact_match >= target
-
-
-def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
+def pause(state: RunState, ctx: RunCallbacks) -> dict[str, Any]:
     """Save `last.pt` and stop: by a signal (raises Interrupted) or at `stop_at`."""
     save(state, ctx, "last")
-    if signum:
+    if signum := ctx.signum:
         summary = record_status(state, ctx, "interrupted")
         name = signal.Signals(signum).name
         ctx.logger.close()
@@ -534,9 +467,10 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
     return record_status(state, ctx, "paused")
 
 
-def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> dict[str, Any]:
+def finish(state: RunState, ctx: RunCallbacks) -> dict[str, Any]:
     """Final evaluation (unless the last step had one), attention images, `last.pt`."""
-    if last_eval is None:
+    step, last_eval = ctx.evaluated or (None, None)
+    if step != state.step:
         last_eval = run_eval(state, ctx)
     if state.cfg.log.attention_every:  # `eval` too: the end has an evaluation
         log_attention(state, ctx)
@@ -545,14 +479,14 @@ def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> 
     return record_status(state, ctx, status, last_eval)
 
 
-def save(state: TrainState, ctx: RunContext, name: str) -> None:
+def save(state: RunState, ctx: RunCallbacks, name: str) -> None:
     """Write `checkpoints/<name>.pt`: every rank adds its RNG states, rank 0 writes the file."""
     snapshot = state.state_dict()
     if state.dist.is_main:
         save_checkpoint(snapshot, ctx.run_dir / "checkpoints" / f"{name}.pt")
 
 
-def run_eval(state: TrainState, ctx: RunContext) -> EvalResult:
+def run_eval(state: RunState, ctx: RunCallbacks) -> EvalResult:
     """Greedy evaluation on the held-out set; keeps `best.pt` at the best exact match."""
     dist = state.dist
     pairs = ctx.eval_pairs[dist.rank::dist.world_size]  # under torchrun each rank takes a shard
@@ -584,12 +518,7 @@ def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:
     return EvalResult(sums[4] / max(sums[5], 1), total, {}, result.predictions)
 
 
-def next_lr(state: TrainState) -> float:
-    """The learning rate of the step after `state.step` (what the train line reports)."""
-    return state.cfg.train.lr * lr_factor(state.step, state.cfg.train)
-
-
-def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> None:
+def log_train(state: RunState, ctx: RunCallbacks, record: dict, grad_norm) -> None:
     record = {"step": state.step, "split": "train", **record,
               "lr": next_lr(state), "grad_norm": float(grad_norm),
               "elapsed_s": time.perf_counter() - ctx.started}
@@ -599,53 +528,7 @@ def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> No
     ctx.reporter.train_line(record)
 
 
-class LossMeter:
-    """Mean loss and target tokens/s since the last train line; stops a run whose loss is not
-    finite.
-
-    The step's loss stays an unread tensor on its device: reading a CUDA tensor makes the CPU
-    wait for the GPU, so `read` fetches the losses of many steps at once (every log.log_every
-    steps, and before anything is evaluated or saved) and names the first non-finite one.
-    """
-
-    def __init__(self, step: int):
-        self.unread: list[torch.Tensor] = []  # 0-dim losses of the steps after `self.step`
-        self.step = step  # the last step whose loss was read
-        self.losses: list[float] = []  # read since the last train line
-        self.tokens = 0
-        self.since = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, tokens: int) -> None:
-        self.unread.append(loss)
-        self.tokens += tokens
-
-    def read(self, state: TrainState) -> None:
-        """Fetch the unread losses (one wait for the device); RunFailed at a non-finite one."""
-        if not self.unread:
-            return
-        values = torch.stack(self.unread).tolist()
-        first = self.step + 1  # the step of values[0]
-        self.unread, self.step = [], self.step + len(values)
-        for i, value in enumerate(values):
-            if not math.isfinite(value):
-                cfg = state.cfg.train
-                clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
-                raise state.dist.on_all_ranks(RunFailed(
-                    f"loss became {value} at step {first + i}: lower train.lr ({cfg.lr})"
-                    f"{clip}; no checkpoint was written for it"))
-        self.losses += values
-
-    def flush(self, dist: Dist = Dist()) -> dict[str, float]:
-        """The train line's loss and tokens/s (after `read`), and a fresh start for the next."""
-        now = time.perf_counter()
-        tokens = dist.all_sum([self.tokens])[0]  # under torchrun: all ranks' tokens
-        record = {"loss": sum(self.losses) / max(len(self.losses), 1),
-                  "tokens_per_s": tokens / max(now - self.since, 1e-9)}
-        self.losses, self.tokens, self.since = [], 0, now
-        return record
-
-
-def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
+def summarize(state: RunState, ctx: RunCallbacks, result: EvalResult | None,
               paused: bool) -> dict[str, Any]:
     summary = {"run_dir": str(ctx.run_dir), "step": state.step, "paused": paused,
                "best_exact_match": state.best_exact_match,
@@ -656,7 +539,7 @@ def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
     return summary
 
 
-def record_status(state: TrainState, ctx: RunContext, status: str,
+def record_status(state: RunState, ctx: RunCallbacks, status: str,
                   result: EvalResult | None = None, **extra: Any) -> dict[str, Any]:
     """The summary, written to `summary.json` by rank 0 (see `runs.write_summary`)."""
     summary = summarize(state, ctx, result, paused=status not in ("finished", "stopped at target"))

@@ -23,11 +23,12 @@ from unittest import mock
 import pytest
 import torch
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.book.loop import train_step
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import init_state, train
+from minitfm.run.session import init_state
 from minitfm.tasks.base import make_batch
 from tests.helpers import TINY, run_cli
 

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.app.progress import ConsoleReporter
 from minitfm.book.loop import lr_factor
 from minitfm.config import load_config
@@ -13,7 +14,7 @@ from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.evaluate import load_model
 from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import NullReporter, Reporter, train
+from minitfm.run.session import NullReporter, Reporter
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 
@@ -197,3 +198,41 @@ def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementa
         for name, parameters in declared.items():
             assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
                 (cls, name)
+
+
+def imported_modules(path) -> set[str]:
+    """Every module a source file imports, at the top or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_loop_and_the_session_import_nothing_above_them():
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "minitfm"
+    ours = {name for name in imported_modules(package / "book" / "loop.py")
+            if name.split(".")[0] not in sys.stdlib_module_names}
+    assert {name for name in ours if not name.startswith(
+        ("torch", "minitfm.config", "minitfm.errors", "minitfm.tasks", "minitfm.book"))} == set()
+    session = imported_modules(package / "run" / "session.py")
+    assert not [name for name in session if name.startswith(
+        ("minitfm.app", "minitfm.lab.tb", "minitfm.lab.timeline"))], session
+
+
+def test_the_session_alone_logs_and_records_nothing(tmp_path):
+    """TensorBoard and attention.jsonl come from the instruments `app` hands in."""
+    from minitfm.run.session import train as bare_train
+
+    bare_train(tiny("train.steps=10", "train.eval_every=5", "log.attention_every=5"),
+               run_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "run" / "attention.jsonl").exists()

@@ -338,8 +338,8 @@ def run_training(cfg, **kwargs) -> None:
     # Registered before torch loads, so that other minitfm processes see this one at once;
     # a resumed run's `threads` is known once its checkpoint is read (train updates it).
     with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
+        from minitfm.app.api import train_run
         from minitfm.app.progress import ConsoleReporter
-        from minitfm.run.session import train as train_run
 
         reporter = ConsoleReporter(console, err_console)
         try:

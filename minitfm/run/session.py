@@ -11,10 +11,11 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -49,10 +50,6 @@ from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Task, eval_set, make_task, positions_short
-
-if TYPE_CHECKING:  # tb and timeline are imported when a run starts
-    from minitfm.lab.tb import Logger
-    from minitfm.lab.timeline import AttentionRecorder
 
 
 def pick_device(name: str) -> torch.device:
@@ -216,6 +213,72 @@ class NullReporter:
     def finish(self, summary: dict) -> None: ...
 
 
+class Logger(Protocol):
+    """What training logs to: `lab.tb.TensorBoardLogger` from the CLI and the API, else nothing."""
+
+    def __enter__(self) -> Logger:
+        """The logger itself; leaving the block closes it."""
+
+    def __exit__(self, *exc) -> None:
+        """Close, however the block ended."""
+
+    def train(self, step: int, record: dict) -> None:
+        """The scalars of a train record of metrics.jsonl."""
+
+    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
+        """The scalars of an eval record, and some held-out pairs with their predictions."""
+
+    def attention(self, snapshot) -> None:
+        """Attention images and per-head scores of a snapshot (see `Recorder.take`)."""
+
+    def finish(self, summary: dict) -> None:
+        """Hyperparameters with the final metrics."""
+
+    def close(self) -> None:
+        """Flush and close the files (a second call does nothing)."""
+
+
+class NullLogger:
+    """Logs nothing: the default when no logger is handed in."""
+
+    def __enter__(self) -> NullLogger:
+        return self
+
+    def __exit__(self, *exc) -> None: ...
+    def train(self, step: int, record: dict) -> None: ...
+    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None: ...
+    def attention(self, snapshot) -> None: ...
+    def finish(self, summary: dict) -> None: ...
+    def close(self) -> None: ...
+
+
+class Recorder(Protocol):
+    """Who looks at attention over training: `lab.timeline.AttentionRecorder`, else nobody."""
+
+    def evaluated(self, step: int, pairs: list, predictions: list, exact_match: float) -> None:
+        """An evaluation at `step`: its pairs, predictions and exact match."""
+
+    def take(self, step: int, model: torch.nn.Module) -> Any:
+        """A snapshot of `model`'s attention at `step`, or None (none wanted now)."""
+
+    def write(self, snapshot: Any) -> None:
+        """Keep the snapshot (attention.jsonl)."""
+
+
+class NullRecorder:
+    """Records nothing: the default when no recorder is handed in."""
+
+    def evaluated(self, step: int, pairs: list, predictions: list, exact_match: float) -> None: ...
+    def take(self, step: int, model: torch.nn.Module) -> None: ...
+    def write(self, snapshot: Any) -> None: ...
+
+
+# Made once the run directory is known: (run_dir, cfg, task) and (run_dir, cfg, task, eval
+# pairs, whether this process is rank 0).
+LoggerFactory = Callable[[Path, Config, Task], Logger]
+RecorderFactory = Callable[[Path, Config, Task, list, bool], Recorder]
+
+
 def check_fresh(run_dir: Path, overwrite: bool) -> None:
     """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
     if run_dir.exists() and not run_dir.is_dir():
@@ -332,7 +395,7 @@ class RunCallbacks:
     eval_pairs: list
     reporter: Reporter
     logger: Logger
-    recorder: AttentionRecorder
+    recorder: Recorder
     stop: StopSignal
     pacer: ThreadPacer
     stop_at: int | None = None  # pause after this step, as a signal would
@@ -376,13 +439,17 @@ class RunCallbacks:
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
           overrides: list[str] = (), overwrite: bool = False, reporter: Reporter | None = None,
-          stop_at: int | None = None, threads: ThreadClaim | None = None) -> dict[str, Any]:
+          stop_at: int | None = None, threads: ThreadClaim | None = None,
+          open_logger: LoggerFactory | None = None,
+          open_recorder: RecorderFactory | None = None) -> dict[str, Any]:
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
     `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
     continued later with `resume`. `threads` is this process's registration (see `threads`),
-    made here if not given. Under torchrun every rank calls this (see `distributed`): rank 0
-    alone writes the run directory and reports.
+    made here if not given. `open_logger` and `open_recorder` make the TensorBoard logger and
+    the attention recorder (see `app.api.train_run`); without them nothing is logged or
+    recorded. Under torchrun every rank calls this (see `distributed`): rank 0 alone writes
+    the run directory and reports.
     """
     checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
     if checkpoint is not None:
@@ -403,7 +470,8 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         if (warning := warmup_warning(cfg.train)) is not None:
             reporter.warning(warning)
         try:
-            return run(state, run_dir, reporter, stop_at, claim)
+            instruments = open_logger or no_logger, open_recorder or no_recorder
+            return run(state, run_dir, reporter, stop_at, claim, *instruments)
         except OSError as err:
             raise RunFailed(write_failure(err, run_dir)) from None
 
@@ -417,12 +485,21 @@ def write_failure(err: OSError, run_dir: Path) -> str:
     return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
-def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
-        claim: ThreadClaim) -> dict[str, Any]:
-    """Train in a locked, prepared run directory; the logger is closed however it ends."""
-    from minitfm.lab.tb import NullLogger, open_logger
-    from minitfm.lab.timeline import open_recorder
+def no_logger(run_dir: Path, cfg: Config, task: Task) -> NullLogger:
+    """The logger when none is handed in."""
+    return NullLogger()
 
+
+def no_recorder(run_dir: Path, cfg: Config, task: Task, eval_pairs: list,
+                is_main: bool) -> NullRecorder:
+    """The recorder when none is handed in."""
+    return NullRecorder()
+
+
+def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
+        claim: ThreadClaim, open_logger: LoggerFactory,
+        open_recorder: RecorderFactory) -> dict[str, Any]:
+    """Train in a locked, prepared run directory; the logger is closed however it ends."""
     cfg, is_main = state.cfg, state.dist.is_main
     eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
     logger = open_logger(run_dir, cfg, state.task) if is_main else NullLogger()

@@ -36,7 +36,7 @@ from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import EVAL_BATCH_SIZE, eval_report, load_model, predict_lines
 from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
-from minitfm.run.checkpoint import find_run_dir, pick_checkpoint
+from minitfm.run.rundir import find_run_dir, pick_checkpoint
 from minitfm.tasks.base import Task, eval_set
 
 

@@ -200,7 +200,7 @@ def out_of_memory(err: BaseException) -> bool:
 
 def chosen_checkpoint(run: Path | None, which: str) -> Path:
     """The checkpoint file RUN means; a fallback from best.pt to last.pt is a note on stderr."""
-    from minitfm.run.checkpoint import pick_checkpoint
+    from minitfm.run.rundir import pick_checkpoint
 
     path, note = pick_checkpoint(run, which)
     if note:
@@ -293,7 +293,7 @@ def train(
 
     config_path, overrides = split_config_args(args or [], allow_config=resume is None)
     if resume is not None:
-        from minitfm.run.checkpoint import resolve_checkpoint
+        from minitfm.run.rundir import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint

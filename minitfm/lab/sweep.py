@@ -31,7 +31,8 @@ from typing import Any
 
 from minitfm.config import Config, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError
-from minitfm.lab.runs import DONE, SWEEP_FILE, read_summary, run_status
+from minitfm.lab.runs import SWEEP_FILE
+from minitfm.run.rundir import DONE, read_summary, run_status
 from minitfm.run.threads import cores
 
 MINITFM = [sys.executable, "-m", "minitfm"]

@@ -1,7 +1,5 @@
-"""Run directories, atomic checkpoint saves and safe loads.
+"""Atomic checkpoint saves and safe loads (the run directory they live in: see `rundir`).
 
-A run directory `runs/<name>-<YYYYmmdd-HHMMSS>/` holds `config.yaml` (resolved),
-`metrics.jsonl`, `checkpoints/last.pt`, `checkpoints/best.pt` and TensorBoard event files.
 Checkpoints hold only tensors, state dicts and plain containers, so they load with
 `torch.load(weights_only=True)`: a file can never run code.
 """
@@ -9,7 +7,6 @@ Checkpoints hold only tensors, state dicts and plain containers, so they load wi
 from __future__ import annotations
 
 import errno
-import fcntl
 import io
 import json
 import os
@@ -18,7 +15,6 @@ import pickletools
 import re
 import stat
 import tempfile
-import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -26,11 +22,10 @@ from typing import Any
 
 import torch
 
-from minitfm.config import Config, validate
+from minitfm.config import validate
 from minitfm.errors import CheckpointError, ConfigError
 
 FORMAT = "minitfm-checkpoint/1"
-CHECKPOINTS = ("best", "last")
 SAFE_MODULES = ("torch.", "collections.OrderedDict", "_codecs.encode")  # what torch.save writes
 # What each use of a checkpoint reads: key -> (accepted types, their name in messages).
 EVAL_KEYS = {"step": (int, "an integer"), "config": (dict, "a mapping"),
@@ -41,132 +36,6 @@ RNG_KEYS = {"torch": (torch.Tensor, "a tensor"), "data": (torch.Tensor, "a tenso
             "cuda": (list, "a list")}
 MAX_VOCAB = 200_000  # tokens: synthetic tasks have at most 100,004, pairs 100,004 too
 MAX_TOKEN_CHARS = 1_000  # the longest token string (a word, with task.tokenize space)
-
-
-def new_run_dir(log_dir: str | Path, name: str) -> Path:
-    """A fresh `log_dir/<name>-<YYYYmmdd-HHMMSS>` (suffixed `-2`, `-3`... if taken)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(log_dir) / f"{name}-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
-def is_run_dir(path: Path) -> bool:
-    """Whether `path` holds a minitfm run: a config.yaml or metrics.jsonl that minitfm wrote."""
-    config, metrics = path / "config.yaml", path / "metrics.jsonl"
-    # is_file first: opening a FIFO named config.yaml would block
-    return (config.is_file() and is_run_config(config)) or \
-        (metrics.is_file() and is_run_metrics(metrics))
-
-
-def is_run_config(path: Path) -> bool:
-    """A resolved config.yaml: exactly the top-level keys of `Config`, as `to_yaml` writes."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(65536)
-    except (OSError, UnicodeDecodeError):
-        return False
-    keys = set(re.findall(r"^([A-Za-z_]\w*):", text, re.MULTILINE))
-    return keys == set(Config.model_fields)
-
-
-def is_run_metrics(path: Path) -> bool:
-    """A metrics.jsonl whose first line is a record minitfm writes (`step` and `split`)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.loads(f.readline(4096))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(record, dict) and {"step", "split"} <= record.keys()
-
-
-def latest_run(log_dir: str | Path = "runs", which: str = "best") -> Path:
-    """The most recent run under `log_dir` that has `which`.pt (for "best": or last.pt)."""
-    root = Path(log_dir)
-    names = ("best.pt", "last.pt") if which == "best" else (f"{which}.pt",)
-    runs = [p.parent for p in root.glob("*/checkpoints") if p.is_dir()
-            and any((p / name).is_file() for name in names)] if root.is_dir() else []
-    if not runs:
-        raise CheckpointError(f"no runs with a {' or '.join(names)} checkpoint under '{root}/': "
-                              f"train one first (minitfm train) or give a run directory")
-    return max(runs, key=lambda p: (p / "checkpoints").stat().st_mtime)
-
-
-def pick_checkpoint(run: str | Path | None, which: str = "best") -> tuple[Path, str | None]:
-    """The checkpoint meant by a RUN argument (run directory, .pt file or None), and a note
-    when "best" falls back to last.pt because the run has not been evaluated yet."""
-    if which not in CHECKPOINTS:
-        raise CheckpointError(f"--checkpoint ({which!r}) must be one of {', '.join(CHECKPOINTS)}")
-    path = latest_run(which=which) if run is None else Path(run)
-    if path.is_file():
-        return path, None
-    if not path.exists():
-        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
-    if not path.is_dir():
-        raise CheckpointError(f"'{path}' is not a file: give a run directory or a .pt file")
-    ckpt, last = path / "checkpoints" / f"{which}.pt", path / "checkpoints" / "last.pt"
-    if which == "best" and not ckpt.exists() and last.is_file():
-        return last, f"run '{path}' has no best.pt yet (not evaluated so far): using last.pt"
-    if ckpt.exists() and not ckpt.is_file():
-        raise CheckpointError(f"'{ckpt}' is not a file")
-    if not ckpt.is_file():
-        other = [p.name for p in (path / "checkpoints").glob("*.pt")]
-        hint = f" (it has {', '.join(sorted(other))})" if other else " (it has no checkpoints yet)"
-        raise CheckpointError(f"run '{path}' has no {which} checkpoint{hint}")
-    return ckpt, None
-
-
-def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
-    """The checkpoint file meant by a RUN argument (see `pick_checkpoint`), without the note."""
-    return pick_checkpoint(run, which)[0]
-
-
-def find_run_dir(checkpoint: Path) -> Path | None:
-    """The run directory holding `checkpoint` in its checkpoints/; None for a loose file."""
-    parent = checkpoint.resolve().parent
-    if parent.name == "checkpoints" and is_run_dir(parent.parent):
-        return parent.parent
-    return None
-
-
-class RunLock:
-    """An exclusive lock on a run directory while one process trains in it.
-
-    `flock` is released by the kernel when the process dies, even by `kill -9`, so a stale
-    lock can never block a later `--resume`.
-    """
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.file = None
-
-    def __enter__(self) -> RunLock:
-        try:
-            make_dirs(self.run_dir)
-        except OSError as err:
-            raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
-                                  f"({err.strerror}): check log.dir or --run-dir") from None
-        self.file = open(self.run_dir / ".lock", "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            pid = self.file.read().strip() or "?"
-            self.file.close()
-            raise CheckpointError(f"run directory '{self.run_dir}' is in use by another "
-                                  f"training process (pid {pid}): wait for it to finish or "
-                                  f"use another --run-dir") from None
-        self.file.truncate(0)
-        self.file.write(str(os.getpid()))
-        self.file.flush()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
 
 
 def make_dirs(path: Path) -> None:

@@ -8,7 +8,6 @@ reporter, and the TensorBoard logger and attention recorder its caller handed in
 
 from __future__ import annotations
 
-import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -28,26 +27,21 @@ from minitfm.book.loop import (
     warmup_warning,
 )
 from minitfm.book.model import build_model, default_device
-from minitfm.config import Config, parse_override, set_path, to_yaml, validate
+from minitfm.config import Config, parse_override, set_path, validate
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.lab.evaluate import EvalResult, LengthStats, evaluate
-from minitfm.lab.runs import SUMMARY, write_summary
 from minitfm.run import distributed
 from minitfm.run.checkpoint import (
-    RunLock,
     append_metrics,
     check_vocab,
     does_not_fit,
-    find_run_dir,
-    is_run_dir,
     load_checkpoint,
-    new_run_dir,
     save_checkpoint,
-    write_atomic,
 )
 from minitfm.run.distributed import Dist
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
+from minitfm.run.rundir import open_run_dir, write_failure, write_summary
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Task, eval_set, make_task, positions_short
 
@@ -279,53 +273,6 @@ LoggerFactory = Callable[[Path, Config, Task], Logger]
 RecorderFactory = Callable[[Path, Config, Task, list, bool], Recorder]
 
 
-def check_fresh(run_dir: Path, overwrite: bool) -> None:
-    """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise CheckpointError(f"cannot create the run directory '{run_dir}' (a file of that "
-                              f"name exists): check log.dir or --run-dir")
-    if not run_dir.exists() or all(p.name == ".lock" for p in run_dir.iterdir()):
-        return
-    if not is_run_dir(run_dir):
-        raise MinitfmError(f"directory '{run_dir}' is not empty and holds no minitfm run (no "
-                           f"config.yaml or metrics.jsonl written by minitfm): pick another "
-                           f"--run-dir; --overwrite replaces only minitfm runs")
-    if not overwrite:
-        raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
-                           f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
-
-
-def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
-    """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
-    own = find_run_dir(checkpoint)
-    if own is not None:
-        if run_dir is not None and run_dir.resolve() != own:
-            raise MinitfmError(f"--run-dir ('{run_dir}') cannot be combined with --resume of "
-                               f"run '{own}': a run goes on in its own directory; --run-dir is "
-                               f"for a checkpoint kept outside any run")
-        return own
-    if run_dir is None:
-        raise MinitfmError(f"checkpoint '{checkpoint}' is not inside a minitfm run "
-                           f"(<run>/checkpoints/): to continue it, give --run-dir (a new or "
-                           f"empty directory, or a minitfm run directory)")
-    check_fresh(run_dir, overwrite=True)  # a minitfm run, new or empty: nothing else
-    return run_dir
-
-
-def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
-    """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
-    for stale in run_dir.glob("checkpoints/.*.tmp"):  # left by a save killed midway
-        stale.unlink()
-    if fresh:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        (run_dir / "attention.jsonl").unlink(missing_ok=True)
-        (run_dir / SUMMARY).unlink(missing_ok=True)
-        for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
-            old.unlink()
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    write_atomic(run_dir / "config.yaml", to_yaml(cfg).encode("utf-8"))
-
-
 def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     """The checkpoint's config with `overrides` applied; task and model may not change."""
     saved = checkpoint["config"]
@@ -342,33 +289,6 @@ def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
                                    f"-> {after[key]!r}): it would change the model or task; "
                                    f"start a new run instead")
     return cfg
-
-
-def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
-                 held: ExitStack) -> Path:
-    """Pick, check, lock (until `held` closes) and prepare the run directory."""
-    try:
-        if resume is not None:
-            if overwrite:
-                raise MinitfmError("--overwrite cannot be combined with --resume: a resumed run "
-                                   "keeps its files")
-            run_dir = resume_run_dir(resume, run_dir)
-        else:
-            run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
-            check_fresh(run_dir, overwrite)
-        created = not run_dir.exists()
-        held.enter_context(RunLock(run_dir))
-    except OSError as err:  # a name too long, a path through a file, no permission
-        where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
-        raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
-                              f"check log.dir, name or --run-dir") from None
-    try:
-        write_run_files(run_dir, cfg, fresh=resume is None)
-    except OSError as err:
-        if created:  # a disk full from the start: leave nothing behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise RunFailed(write_failure(err, run_dir)) from None
-    return run_dir
 
 
 def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
@@ -474,15 +394,6 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
             return run(state, run_dir, reporter, stop_at, claim, *instruments)
         except OSError as err:
             raise RunFailed(write_failure(err, run_dir)) from None
-
-
-def write_failure(err: OSError, run_dir: Path) -> str:
-    """One line for a failed write (a full disk, say): what failed, and what is still safe."""
-    where = err.filename or run_dir
-    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
-    kept = (f"; {', '.join(saved)} in {run_dir / 'checkpoints'} stay valid" if saved
-            else "; no checkpoint was written yet")
-    return f"cannot write to '{where}' ({err.strerror or err}){kept}"
 
 
 def no_logger(run_dir: Path, cfg: Config, task: Task) -> NullLogger:
@@ -618,7 +529,7 @@ def summarize(state: RunState, ctx: RunCallbacks, result: EvalResult | None,
 
 def record_status(state: RunState, ctx: RunCallbacks, status: str,
                   result: EvalResult | None = None, **extra: Any) -> dict[str, Any]:
-    """The summary, written to `summary.json` by rank 0 (see `runs.write_summary`)."""
+    """The summary, written to `summary.json` by rank 0 (see `rundir.write_summary`)."""
     summary = summarize(state, ctx, result, paused=status not in ("finished", "stopped at target"))
     summary.update(status=status, steps=state.cfg.train.steps, **extra)
     if state.dist.is_main:

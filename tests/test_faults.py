@@ -143,3 +143,25 @@ def test_bad_input_corpus(tmp_path, monkeypatch, args, needle):
     result = run_cli(*args)
     assert_clean_error(result, 2, needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_failed_write_keeps_the_previous_summary_and_picture(tmp_path):
+    """summary.json and pictures go through the one atomic write: a full disk midway leaves
+    the old file whole and no temp file behind."""
+    from unittest import mock
+
+    from minitfm.errors import MinitfmError
+    from minitfm.lab.plots import write_picture
+    from minitfm.run.rundir import read_summary, write_summary
+
+    write_summary(tmp_path, {"wall_s": 1.0, "status": "paused"})
+    write_picture(tmp_path / "a.png", "--out", lambda buffer: buffer.write(b"old"))
+    full = OSError(28, "No space left on device")
+    with mock.patch("os.fsync", side_effect=full):
+        with pytest.raises(OSError, match="No space left"):
+            write_summary(tmp_path, {"wall_s": 2.0, "status": "finished"})
+        with pytest.raises(MinitfmError, match="cannot write .*No space left.* --out"):
+            write_picture(tmp_path / "a.png", "--out", lambda buffer: buffer.write(b"new"))
+    assert read_summary(tmp_path)["status"] == "paused"
+    assert (tmp_path / "a.png").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "summary.json"]

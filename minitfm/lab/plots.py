@@ -9,8 +9,8 @@ nothing here needs torch.
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import yaml
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.runs import HIDDEN_KEYS, read_metrics
+from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run
 
 SOFTWARE = "minitfm"  # the PNG `Software` text of every picture minitfm writes
@@ -102,19 +103,17 @@ def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> Non
     """Write `fig` as a PNG marked as minitfm's, atomically (a temp file, then a rename)."""
     check_output(path, option, force)
     write_picture(path, option,
-                  lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": SOFTWARE}))
+                  lambda buffer: fig.savefig(buffer, format="png", metadata={"Software": SOFTWARE}))
 
 
 def write_picture(path: Path, option: str, write) -> None:
-    """`write(tmp)` a picture to a temp file beside `path`, then rename it: atomic. An
-    unwritable path is one line naming `option`."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """`write(buffer)` a picture into memory, then onto `path` atomically (see
+    `files.write_atomic`). An unwritable path is one line naming `option`."""
+    buffer = io.BytesIO()
+    write(buffer)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        os.replace(tmp, path)
+        write_atomic(path, buffer.getbuffer())
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another "
                            f"{option}") from None
 

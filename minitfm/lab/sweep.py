@@ -32,6 +32,7 @@ from typing import Any
 from minitfm.config import Config, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError
 from minitfm.lab.runs import SWEEP_FILE
+from minitfm.run.files import write_atomic
 from minitfm.run.rundir import DONE, read_summary, run_status
 from minitfm.run.threads import cores
 
@@ -386,9 +387,8 @@ def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
 
 def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
     """results.jsonl (everything), results.csv (no per-length figures) and results.png."""
-    with open(folder / "results.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    lines = "".join(json.dumps(row) + "\n" for row in rows)
+    write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]
     with open(folder / "results.csv", "w", encoding="utf-8", newline="") as f:
@@ -544,8 +544,8 @@ def dry_run_lines(plan: Plan) -> list[str]:
 def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
     plan.folder.mkdir(parents=True, exist_ok=True)
-    (plan.folder / SWEEP_FILE).write_text(json.dumps({"grid": plan.grid.spec()}, indent=1)
-                                          + "\n", encoding="utf-8")
+    spec = json.dumps({"grid": plan.grid.spec()}, indent=1) + "\n"
+    write_atomic(plan.folder / SWEEP_FILE, spec.encode("utf-8"))
     jobs = plan.jobs()
     done = sum(1 for job in jobs if not job.steps)
     say(f"sweep folder: {plan.folder}")

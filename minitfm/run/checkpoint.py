@@ -6,15 +6,10 @@ Checkpoints hold only tensors, state dicts and plain containers, so they load wi
 
 from __future__ import annotations
 
-import errno
 import io
-import json
-import os
 import pickle
 import pickletools
 import re
-import stat
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
@@ -24,6 +19,7 @@ import torch
 
 from minitfm.config import validate
 from minitfm.errors import CheckpointError, ConfigError
+from minitfm.run.files import write_atomic
 
 FORMAT = "minitfm-checkpoint/1"
 SAFE_MODULES = ("torch.", "collections.OrderedDict", "_codecs.encode")  # what torch.save writes
@@ -38,61 +34,11 @@ MAX_VOCAB = 200_000  # tokens: synthetic tasks have at most 100,004, pairs 100,0
 MAX_TOKEN_CHARS = 1_000  # the longest token string (a word, with task.tokenize space)
 
 
-def make_dirs(path: Path) -> None:
-    """`mkdir -p` that removes the folders it made when a later one fails (a name too long)."""
-    created: list[Path] = []
-    try:
-        for folder in reversed([path, *path.parents]):
-            try:
-                if not stat.S_ISDIR(os.stat(folder).st_mode):  # a file: say so, not EEXIST
-                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder)
-            except FileNotFoundError:  # (a symlink loop raises its own ELOOP above)
-                folder.mkdir()
-                created.append(folder)
-    except OSError:
-        for folder in reversed(created):
-            folder.rmdir()
-        raise
-
-
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` atomically (see `write_atomic`)."""
     buffer = io.BytesIO()  # serialised first: torch.save turns a full disk into a RuntimeError
     torch.save({"format": FORMAT, **state}, buffer)
     write_atomic(path, buffer.getbuffer())
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """A temp file in the same folder, fsync, then os.replace: the old file or the new, whole.
-
-    A full disk or a kill midway leaves the previous file as it was (never an empty one).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from TensorBoard
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def current_umask() -> int:
-    """The process umask, read from /proc where possible (setting it is process-wide)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def load_checkpoint(path: str | Path, resume: bool = False) -> dict[str, Any]:
@@ -220,12 +166,6 @@ def check_keys(state: dict[str, Any], keys: dict[str, tuple], path: Path, prefix
             raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
                                   f"('{prefix}{key}' must be {what}, got "
                                   f"{type(value).__name__})")
-
-
-def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line to `metrics.jsonl`."""
-    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def does_not_fit(path: Path, err: Exception) -> CheckpointError:

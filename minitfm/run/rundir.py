@@ -23,7 +23,7 @@ from typing import Any
 
 from minitfm.config import Config, to_yaml
 from minitfm.errors import CheckpointError, MinitfmError, RunFailed
-from minitfm.run.checkpoint import make_dirs, write_atomic
+from minitfm.run.files import make_dirs, write_atomic
 
 CHECKPOINTS = ("best", "last")
 SUMMARY = "summary.json"
@@ -228,8 +228,8 @@ def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
 
 def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
     """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
-    for stale in run_dir.glob("checkpoints/.*.tmp"):  # left by a save killed midway
-        stale.unlink()
+    for stale in [*run_dir.glob(".*.tmp"), *run_dir.glob("checkpoints/.*.tmp")]:
+        stale.unlink()  # left by a write killed midway (see files.write_atomic)
     if fresh:
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         (run_dir / "attention.jsonl").unlink(missing_ok=True)
@@ -256,9 +256,7 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
     previous = read_summary(run_dir) or {}
     total = summary["wall_s"] + previous.get("wall_s", 0.0)
     record = {**summary, "wall_s": total, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = run_dir / f".{SUMMARY}.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / SUMMARY)
+    write_atomic(run_dir / SUMMARY, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
     return total
 
 

@@ -31,14 +31,9 @@ from minitfm.config import Config, parse_override, set_path, validate
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.lab.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.run import distributed
-from minitfm.run.checkpoint import (
-    append_metrics,
-    check_vocab,
-    does_not_fit,
-    load_checkpoint,
-    save_checkpoint,
-)
+from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, save_checkpoint
 from minitfm.run.distributed import Dist
+from minitfm.run.files import append_metrics
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.rundir import open_run_dir, write_failure, write_summary

@@ -165,3 +165,26 @@ def test_a_failed_write_keeps_the_previous_summary_and_picture(tmp_path):
     assert read_summary(tmp_path)["status"] == "paused"
     assert (tmp_path / "a.png").read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "summary.json"]
+
+
+def test_one_signal_catcher_holds_records_and_restores():
+    """signals_held (torch loading), StopSignal (training) and sweep's catcher are one class."""
+    from minitfm.errors import Interrupted
+    from minitfm.run.signals import CaughtSignals, StopSignal, signals_held
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(Interrupted, match=r"^Ctrl-C \(SIGINT\) while starting: nothing was "
+                                          r"done$") as caught:
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)
+    assert caught.value.exit_code == 130
+    with CaughtSignals() as signals:  # a sweep forwards every one to its jobs
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+    assert signals.received == [signal.SIGTERM, signal.SIGTERM]
+    with StopSignal() as stop, pytest.raises(Interrupted, match="SIGINT again") as again:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.signum == signal.SIGINT
+        signal.raise_signal(signal.SIGINT)
+    assert again.value.exit_code == 130
+    assert {signum: signal.getsignal(signum) for signum in before} == before

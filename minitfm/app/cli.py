@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import unicodedata
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -22,6 +21,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from minitfm import __version__
 from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.run.signals import signals_held, stopped_by
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
 
@@ -168,29 +168,6 @@ def heading_lines(title: str, width: int) -> list[str]:
         else:
             lines.append(item)
     return lines
-
-
-@contextmanager
-def signals_held():
-    """Hold Ctrl-C and SIGTERM while torch is imported, then act on them.
-
-    torch's C++ start-up swallows a KeyboardInterrupt raised inside it, and the command would
-    then run to the end as if nothing happened.
-    """
-    got: list[int] = []
-    previous = {signum: signal.signal(signum, lambda n, _: got.append(n))
-                for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if got:
-        raise Interrupted(f"{stopped_by(got[0])} while starting: nothing was done", 128 + got[0])
-
-
-def stopped_by(signum: int) -> str:
-    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def out_of_memory(err: BaseException) -> bool:

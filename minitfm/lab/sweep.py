@@ -34,6 +34,7 @@ from minitfm.errors import ConfigError, Interrupted, MinitfmError
 from minitfm.lab.runs import SWEEP_FILE
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import DONE, read_summary, run_status
+from minitfm.run.signals import CaughtSignals
 from minitfm.run.threads import cores
 
 MINITFM = [sys.executable, "-m", "minitfm"]
@@ -221,26 +222,6 @@ def plan_job(grid: Grid, spec: RunSpec, ranges: list, threads: int, samples: int
 POLL_S = 0.1  # how often the scheduler looks at its children
 
 
-class Signals:
-    """Records SIGINT/SIGTERM instead of dying, so that the jobs can be stopped cleanly."""
-
-    def __init__(self):
-        self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> Signals:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:
-        self.received.append(signum)
-
-
 class Scheduler:
     """Runs jobs `parallel` at a time, each a chain of child processes; forwards signals.
 
@@ -261,7 +242,7 @@ class Scheduler:
 
     def run(self) -> list[Job]:
         """Run every job; returns the failed ones. A signal raises Interrupted at the end."""
-        with Signals() as signals:
+        with CaughtSignals() as signals:
             while self.pending or self.running:
                 while self.pending and len(self.running) < self.parallel and not signals.received:
                     job = self.pending.popleft()

@@ -37,6 +37,7 @@ from minitfm.run.files import append_metrics
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.rundir import open_run_dir, write_failure, write_summary
+from minitfm.run.signals import StopSignal
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Task, eval_set, make_task, positions_short
 
@@ -136,37 +137,6 @@ def check_lengths(cfg: Config, task: Task) -> None:
         key, limit, needed = short
         raise MinitfmError(f"{key} ({limit}) is too small for task.max_len ({cfg.task.max_len}): "
                            f"sequences need {needed} positions; raise {key}")
-
-
-class StopSignal:
-    """Turns the first SIGINT/SIGTERM into a flag the loop checks after each step."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignal:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second Ctrl-C aborts at once, even mid-save
-            raise Interrupted(f"{signal.Signals(signum).name} again: stopped at once, without "
-                              f"saving; the run's checkpoints are those saved before (a save "
-                              f"cut short leaves the previous file intact)", 128 + signum)
-        self.signum = signum
-
-    def agreed(self, dist: Dist) -> int:
-        """The signal any rank got (0: none), so that all ranks stop after the same step."""
-        return dist.all_max(self.signum or 0)
 
 
 class Reporter(Protocol):

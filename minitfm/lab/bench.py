@@ -271,7 +271,7 @@ def solve_step(metrics: Path, target: float = 0.99) -> dict:
 def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
               device: str = "auto") -> dict:
     """Every measurement, as one JSON-ready dict."""
-    from minitfm.run.session import pick_device
+    from minitfm.run.devices import pick_device
 
     dev = pick_device(device)
     reps, n_batches = (2, 3) if quick else (5, 10)

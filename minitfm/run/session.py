@@ -26,12 +26,13 @@ from minitfm.book.loop import (
     run_loop,
     warmup_warning,
 )
-from minitfm.book.model import build_model, default_device
+from minitfm.book.model import build_model
 from minitfm.config import Config, parse_override, set_path, validate
 from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
 from minitfm.lab.evaluate import EvalResult, LengthStats, evaluate
 from minitfm.run import distributed
 from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, save_checkpoint
+from minitfm.run.devices import pick_device
 from minitfm.run.distributed import Dist
 from minitfm.run.files import append_metrics
 from minitfm.run.limits import check_fits, training_parts
@@ -40,21 +41,6 @@ from minitfm.run.rundir import open_run_dir, write_failure, write_summary
 from minitfm.run.signals import StopSignal
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Task, eval_set, make_task, positions_short
-
-
-def pick_device(name: str) -> torch.device:
-    """`auto` is CUDA when present, else CPU; an absent CUDA device is a clear error."""
-    if name == "auto":
-        return default_device()
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise MinitfmError(f"device ({name!r}) asked for CUDA but none is available: "
-                               f"use device=cpu or device=auto")
-        index = int(name.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise MinitfmError(f"device ({name!r}) does not exist: this machine has "
-                               f"{torch.cuda.device_count()} CUDA device(s)")
-    return torch.device(name)
 
 
 @dataclass

@@ -13,6 +13,8 @@ from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.evaluate import load_model
 from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
+from minitfm.lab.timeline import AttentionRecorder
+from minitfm.run import session
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.session import NullReporter, Reporter
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
@@ -190,7 +192,8 @@ def protocol_methods(protocol) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("protocol, implementations", [
-    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger))])
+    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger)),
+    (session.Logger, (session.NullLogger, NullLogger, TensorBoardLogger))])
 def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementations):
     declared = protocol_methods(protocol)
     assert len(declared) >= 5, declared
@@ -198,6 +201,41 @@ def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementa
         for name, parameters in declared.items():
             assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
                 (cls, name)
+
+
+def test_recorders_have_their_protocols_methods():
+    declared = protocol_methods(session.Recorder)
+    assert set(declared) == {"evaluated", "take", "write"}, declared
+    for cls in (session.NullRecorder, AttentionRecorder):
+        for name, parameters in declared.items():
+            assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
+                (cls, name)
+
+
+def called_methods(receiver: str) -> set[str]:
+    """The methods the loop and the session call on `receiver` (`reporter`, `ctx.reporter`...)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "minitfm"
+    called = set()
+    for path in (package / "book" / "loop.py", package / "run" / "session.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else \
+                    getattr(owner, "id", None)
+                if name == receiver:
+                    called.add(node.func.attr)
+    return called
+
+
+@pytest.mark.parametrize("receiver, protocol", [
+    ("reporter", Reporter), ("logger", session.Logger), ("recorder", session.Recorder)])
+def test_the_protocols_declare_every_method_training_calls(receiver, protocol):
+    called = called_methods(receiver)
+    assert {"start", "warning", "step"} <= called_methods("reporter")  # the search finds calls
+    assert called and called <= set(protocol_methods(protocol)), called
 
 
 def imported_modules(path) -> set[str]:

@@ -128,9 +128,15 @@ def check_lengths(cfg: Config, task: Task) -> None:
 class Reporter(Protocol):
     """Whom training tells how it goes: `progress.ConsoleReporter` in the CLI, else nobody."""
 
+    def warning(self, text: str) -> None:
+        """A note before the run starts (it ends inside its warmup, say)."""
+
     def start(self, run_dir: Path, state: RunState, device: torch.device,
               threads: str = "") -> None:
         """The run starts (or resumes) in `run_dir`; `threads` describes the CPU threads."""
+
+    def step(self, step: int) -> None:
+        """After every step that goes on: a progress bar moves."""
 
     def train_line(self, record: dict) -> None:
         """A train record of metrics.jsonl, every log.log_every steps."""

@@ -381,7 +381,8 @@ def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
             summary = pause(state, ctx) if ended == "paused" else finish(state, ctx)
         except RunFailed as err:  # a non-finite loss: every rank read the same losses
             record_status(state, ctx, "failed", error=str(err))
-            raise state.dist.on_all_ranks(err) from None
+            state.dist.on_all_ranks(err)  # marked: the CLI prints rank 0's line only
+            raise
         logger.finish(summary)
     reporter.finish(summary)
     return summary
@@ -464,6 +465,8 @@ def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:
 
 
 def log_train(state: RunState, ctx: RunCallbacks, record: dict, grad_norm) -> None:
+    """A train record (`LossMeter.flush` with lr and gradient norm): to metrics.jsonl, the
+    logger and the reporter."""
     record = {"step": state.step, "split": "train", **record,
               "lr": next_lr(state), "grad_norm": float(grad_norm),
               "elapsed_s": time.perf_counter() - ctx.started}
@@ -475,6 +478,7 @@ def log_train(state: RunState, ctx: RunCallbacks, record: dict, grad_norm) -> No
 
 def summarize(state: RunState, ctx: RunCallbacks, result: EvalResult | None,
               paused: bool) -> dict[str, Any]:
+    """Where the run is, how far it got, how well and how long it took."""
     summary = {"run_dir": str(ctx.run_dir), "step": state.step, "paused": paused,
                "best_exact_match": state.best_exact_match,
                "wall_s": time.perf_counter() - ctx.started, "peak_rss_mb": peak_rss_mb()}

@@ -23,10 +23,12 @@ from unittest import mock
 import pytest
 import torch
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
+from minitfm.book.loop import train_step
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import init_state, train, train_step
+from minitfm.run.session import init_state
 from minitfm.tasks.base import make_batch
 from tests.helpers import TINY, run_cli
 
@@ -255,12 +257,12 @@ def nan_on_rank_1(out: Path, rank: int) -> None:
     def poisoned(*args, **kwargs):
         return real(*args, **kwargs) * (float("nan") if rank == 1 else 1.0)
 
-    with mock.patch("minitfm.run.session.sequence_loss", poisoned):
+    with mock.patch("minitfm.book.loop.sequence_loss", poisoned):
         train(tiny("train.steps=20", "train.eval_every=0"), run_dir=out / "nan")
 
 
 def signal_on_rank_1(out: Path, rank: int) -> None:
-    import minitfm.run.session as loop
+    import minitfm.book.loop as loop
 
     real = loop.train_step
 

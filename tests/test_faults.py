@@ -143,3 +143,48 @@ def test_bad_input_corpus(tmp_path, monkeypatch, args, needle):
     result = run_cli(*args)
     assert_clean_error(result, 2, needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_a_failed_write_keeps_the_previous_summary_and_picture(tmp_path):
+    """summary.json and pictures go through the one atomic write: a full disk midway leaves
+    the old file whole and no temp file behind."""
+    from unittest import mock
+
+    from minitfm.errors import MinitfmError
+    from minitfm.lab.plots import write_picture
+    from minitfm.run.rundir import read_summary, write_summary
+
+    write_summary(tmp_path, {"wall_s": 1.0, "status": "paused"})
+    write_picture(tmp_path / "a.png", "--out", lambda buffer: buffer.write(b"old"))
+    full = OSError(28, "No space left on device")
+    with mock.patch("os.fsync", side_effect=full):
+        with pytest.raises(OSError, match="No space left"):
+            write_summary(tmp_path, {"wall_s": 2.0, "status": "finished"})
+        with pytest.raises(MinitfmError, match="cannot write .*No space left.* --out"):
+            write_picture(tmp_path / "a.png", "--out", lambda buffer: buffer.write(b"new"))
+    assert read_summary(tmp_path)["status"] == "paused"
+    assert (tmp_path / "a.png").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "summary.json"]
+
+
+def test_one_signal_catcher_holds_records_and_restores():
+    """signals_held (torch loading), StopSignal (training) and sweep's catcher are one class."""
+    from minitfm.errors import Interrupted
+    from minitfm.run.signals import CaughtSignals, StopSignal, signals_held
+
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    with pytest.raises(Interrupted, match=r"^Ctrl-C \(SIGINT\) while starting: nothing was "
+                                          r"done$") as caught:
+        with signals_held():
+            signal.raise_signal(signal.SIGINT)
+    assert caught.value.exit_code == 130
+    with CaughtSignals() as signals:  # a sweep forwards every one to its jobs
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)
+    assert signals.received == [signal.SIGTERM, signal.SIGTERM]
+    with StopSignal() as stop, pytest.raises(Interrupted, match="SIGINT again") as again:
+        signal.raise_signal(signal.SIGINT)
+        assert stop.signum == signal.SIGINT
+        signal.raise_signal(signal.SIGINT)
+    assert again.value.exit_code == 130
+    assert {signum: signal.getsignal(signum) for signum in before} == before

@@ -99,7 +99,7 @@ def test_a_state_for_another_model_is_refused():
 def test_a_nan_loss_is_reported_at_its_exact_step_though_read_later(tmp_path):
     """The losses are read every log.log_every steps; the report still names the first bad
     step, and nothing trained after it is saved."""
-    import minitfm.run.session as loop
+    import minitfm.book.loop as loop
 
     real = loop.sequence_loss
     calls = []
@@ -136,7 +136,8 @@ def test_the_logged_loss_is_the_mean_of_the_steps_since_the_last_line(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_training_step_never_waits_for_the_gpu(tmp_path):
     """No host sync in the step: any would raise under sync debug mode "error"."""
-    from minitfm.run.session import LossMeter, init_state, train_step
+    from minitfm.book.loop import LossMeter, train_step
+    from minitfm.run.session import init_state
     from minitfm.tasks.base import make_batch
 
     state = init_state(tiny("device=cuda"), torch.device("cuda"))

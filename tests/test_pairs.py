@@ -11,10 +11,10 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.config import load_config, vocab_size
 from minitfm.errors import CheckpointError
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from minitfm.tasks.pairs import MAX_PAIRS, UNK_ID
 from tests.helpers import assert_clean_error, run_cli

@@ -277,7 +277,7 @@ def test_a_log_dir_that_is_a_file_says_so(empty_cwd):
 
 
 def test_second_sigterm_keeps_its_exit_code():
-    from minitfm.run.session import StopSignal
+    from minitfm.run.signals import StopSignal
 
     stop = StopSignal()
     stop._handle(signal.SIGTERM, None)

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from minitfm.errors import MinitfmError
-from minitfm.lab.runs import read_summary
 from minitfm.lab.sweep import Grid, sweep_folder
 from minitfm.run.checkpoint import load_checkpoint
+from minitfm.run.rundir import read_summary
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 FAST = [*TINY, "train.steps=20", "train.eval_every=0", "log.tensorboard=false"]

@@ -14,8 +14,8 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.config import load_config
-from minitfm.run.session import train
 from tests.helpers import QUICK, TINY
 
 KINDS = ("encoder", "decoder", "cross")

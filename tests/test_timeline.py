@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.lab.timeline import (
@@ -22,7 +23,6 @@ from minitfm.lab.timeline import (
     strip_figure,
 )
 from minitfm.lab.viz import attention_entropy
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
 from tests.helpers import QUICK, assert_clean_error, run_cli

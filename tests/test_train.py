@@ -6,13 +6,17 @@ import json
 import pytest
 import torch
 
+from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.app.progress import ConsoleReporter
+from minitfm.book.loop import lr_factor
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.evaluate import load_model
 from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
+from minitfm.lab.timeline import AttentionRecorder
+from minitfm.run import session
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import NullReporter, Reporter, lr_factor, train
+from minitfm.run.session import NullReporter, Reporter
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 
@@ -188,7 +192,8 @@ def protocol_methods(protocol) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("protocol, implementations", [
-    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger))])
+    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger)),
+    (session.Logger, (session.NullLogger, NullLogger, TensorBoardLogger))])
 def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementations):
     declared = protocol_methods(protocol)
     assert len(declared) >= 5, declared
@@ -196,3 +201,76 @@ def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementa
         for name, parameters in declared.items():
             assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
                 (cls, name)
+
+
+def test_recorders_have_their_protocols_methods():
+    declared = protocol_methods(session.Recorder)
+    assert set(declared) == {"evaluated", "take", "write"}, declared
+    for cls in (session.NullRecorder, AttentionRecorder):
+        for name, parameters in declared.items():
+            assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
+                (cls, name)
+
+
+def called_methods(receiver: str) -> set[str]:
+    """The methods the loop and the session call on `receiver` (`reporter`, `ctx.reporter`...)."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "minitfm"
+    called = set()
+    for path in (package / "book" / "loop.py", package / "run" / "session.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else \
+                    getattr(owner, "id", None)
+                if name == receiver:
+                    called.add(node.func.attr)
+    return called
+
+
+@pytest.mark.parametrize("receiver, protocol", [
+    ("reporter", Reporter), ("logger", session.Logger), ("recorder", session.Recorder)])
+def test_the_protocols_declare_every_method_training_calls(receiver, protocol):
+    called = called_methods(receiver)
+    assert {"start", "warning", "step"} <= called_methods("reporter")  # the search finds calls
+    assert called and called <= set(protocol_methods(protocol)), called
+
+
+def imported_modules(path) -> set[str]:
+    """Every module a source file imports, at the top or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_loop_and_the_session_import_nothing_above_them():
+    import sys
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "minitfm"
+    ours = {name for name in imported_modules(package / "book" / "loop.py")
+            if name.split(".")[0] not in sys.stdlib_module_names}
+    assert {name for name in ours if not name.startswith(
+        ("torch", "minitfm.config", "minitfm.errors", "minitfm.tasks", "minitfm.book"))} == set()
+    session = imported_modules(package / "run" / "session.py")
+    assert not [name for name in session if name.startswith(
+        ("minitfm.app", "minitfm.lab.tb", "minitfm.lab.timeline"))], session
+
+
+def test_the_session_alone_logs_and_records_nothing(tmp_path):
+    """TensorBoard and attention.jsonl come from the instruments `app` hands in."""
+    from minitfm.run.session import train as bare_train
+
+    bare_train(tiny("train.steps=10", "train.eval_every=5", "log.attention_every=5"),
+               run_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+    assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
+    assert not (tmp_path / "run" / "attention.jsonl").exists()

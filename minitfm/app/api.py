@@ -37,7 +37,7 @@ from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import eval_report, load_model, predict_lines
 from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
-from minitfm.run.checkpoint import find_run_dir, pick_checkpoint
+from minitfm.run.rundir import find_run_dir, pick_checkpoint
 from minitfm.tasks.base import Task, eval_set
 
 
@@ -163,16 +163,25 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     """
     from minitfm.app.progress import ConsoleReporter
     from minitfm.run.memory import keep_freed_memory
-    from minitfm.run.session import train as train_loop
 
     data = config.model_dump() if isinstance(config, Config) else config
     cfg = load_config(data, [(key.replace("__", "."), value) for key, value in overrides.items()])
     keep_freed_memory()  # as the CLI does: fewer page faults, faster steps
     reporter = ConsoleReporter() if progress else None
     try:
-        summary = train_loop(cfg, run_dir=None if run_dir is None else Path(run_dir),
-                             reporter=reporter)
+        summary = train_run(cfg, run_dir=None if run_dir is None else Path(run_dir),
+                            reporter=reporter)
     finally:
         if reporter is not None:
             reporter.stop()
     return load_run(summary["run_dir"])
+
+
+def train_run(cfg: Config | None, **options: Any) -> dict[str, Any]:
+    """One run as `minitfm train` makes it: `run.session.train` with the instruments attached
+    (TensorBoard event files, attention.jsonl); `options` are that function's; the summary."""
+    from minitfm.lab.tb import open_logger
+    from minitfm.lab.timeline import open_recorder
+    from minitfm.run.session import train
+
+    return train(cfg, open_logger=open_logger, open_recorder=open_recorder, **options)

@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 import unicodedata
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -34,6 +33,7 @@ from minitfm.app.tables import (
     tasks_table,
 )
 from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.run.signals import signals_held, stopped_by
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
 
@@ -182,29 +182,6 @@ def heading_lines(title: str, width: int) -> list[str]:
     return lines
 
 
-@contextmanager
-def signals_held():
-    """Hold Ctrl-C and SIGTERM while torch is imported, then act on them.
-
-    torch's C++ start-up swallows a KeyboardInterrupt raised inside it, and the command would
-    then run to the end as if nothing happened.
-    """
-    got: list[int] = []
-    previous = {signum: signal.signal(signum, lambda n, _: got.append(n))
-                for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-    if got:
-        raise Interrupted(f"{stopped_by(got[0])} while starting: nothing was done", 128 + got[0])
-
-
-def stopped_by(signum: int) -> str:
-    return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
 def out_of_memory(err: BaseException) -> bool:
     return isinstance(err, MemoryError) or "can't allocate memory" in str(err) \
         or "out of memory" in str(err)
@@ -212,7 +189,7 @@ def out_of_memory(err: BaseException) -> bool:
 
 def chosen_checkpoint(run: Path | None, which: str) -> Path:
     """The checkpoint file RUN means; a fallback from best.pt to last.pt is a note on stderr."""
-    from minitfm.run.checkpoint import pick_checkpoint
+    from minitfm.run.rundir import pick_checkpoint
 
     path, note = pick_checkpoint(run, which)
     if note:
@@ -305,7 +282,7 @@ def train(
 
     config_path, overrides = split_config_args(args or [], allow_config=resume is None)
     if resume is not None:
-        from minitfm.run.checkpoint import resolve_checkpoint
+        from minitfm.run.rundir import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint
@@ -352,8 +329,8 @@ def run_training(cfg, **kwargs) -> None:
     # Registered before torch loads, so that other minitfm processes see this one at once;
     # a resumed run's `threads` is known once its checkpoint is read (train updates it).
     with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
+        from minitfm.app.api import train_run
         from minitfm.app.progress import ConsoleReporter
-        from minitfm.run.session import train as train_run
 
         reporter = ConsoleReporter(console, err_console)
         try:

@@ -122,6 +122,7 @@ class ConsoleReporter:
         self.err_console.print(f"warning: {text}", markup=False)
 
     def start(self, run_dir: Path, state, device, threads: str = "") -> None:
+        """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg = state.cfg
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
         self._print(f"run directory: {run_dir}", highlight=False)
@@ -150,6 +151,7 @@ class ConsoleReporter:
             self.progress.update(self.task_id, completed=step)
 
     def train_line(self, record: dict) -> None:
+        """The bar's figures on a terminal, else one log line."""
         figures = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
                    "speed": f"{record['tokens_per_s']:,.0f} tok/s"}
         if self.progress is not None:
@@ -160,6 +162,7 @@ class ConsoleReporter:
                         highlight=False)
 
     def eval_line(self, record: dict) -> None:
+        """One line per evaluation, terminal or not."""
         self.exact_match = f"{record['exact_match']:.1%}"
         if self.progress is not None:
             self.progress.update(self.task_id, exact=self.exact_match)
@@ -168,6 +171,7 @@ class ConsoleReporter:
                     highlight=False)
 
     def message(self, text: str) -> None:
+        """A note between lines (the thread count changed)."""
         self._print(text, highlight=False)
 
     def stop(self, end: str = "stopped", step: int | None = None) -> None:

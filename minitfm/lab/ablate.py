@@ -47,8 +47,8 @@ from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import load_model
 from minitfm.lab.plots import check_picture_path, save_png
 from minitfm.lab.viz import KIND_TITLES, KINDS
-from minitfm.run.checkpoint import find_run_dir, resolve_checkpoint
 from minitfm.run.limits import check_fits, decoding_parts
+from minitfm.run.rundir import find_run_dir, resolve_checkpoint
 from minitfm.tasks.base import Batch, Pair, Task, eval_set, make_batch
 
 MODES = ("zero", "mean")

@@ -25,11 +25,11 @@ from statistics import median
 import torch
 from torch import nn
 
+from minitfm.book.loop import make_optimizer
 from minitfm.book.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
 from minitfm.book.positions import sinusoids
 from minitfm.config import Config, ModelConfig, TrainConfig, load_config
 from minitfm.run.memory import peak_rss_mb
-from minitfm.run.session import make_optimizer
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 
@@ -272,7 +272,7 @@ def solve_step(metrics: Path, target: float = 0.99) -> dict:
 def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
               device: str = "auto") -> dict:
     """Every measurement, as one JSON-ready dict."""
-    from minitfm.run.session import pick_device
+    from minitfm.run.devices import pick_device
 
     dev = pick_device(device)
     reps, n_batches = (2, 3) if quick else (5, 10)

@@ -20,8 +20,9 @@ from minitfm.book.model import (
 )
 from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
-from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, resolve_checkpoint
+from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint
 from minitfm.run.limits import check_fits, decoding_parts, model_parts
+from minitfm.run.rundir import resolve_checkpoint
 from minitfm.tasks import make_task, positions_short
 from minitfm.tasks.base import Task, eval_set
 

@@ -9,8 +9,8 @@ nothing here needs torch.
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,8 @@ import yaml
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.runs import HIDDEN_KEYS, read_metrics
+from minitfm.run.files import write_atomic
+from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run
 
 SOFTWARE = "minitfm"  # the PNG `Software` text of every picture minitfm writes
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
@@ -101,19 +103,17 @@ def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> Non
     """Write `fig` as a PNG marked as minitfm's, atomically (a temp file, then a rename)."""
     check_output(path, option, force)
     write_picture(path, option,
-                  lambda tmp: fig.savefig(tmp, format="png", metadata={"Software": SOFTWARE}))
+                  lambda buffer: fig.savefig(buffer, format="png", metadata={"Software": SOFTWARE}))
 
 
 def write_picture(path: Path, option: str, write) -> None:
-    """`write(tmp)` a picture to a temp file beside `path`, then rename it: atomic. An
-    unwritable path is one line naming `option`."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """`write(buffer)` a picture into memory, then onto `path` atomically (see
+    `files.write_atomic`). An unwritable path is one line naming `option`."""
+    buffer = io.BytesIO()
+    write(buffer)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(tmp)
-        os.replace(tmp, path)
+        write_atomic(path, buffer.getbuffer())
     except OSError as err:
-        tmp.unlink(missing_ok=True)
         raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another "
                            f"{option}") from None
 
@@ -122,8 +122,6 @@ def write_picture(path: Path, option: str, write) -> None:
 
 def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) -> Path:
     """Loss and exact match against step of `runs` (default: the latest run), as one PNG."""
-    from minitfm.run.checkpoint import latest_run
-
     run_dirs = [run_directory(Path(run)) for run in runs] or [latest_run()]
     out = out if out is not None else default_plot_path(run_dirs)
     check_output(out, "--out", force)  # before any drawing
@@ -135,8 +133,6 @@ def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) ->
 def run_directory(path: Path, reads: str = "plot reads a run's metrics.jsonl") -> Path:
     """The run directory a RUN argument means: the directory, or the run of a checkpoint
     (`reads` says, for a checkpoint outside any run, why one is needed)."""
-    from minitfm.run.checkpoint import find_run_dir, is_run_dir
-
     if not path.exists():
         raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
     if path.is_file():
@@ -249,8 +245,6 @@ def length_figure(report: dict[str, Any]):
             # rounded down: 99.9% is no "100%"; a 0% bar is visible by its label
             ax.bar_label(bars, [f"{math.floor(exact * 100)}%" for _, exact in chosen],
                          fontsize=7, rotation=90, padding=2)
-    from minitfm.run.checkpoint import find_run_dir
-
     checkpoint = Path(report["checkpoint"])
     run_dir = find_run_dir(checkpoint)
     where = f"{run_dir.name}/{checkpoint.name}" if run_dir else checkpoint.name

@@ -1,17 +1,12 @@
-"""How each run ended, and `minitfm runs`: a table of the run directories under a folder.
+"""`minitfm runs`: a table of the run directories under a folder, each with how it ended.
 
-Training writes `summary.json` into its run directory whenever it stops: `status` (finished,
-stopped at target, interrupted, paused or failed), `step`, `steps`, `best_exact_match`,
-`wall_s` (summed over resumes) and `ended`. A run without one is `running` while a process
-holds its `.lock`, else it was killed: `interrupted` when it has `checkpoints/last.pt`
-(`--resume` continues it), `failed` when not. No torch here: listing runs is instant.
+How a run ended (`summary.json`, its lock) is read by `minitfm.run.rundir`. No torch here:
+listing runs is instant.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,57 +15,10 @@ import yaml
 
 from minitfm.config import Config, flatten
 from minitfm.errors import MinitfmError
+from minitfm.run.rundir import has_config_yaml, read_summary, run_status
 
-SUMMARY = "summary.json"
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.sweep)
-DONE = ("finished", "stopped at target")
 HIDDEN_KEYS = ("name", "log.dir", "threads")  # where a run went and how fast, not what it is
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
-    """Write `summary.json` atomically; `wall_s` adds up over resumes. Returns that total."""
-    previous = read_summary(run_dir) or {}
-    total = summary["wall_s"] + previous.get("wall_s", 0.0)
-    record = {**summary, "wall_s": total, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = run_dir / f".{SUMMARY}.tmp"
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / SUMMARY)
-    return total
-
-
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `summary.json`, or None when it has none (or an unreadable one)."""
-    try:
-        return json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def is_locked(run_dir: Path) -> bool:
-    """True while a training process holds the run's `.lock` (see checkpoint.RunLock)."""
-    try:
-        with open(Path(run_dir) / ".lock") as f:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
-    except BlockingIOError:
-        return True
-    except OSError:  # no lock file: never trained
-        pass
-    return False
-
-
-def run_status(run_dir: Path) -> str:
-    """running, finished, stopped at target, interrupted, paused or failed."""
-    run_dir = Path(run_dir)
-    if is_locked(run_dir):
-        return "running"
-    summary = read_summary(run_dir)
-    if summary is not None:
-        return summary["status"]
-    return "interrupted" if (run_dir / "checkpoints" / "last.pt").is_file() else "failed"
-
-
-def is_run(path: Path) -> bool:
-    return (path / "config.yaml").is_file()
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -78,14 +26,14 @@ def find_runs(root: Path) -> list[Path]:
     if not root.is_dir():
         raise MinitfmError(f"runs folder '{root}' not found: give a folder of run directories "
                            f"(default ./runs) or a sweep folder")
-    if is_run(root):
+    if has_config_yaml(root):
         return [root]
     found = []
     for child in sorted(root.iterdir()):
-        if is_run(child):
+        if has_config_yaml(child):
             found.append(child)
         elif (child / SWEEP_FILE).is_file():
-            found.extend(run for run in sorted(child.iterdir()) if is_run(run))
+            found.extend(run for run in sorted(child.iterdir()) if has_config_yaml(run))
     return found
 
 

@@ -31,8 +31,11 @@ from typing import Any
 
 from minitfm.config import Config, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError
-from minitfm.lab.runs import DONE, SWEEP_FILE, read_summary, run_status
+from minitfm.lab.runs import SWEEP_FILE
+from minitfm.run.files import write_atomic
 from minitfm.run.limits import check_fits, training_parts
+from minitfm.run.rundir import DONE, read_summary, run_status
+from minitfm.run.signals import CaughtSignals
 from minitfm.run.threads import cores
 
 MINITFM = [sys.executable, "-m", "minitfm"]
@@ -223,26 +226,6 @@ def plan_job(grid: Grid, spec: RunSpec, ranges: list, threads: int, samples: int
 POLL_S = 0.1  # how often the scheduler looks at its children
 
 
-class Signals:
-    """Records SIGINT/SIGTERM instead of dying, so that the jobs can be stopped cleanly."""
-
-    def __init__(self):
-        self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> Signals:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:
-        self.received.append(signum)
-
-
 class Scheduler:
     """Runs jobs `parallel` at a time, each a chain of child processes; forwards signals.
 
@@ -263,7 +246,7 @@ class Scheduler:
 
     def run(self) -> list[Job]:
         """Run every job; returns the failed ones. A signal raises Interrupted at the end."""
-        with Signals() as signals:
+        with CaughtSignals() as signals:
             while self.pending or self.running:
                 while self.pending and len(self.running) < self.parallel and not signals.received:
                     job = self.pending.popleft()
@@ -389,9 +372,8 @@ def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
 
 def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
     """results.jsonl (everything), results.csv (no per-length figures) and results.png."""
-    with open(folder / "results.jsonl", "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    lines = "".join(json.dumps(row) + "\n" for row in rows)
+    write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]
     with open(folder / "results.csv", "w", encoding="utf-8", newline="") as f:
@@ -528,8 +510,8 @@ def dry_run_lines(plan: Plan) -> list[str]:
 def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
     plan.folder.mkdir(parents=True, exist_ok=True)
-    (plan.folder / SWEEP_FILE).write_text(json.dumps({"grid": plan.grid.spec()}, indent=1)
-                                          + "\n", encoding="utf-8")
+    spec = json.dumps({"grid": plan.grid.spec()}, indent=1) + "\n"
+    write_atomic(plan.folder / SWEEP_FILE, spec.encode("utf-8"))
     jobs = plan.jobs()
     done = sum(1 for job in jobs if not job.steps)
     say(f"sweep folder: {plan.folder}")

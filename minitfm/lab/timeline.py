@@ -205,7 +205,7 @@ def over_training(run: Path | None, layer: int | None = None, out: Path | None =
                   gif: Path | None = None) -> OverTrainingReport:
     """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF)."""
     from minitfm.lab.plots import check_output, run_directory, save_png
-    from minitfm.run.checkpoint import latest_run
+    from minitfm.run.rundir import latest_run
 
     run_dir = latest_run() if run is None else \
         run_directory(Path(run), "--over-training reads the run's attention.jsonl")

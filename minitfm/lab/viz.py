@@ -419,7 +419,7 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
               out: Path | None = None) -> AttentionReport:
     """Run one input through a checkpoint, write its attention maps as a PNG, score alignment."""
     from minitfm.lab.evaluate import load_model
-    from minitfm.run.checkpoint import resolve_checkpoint
+    from minitfm.run.rundir import resolve_checkpoint
     from minitfm.tasks.base import eval_set
 
     kinds = parse_kind(kind)
@@ -491,7 +491,7 @@ def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,
                 head: int | None) -> Path:
     """`<run>/attention/<checkpoint>-step<N>[-<kind>][-layer<L>][-head<H>].png`; for a
     checkpoint outside any run, `<checkpoint>-attention-step<N>....png` beside the file."""
-    from minitfm.run.checkpoint import find_run_dir
+    from minitfm.run.rundir import find_run_dir
 
     suffix = f"step{step}"
     suffix += "" if kind == "all" else f"-{kind}"

@@ -1,24 +1,15 @@
-"""Run directories, atomic checkpoint saves and safe loads.
+"""Atomic checkpoint saves and safe loads (the run directory they live in: see `rundir`).
 
-A run directory `runs/<name>-<YYYYmmdd-HHMMSS>/` holds `config.yaml` (resolved),
-`metrics.jsonl`, `checkpoints/last.pt`, `checkpoints/best.pt` and TensorBoard event files.
 Checkpoints hold only tensors, state dicts and plain containers, so they load with
 `torch.load(weights_only=True)`: a file can never run code.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import io
-import json
-import os
 import pickle
 import pickletools
 import re
-import stat
-import tempfile
-import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -26,11 +17,11 @@ from typing import Any
 
 import torch
 
-from minitfm.config import Config, validate
+from minitfm.config import validate
 from minitfm.errors import CheckpointError, ConfigError
+from minitfm.run.files import write_atomic
 
 FORMAT = "minitfm-checkpoint/1"
-CHECKPOINTS = ("best", "last")
 SAFE_MODULES = ("torch.", "collections.OrderedDict", "_codecs.encode")  # what torch.save writes
 # What each use of a checkpoint reads: key -> (accepted types, their name in messages).
 EVAL_KEYS = {"step": (int, "an integer"), "config": (dict, "a mapping"),
@@ -43,187 +34,11 @@ MAX_VOCAB = 200_000  # tokens: synthetic tasks have at most 100,004, pairs 100,0
 MAX_TOKEN_CHARS = 1_000  # the longest token string (a word, with task.tokenize space)
 
 
-def new_run_dir(log_dir: str | Path, name: str) -> Path:
-    """A fresh `log_dir/<name>-<YYYYmmdd-HHMMSS>` (suffixed `-2`, `-3`... if taken)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(log_dir) / f"{name}-{stamp}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
-def is_run_dir(path: Path) -> bool:
-    """Whether `path` holds a minitfm run: a config.yaml or metrics.jsonl that minitfm wrote."""
-    config, metrics = path / "config.yaml", path / "metrics.jsonl"
-    # is_file first: opening a FIFO named config.yaml would block
-    return (config.is_file() and is_run_config(config)) or \
-        (metrics.is_file() and is_run_metrics(metrics))
-
-
-def is_run_config(path: Path) -> bool:
-    """A resolved config.yaml: exactly the top-level keys of `Config`, as `to_yaml` writes."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(65536)
-    except (OSError, UnicodeDecodeError):
-        return False
-    keys = set(re.findall(r"^([A-Za-z_]\w*):", text, re.MULTILINE))
-    return keys == set(Config.model_fields)
-
-
-def is_run_metrics(path: Path) -> bool:
-    """A metrics.jsonl whose first line is a record minitfm writes (`step` and `split`)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.loads(f.readline(4096))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(record, dict) and {"step", "split"} <= record.keys()
-
-
-def latest_run(log_dir: str | Path = "runs", which: str = "best") -> Path:
-    """The most recent run under `log_dir` that has `which`.pt (for "best": or last.pt)."""
-    root = Path(log_dir)
-    names = ("best.pt", "last.pt") if which == "best" else (f"{which}.pt",)
-    runs = [p.parent for p in root.glob("*/checkpoints") if p.is_dir()
-            and any((p / name).is_file() for name in names)] if root.is_dir() else []
-    if not runs:
-        raise CheckpointError(f"no runs with a {' or '.join(names)} checkpoint under '{root}/': "
-                              f"train one first (minitfm train) or give a run directory")
-    return max(runs, key=lambda p: (p / "checkpoints").stat().st_mtime)
-
-
-def pick_checkpoint(run: str | Path | None, which: str = "best") -> tuple[Path, str | None]:
-    """The checkpoint meant by a RUN argument (run directory, .pt file or None), and a note
-    when "best" falls back to last.pt because the run has not been evaluated yet."""
-    if which not in CHECKPOINTS:
-        raise CheckpointError(f"--checkpoint ({which!r}) must be one of {', '.join(CHECKPOINTS)}")
-    path = latest_run(which=which) if run is None else Path(run)
-    if path.is_file():
-        return path, None
-    if not path.exists():
-        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
-    if not path.is_dir():
-        raise CheckpointError(f"'{path}' is not a file: give a run directory or a .pt file")
-    ckpt, last = path / "checkpoints" / f"{which}.pt", path / "checkpoints" / "last.pt"
-    if which == "best" and not ckpt.exists() and last.is_file():
-        return last, f"run '{path}' has no best.pt yet (not evaluated so far): using last.pt"
-    if ckpt.exists() and not ckpt.is_file():
-        raise CheckpointError(f"'{ckpt}' is not a file")
-    if not ckpt.is_file():
-        other = [p.name for p in (path / "checkpoints").glob("*.pt")]
-        hint = f" (it has {', '.join(sorted(other))})" if other else " (it has no checkpoints yet)"
-        raise CheckpointError(f"run '{path}' has no {which} checkpoint{hint}")
-    return ckpt, None
-
-
-def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
-    """The checkpoint file meant by a RUN argument (see `pick_checkpoint`), without the note."""
-    return pick_checkpoint(run, which)[0]
-
-
-def find_run_dir(checkpoint: Path) -> Path | None:
-    """The run directory holding `checkpoint` in its checkpoints/; None for a loose file."""
-    parent = checkpoint.resolve().parent
-    if parent.name == "checkpoints" and is_run_dir(parent.parent):
-        return parent.parent
-    return None
-
-
-class RunLock:
-    """An exclusive lock on a run directory while one process trains in it.
-
-    `flock` is released by the kernel when the process dies, even by `kill -9`, so a stale
-    lock can never block a later `--resume`.
-    """
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.file = None
-
-    def __enter__(self) -> RunLock:
-        try:
-            make_dirs(self.run_dir)
-        except OSError as err:
-            raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
-                                  f"({err.strerror}): check log.dir or --run-dir") from None
-        self.file = open(self.run_dir / ".lock", "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            pid = self.file.read().strip() or "?"
-            self.file.close()
-            raise CheckpointError(f"run directory '{self.run_dir}' is in use by another "
-                                  f"training process (pid {pid}): wait for it to finish or "
-                                  f"use another --run-dir") from None
-        self.file.truncate(0)
-        self.file.write(str(os.getpid()))
-        self.file.flush()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
-
-
-def make_dirs(path: Path) -> None:
-    """`mkdir -p` that removes the folders it made when a later one fails (a name too long)."""
-    created: list[Path] = []
-    try:
-        for folder in reversed([path, *path.parents]):
-            try:
-                if not stat.S_ISDIR(os.stat(folder).st_mode):  # a file: say so, not EEXIST
-                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder)
-            except FileNotFoundError:  # (a symlink loop raises its own ELOOP above)
-                folder.mkdir()
-                created.append(folder)
-    except OSError:
-        for folder in reversed(created):
-            folder.rmdir()
-        raise
-
-
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` atomically (see `write_atomic`)."""
     buffer = io.BytesIO()  # serialised first: torch.save turns a full disk into a RuntimeError
     torch.save({"format": FORMAT, **state}, buffer)
     write_atomic(path, buffer.getbuffer())
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """A temp file in the same folder, fsync, then os.replace: the old file or the new, whole.
-
-    A full disk or a kill midway leaves the previous file as it was (never an empty one).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from TensorBoard
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def current_umask() -> int:
-    """The process umask, read from /proc where possible (setting it is process-wide)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def load_checkpoint(path: str | Path, resume: bool = False) -> dict[str, Any]:
@@ -350,12 +165,6 @@ def check_keys(state: dict[str, Any], keys: dict[str, tuple], path: Path, prefix
             raise CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
                                   f"('{prefix}{key}' must be {what}, got "
                                   f"{type(value).__name__})")
-
-
-def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line to `metrics.jsonl`."""
-    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def does_not_fit(path: Path, err: Exception) -> CheckpointError:

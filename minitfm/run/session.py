@@ -1,117 +1,55 @@
-"""The training loop: AdamW, warmup + decay, periodic greedy evaluation, checkpoints, resume.
+"""A run's life around the loop: run directory, resume, signals, torchrun, checkpoints, reports.
 
-One step: sample a batch from the task's training stream, teacher-forced cross-entropy on
-`target + EOS` (PAD ignored), backward, the scheduled lr, clip and AdamW step. Every random draw
-comes from a state that the checkpoint saves (torch's RNG for init and dropout, the data
-generator), so N straight steps and N/2 + resume give bit-identical losses.
+`train` prepares a run (its directory, a fresh or restored state, every rank under torchrun)
+and hands the book's loop (`minitfm.book.loop.run_loop`) the callbacks of `RunCallbacks`:
+evaluation with `best.pt`, `last.pt`, metrics.jsonl, collectives over ranks, thread pacing, the
+reporter, and the TensorBoard logger and attention recorder its caller handed in.
 """
 
 from __future__ import annotations
 
-import math
-import shutil
 import signal
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-from minitfm.book.metrics import EvalResult, LengthStats, evaluate
-from minitfm.book.model import Seq2SeqTransformer, build_model, default_device, sequence_loss
-from minitfm.book.optim import AdamW
-from minitfm.config import Config, TrainConfig, parse_override, set_path, to_yaml, validate
-from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
-from minitfm.lab.runs import SUMMARY, write_summary
-from minitfm.run import distributed
-from minitfm.run.checkpoint import (
-    RunLock,
-    append_metrics,
-    check_vocab,
-    does_not_fit,
-    find_run_dir,
-    is_run_dir,
-    load_checkpoint,
-    new_run_dir,
-    save_checkpoint,
-    write_atomic,
+from minitfm.book.loop import (
+    LossMeter,
+    TrainState,
+    make_optimizer,
+    next_lr,
+    run_loop,
+    warmup_warning,
 )
+from minitfm.book.metrics import EvalResult, LengthStats, evaluate
+from minitfm.book.model import build_model
+from minitfm.config import Config, parse_override, set_path, validate
+from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
+from minitfm.run import distributed
+from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, save_checkpoint
+from minitfm.run.devices import pick_device
 from minitfm.run.distributed import Dist
+from minitfm.run.files import append_metrics
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
+from minitfm.run.rundir import open_run_dir, write_failure, write_summary
+from minitfm.run.signals import StopSignal
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks import make_task, positions_short
-from minitfm.tasks.base import Task, eval_set, make_batch
-
-if TYPE_CHECKING:  # tb and timeline are imported when a run starts
-    from minitfm.lab.tb import Logger
-    from minitfm.lab.timeline import AttentionRecorder
-
-
-def pick_device(name: str) -> torch.device:
-    """`auto` is CUDA when present, else CPU; an absent CUDA device is a clear error."""
-    if name == "auto":
-        return default_device()
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise MinitfmError(f"device ({name!r}) asked for CUDA but none is available: "
-                               f"use device=cpu or device=auto")
-        index = int(name.partition(":")[2] or 0)
-        if index >= torch.cuda.device_count():
-            raise MinitfmError(f"device ({name!r}) does not exist: this machine has "
-                               f"{torch.cuda.device_count()} CUDA device(s)")
-    return torch.device(name)
-
-
-def lr_factor(step: int, cfg: TrainConfig) -> float:
-    """Multiplier of the peak lr after `step` steps: linear warmup, then the schedule."""
-    warmup = cfg.warmup_steps
-    if step < warmup:
-        return (step + 1) / warmup
-    if cfg.schedule == "constant":
-        return 1.0
-    if cfg.schedule == "inverse_sqrt":
-        return math.sqrt(max(warmup, 1) / max(step, 1))
-    progress = (step - warmup) / max(cfg.steps - warmup, 1)  # cosine to 0 at cfg.steps
-    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-
-
-def warmup_warning(cfg: TrainConfig) -> str | None:
-    """A run that ends inside its warmup never reaches the decay that lr_factor schedules."""
-    if cfg.steps >= cfg.warmup_steps:
-        return None
-    decay = "" if cfg.schedule == "constant" else f", so its {cfg.schedule} decay never starts"
-    return (f"train.steps ({cfg.steps}) is below train.warmup_steps ({cfg.warmup_steps}): "
-            f"the learning rate rises for the whole run{decay}; lower train.warmup_steps "
-            f"(e.g. train.warmup_steps={cfg.steps // 10}) or raise train.steps")
-
-
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> AdamW:
-    """AdamW (see `optim`) with weight decay on matrices only (not on biases, norms' γ/δ)."""
-    return AdamW(model, lr=cfg.lr, weight_decay=cfg.weight_decay)  # the loop sets each lr
+from minitfm.tasks.base import Task, eval_set
 
 
 @dataclass
-class TrainState:
-    """Everything a checkpoint must hold to continue a run exactly."""
+class RunState(TrainState):
+    """The loop's state and what a checkpoint must hold besides it to continue a run exactly."""
 
-    cfg: Config
-    task: Task
-    model: Seq2SeqTransformer
-    optimizer: AdamW
-    data_rng: torch.Generator
-    step: int = 0
     best_exact_match: float = -1.0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
-    # What a step calls: under torchrun the model in its DDP wrapper, else the model itself.
-    model_or_ddp: torch.nn.Module | None = None
-
-    def __post_init__(self) -> None:
-        if self.model_or_ddp is None:
-            self.model_or_ddp = self.model
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so `weights_only=True` can load it."""
@@ -164,7 +102,7 @@ class TrainState:
             self.data_rng.manual_seed(seed)
 
 
-def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainState:
+def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> RunState:
     """Task, model (seeded init) and optimizer for a fresh run."""
     task = make_task(cfg.task)
     check_lengths(cfg, task)
@@ -174,8 +112,8 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> TrainS
         torch.manual_seed(cfg.seed + dist.rank)
     optimizer = make_optimizer(model, cfg.train)
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
-    return TrainState(cfg, task, model, optimizer, data_rng, device=device, dist=dist,
-                      model_or_ddp=dist.wrap(model))
+    return RunState(cfg, task, model, optimizer, data_rng, device=device,
+                    model_or_wrapper=dist.wrap(model), dist=dist)
 
 
 def check_lengths(cfg: Config, task: Task) -> None:
@@ -188,61 +126,18 @@ def check_lengths(cfg: Config, task: Task) -> None:
                            f"sequences need {needed} positions; raise {key}")
 
 
-def train_step(state: TrainState, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step on `batch`; returns the (detached) mean loss per target token and
-    the gradient norm before clipping, both unread tensors on the device."""
-    cfg = state.cfg.train
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.device.type == "cuda"):
-        logits = state.model_or_ddp(batch.src, batch.tgt_in)  # (B, T, V)
-    loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
-    # Over ranks, so a NaN on one stops them all. Not read here: on CUDA, reading a value
-    # waits for the GPU; `LossMeter` reads the losses every few steps and checks them then.
-    mean_loss = state.dist.average(loss.detach())
-    state.optimizer.zero_grad()
-    loss.backward()  # under torchrun DDP averages the gradients over ranks here
-    state.optimizer.lr = next_lr(state)  # the schedule: warmup, decay
-    grad_norm = state.optimizer.step(cfg.grad_clip)
-    state.step += 1
-    return mean_loss, grad_norm
-
-
-class StopSignal:
-    """Turns the first SIGINT/SIGTERM into a flag the loop checks after each step."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignal:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: leave signals alone
-                pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:  # a second Ctrl-C aborts at once, even mid-save
-            raise Interrupted(f"{signal.Signals(signum).name} again: stopped at once, without "
-                              f"saving; the run's checkpoints are those saved before (a save "
-                              f"cut short leaves the previous file intact)", 128 + signum)
-        self.signum = signum
-
-    def agreed(self, dist: Dist) -> int:
-        """The signal any rank got (0: none), so that all ranks stop after the same step."""
-        return dist.all_max(self.signum or 0)
-
-
 class Reporter(Protocol):
     """Whom training tells how it goes: `progress.ConsoleReporter` in the CLI, else nobody."""
 
-    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+    def warning(self, text: str) -> None:
+        """A note before the run starts (it ends inside its warmup, say)."""
+
+    def start(self, run_dir: Path, state: RunState, device: torch.device,
               threads: str = "") -> None:
         """The run starts (or resumes) in `run_dir`; `threads` describes the CPU threads."""
+
+    def step(self, step: int) -> None:
+        """After every step that goes on: a progress bar moves."""
 
     def train_line(self, record: dict) -> None:
         """A train record of metrics.jsonl, every log.log_every steps."""
@@ -261,7 +156,7 @@ class NullReporter:
     """Reports nothing: the default when training is called as a library."""
 
     def warning(self, text: str) -> None: ...
-    def start(self, run_dir: Path, state: TrainState, device: torch.device,
+    def start(self, run_dir: Path, state: RunState, device: torch.device,
               threads: str = "") -> None: ...
     def step(self, step: int) -> None: ...
     def train_line(self, record: dict) -> None: ...
@@ -270,51 +165,70 @@ class NullReporter:
     def finish(self, summary: dict) -> None: ...
 
 
-def check_fresh(run_dir: Path, overwrite: bool) -> None:
-    """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise CheckpointError(f"cannot create the run directory '{run_dir}' (a file of that "
-                              f"name exists): check log.dir or --run-dir")
-    if not run_dir.exists() or all(p.name == ".lock" for p in run_dir.iterdir()):
-        return
-    if not is_run_dir(run_dir):
-        raise MinitfmError(f"directory '{run_dir}' is not empty and holds no minitfm run (no "
-                           f"config.yaml or metrics.jsonl written by minitfm): pick another "
-                           f"--run-dir; --overwrite replaces only minitfm runs")
-    if not overwrite:
-        raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
-                           f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
+class Logger(Protocol):
+    """What training logs to: `lab.tb.TensorBoardLogger` from the CLI and the API, else nothing."""
+
+    def __enter__(self) -> Logger:
+        """The logger itself; leaving the block closes it."""
+
+    def __exit__(self, *exc) -> None:
+        """Close, however the block ended."""
+
+    def train(self, step: int, record: dict) -> None:
+        """The scalars of a train record of metrics.jsonl."""
+
+    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
+        """The scalars of an eval record, and some held-out pairs with their predictions."""
+
+    def attention(self, snapshot) -> None:
+        """Attention images and per-head scores of a snapshot (see `Recorder.take`)."""
+
+    def finish(self, summary: dict) -> None:
+        """Hyperparameters with the final metrics."""
+
+    def close(self) -> None:
+        """Flush and close the files (a second call does nothing)."""
 
 
-def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
-    """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
-    own = find_run_dir(checkpoint)
-    if own is not None:
-        if run_dir is not None and run_dir.resolve() != own:
-            raise MinitfmError(f"--run-dir ('{run_dir}') cannot be combined with --resume of "
-                               f"run '{own}': a run goes on in its own directory; --run-dir is "
-                               f"for a checkpoint kept outside any run")
-        return own
-    if run_dir is None:
-        raise MinitfmError(f"checkpoint '{checkpoint}' is not inside a minitfm run "
-                           f"(<run>/checkpoints/): to continue it, give --run-dir (a new or "
-                           f"empty directory, or a minitfm run directory)")
-    check_fresh(run_dir, overwrite=True)  # a minitfm run, new or empty: nothing else
-    return run_dir
+class NullLogger:
+    """Logs nothing: the default when no logger is handed in."""
+
+    def __enter__(self) -> NullLogger:
+        return self
+
+    def __exit__(self, *exc) -> None: ...
+    def train(self, step: int, record: dict) -> None: ...
+    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None: ...
+    def attention(self, snapshot) -> None: ...
+    def finish(self, summary: dict) -> None: ...
+    def close(self) -> None: ...
 
 
-def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
-    """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
-    for stale in run_dir.glob("checkpoints/.*.tmp"):  # left by a save killed midway
-        stale.unlink()
-    if fresh:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        (run_dir / "attention.jsonl").unlink(missing_ok=True)
-        (run_dir / SUMMARY).unlink(missing_ok=True)
-        for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
-            old.unlink()
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    write_atomic(run_dir / "config.yaml", to_yaml(cfg).encode("utf-8"))
+class Recorder(Protocol):
+    """Who looks at attention over training: `lab.timeline.AttentionRecorder`, else nobody."""
+
+    def evaluated(self, step: int, pairs: list, predictions: list, exact_match: float) -> None:
+        """An evaluation at `step`: its pairs, predictions and exact match."""
+
+    def take(self, step: int, model: torch.nn.Module) -> Any:
+        """A snapshot of `model`'s attention at `step`, or None (none wanted now)."""
+
+    def write(self, snapshot: Any) -> None:
+        """Keep the snapshot (attention.jsonl)."""
+
+
+class NullRecorder:
+    """Records nothing: the default when no recorder is handed in."""
+
+    def evaluated(self, step: int, pairs: list, predictions: list, exact_match: float) -> None: ...
+    def take(self, step: int, model: torch.nn.Module) -> None: ...
+    def write(self, snapshot: Any) -> None: ...
+
+
+# Made once the run directory is known: (run_dir, cfg, task) and (run_dir, cfg, task, eval
+# pairs, whether this process is rank 0).
+LoggerFactory = Callable[[Path, Config, Task], Logger]
+RecorderFactory = Callable[[Path, Config, Task, list, bool], Recorder]
 
 
 def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
@@ -335,34 +249,7 @@ def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
     return cfg
 
 
-def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
-                 held: ExitStack) -> Path:
-    """Pick, check, lock (until `held` closes) and prepare the run directory."""
-    try:
-        if resume is not None:
-            if overwrite:
-                raise MinitfmError("--overwrite cannot be combined with --resume: a resumed run "
-                                   "keeps its files")
-            run_dir = resume_run_dir(resume, run_dir)
-        else:
-            run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
-            check_fresh(run_dir, overwrite)
-        created = not run_dir.exists()
-        held.enter_context(RunLock(run_dir))
-    except OSError as err:  # a name too long, a path through a file, no permission
-        where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
-        raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
-                              f"check log.dir, name or --run-dir") from None
-    try:
-        write_run_files(run_dir, cfg, fresh=resume is None)
-    except OSError as err:
-        if created:  # a disk full from the start: leave nothing behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise RunFailed(write_failure(err, run_dir)) from None
-    return run_dir
-
-
-def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
+def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
     """Load a checkpoint into a fresh state; a mismatch is the checkpoint's fault, not a bug."""
     check_vocab(checkpoint, state.task, path)
     for key, value in state.task.checkpoint_data().items():
@@ -377,28 +264,70 @@ def restore(state: TrainState, checkpoint: dict[str, Any], path: Path) -> None:
 
 
 @dataclass
-class RunContext:
-    """What the loop needs besides the state: where to write and whom to tell."""
+class RunCallbacks:
+    """The loop's callbacks for one run (see `loop.Callbacks`): where it writes, whom it tells,
+    what stops it, and the collectives that keep torchrun's ranks in step."""
 
+    state: RunState
     run_dir: Path
     eval_pairs: list
     reporter: Reporter
     logger: Logger
-    recorder: AttentionRecorder
+    recorder: Recorder
     stop: StopSignal
     pacer: ThreadPacer
+    stop_at: int | None = None  # pause after this step, as a signal would
     started: float = field(default_factory=time.perf_counter)
+    evaluated: tuple[int, EvalResult] | None = None  # the latest evaluation and its step
+    signum: int = 0  # the signal every rank agreed to stop on (0: none)
+
+    def shared_losses(self, losses: torch.Tensor) -> torch.Tensor:
+        """The mean over ranks, so that a NaN on one rank stops them all at the same step."""
+        return self.state.dist.average(losses)
+
+    def train_line(self, step: int, meter: LossMeter, grad_norm: torch.Tensor) -> None:
+        """A train record: to metrics.jsonl, the logger and the reporter."""
+        tokens = self.state.dist.all_sum([meter.tokens])[0]  # under torchrun: all ranks' tokens
+        log_train(self.state, self, meter.flush(tokens), grad_norm)
+
+    def evaluate(self, step: int) -> float:
+        """Greedy evaluation (see `run_eval`); its exact match."""
+        self.evaluated = step, run_eval(self.state, self)
+        return self.evaluated[1].exact_match
+
+    def snapshot(self, step: int) -> None:
+        """The attention recorder's snapshot, to attention.jsonl and the logger."""
+        log_attention(self.state, self)
+
+    def save(self, step: int) -> None:
+        """`checkpoints/last.pt`."""
+        save(self.state, self, "last")
+
+    def should_stop(self, step: int) -> bool:
+        """A signal on any rank, or `stop_at`."""
+        self.signum = self.stop.agreed(self.state.dist)
+        return bool(self.signum) or step == self.stop_at
+
+    def after_step(self, step: int) -> None:
+        """The progress bar moves; the thread count follows other minitfm processes."""
+        self.reporter.step(step)
+        if self.pacer.tick():  # another minitfm process started or ended
+            self.reporter.message(f"step {step}: now {self.pacer.claim.describe()}")
 
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,
           overrides: list[str] = (), overwrite: bool = False, reporter: Reporter | None = None,
-          stop_at: int | None = None, threads: ThreadClaim | None = None) -> dict[str, Any]:
+          stop_at: int | None = None, threads: ThreadClaim | None = None,
+          open_logger: LoggerFactory | None = None,
+          open_recorder: RecorderFactory | None = None) -> dict[str, Any]:
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
     `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
     continued later with `resume`. `threads` is this process's registration (see `threads`),
-    made here if not given. Under torchrun every rank calls this (see `distributed`): rank 0
-    alone writes the run directory and reports.
+    made here if not given. `open_logger` and `open_recorder` make the TensorBoard logger and
+    the attention recorder (see `app.api.train_run`); without them nothing is logged or
+    recorded. Under torchrun every rank calls this (see `distributed`): rank 0 alone writes
+    the run directory and reports.
     """
     checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
     if checkpoint is not None:
@@ -420,93 +349,48 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         if (warning := warmup_warning(cfg.train)) is not None:
             reporter.warning(warning)
         try:
-            return run(state, run_dir, reporter, stop_at, claim)
+            instruments = open_logger or no_logger, open_recorder or no_recorder
+            return run(state, run_dir, reporter, stop_at, claim, *instruments)
         except OSError as err:
             raise RunFailed(write_failure(err, run_dir)) from None
 
 
-def write_failure(err: OSError, run_dir: Path) -> str:
-    """One line for a failed write (a full disk, say): what failed, and what is still safe."""
-    where = err.filename or run_dir
-    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
-    kept = (f"; {', '.join(saved)} in {run_dir / 'checkpoints'} stay valid" if saved
-            else "; no checkpoint was written yet")
-    return f"cannot write to '{where}' ({err.strerror or err}){kept}"
+def no_logger(run_dir: Path, cfg: Config, task: Task) -> NullLogger:
+    """The logger when none is handed in."""
+    return NullLogger()
 
 
-def run(state: TrainState, run_dir: Path, reporter: Reporter, stop_at: int | None,
-        claim: ThreadClaim) -> dict[str, Any]:
+def no_recorder(run_dir: Path, cfg: Config, task: Task, eval_pairs: list,
+                is_main: bool) -> NullRecorder:
+    """The recorder when none is handed in."""
+    return NullRecorder()
+
+
+def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
+        claim: ThreadClaim, open_logger: LoggerFactory,
+        open_recorder: RecorderFactory) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
-    from minitfm.lab.tb import NullLogger, open_logger
-    from minitfm.lab.timeline import open_recorder
-
     cfg, is_main = state.cfg, state.dist.is_main
     eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
     logger = open_logger(run_dir, cfg, state.task) if is_main else NullLogger()
     recorder = open_recorder(run_dir, cfg, state.task, eval_pairs, is_main)
     with StopSignal() as stop, logger:
-        ctx = RunContext(run_dir, eval_pairs, reporter, logger, recorder, stop,
-                         ThreadPacer(claim))
+        ctx = RunCallbacks(state, run_dir, eval_pairs, reporter, logger, recorder, stop,
+                           ThreadPacer(claim), stop_at)
         reporter.start(run_dir, state, state.device, claim.describe())
         try:
-            summary = run_loop(state, ctx, stop_at)
-        except RunFailed as err:
+            ended = run_loop(state, ctx)
+            summary = pause(state, ctx) if ended == "paused" else finish(state, ctx)
+        except RunFailed as err:  # a non-finite loss: every rank read the same losses
             record_status(state, ctx, "failed", error=str(err))
+            state.dist.on_all_ranks(err)  # marked: the CLI prints rank 0's line only
             raise
         logger.finish(summary)
     reporter.finish(summary)
     return summary
 
 
-def run_loop(state: TrainState, ctx: RunContext, stop_at: int | None) -> dict[str, Any]:
-    """Step until train.steps, the target exact match, `stop_at` or a signal."""
-    cfg, vocab = state.cfg, state.task.vocab
-    meter = LossMeter(state.step)
-    last_eval: EvalResult | None = None
-    while state.step < cfg.train.steps:
-        batch = make_batch(state.task.sample(cfg.train.batch_size, state.data_rng), vocab)
-        loss, grad_norm = train_step(state, batch.to(state.device))
-        meter.add(loss, batch.n_target_tokens)
-        ctx.reporter.step(state.step)
-        step = state.step
-        evaluate_now = due(step, cfg.train.eval_every)
-        attention_now = due(step, attention_every(cfg))
-        save_now = evaluate_now or due(step, cfg.train.checkpoint_every)
-        if step % cfg.log.log_every == 0 or evaluate_now or attention_now or save_now:
-            meter.read(state)  # a non-finite loss stops the run here, before anything is saved
-        if step % cfg.log.log_every == 0:
-            log_train(state, ctx, meter.flush(state.dist), grad_norm)
-        last_eval = None
-        if evaluate_now:
-            last_eval = run_eval(state, ctx)
-            if reached_target(state, last_eval):
-                break
-        if attention_now:
-            log_attention(state, ctx)
-        if save_now:
-            save(state, ctx, "last")  # after each evaluation too: a kill -9 loses little
-        signum = ctx.stop.agreed(state.dist)
-        if signum or step == stop_at:
-            meter.read(state)
-            return pause(state, ctx, signum)
-        if ctx.pacer.tick():  # another minitfm process started or ended
-            ctx.reporter.message(f"step {step}: now {ctx.pacer.claim.describe()}")
-    meter.read(state)
-    return finish(state, ctx, last_eval)
-
-
-def due(step: int, every: int) -> bool:
-    """Whether something done every `every` steps (0: never) is done after `step`."""
-    return every > 0 and step % every == 0
-
-
-def attention_every(cfg: Config) -> int:
-    """Steps between attention snapshots: log.attention_every, or train.eval_every for `eval`."""
-    every = cfg.log.attention_every
-    return cfg.train.eval_every if every == "eval" else every
-
-
-def log_attention(state: TrainState, ctx: RunContext) -> None:
+def log_attention(state: RunState, ctx: RunCallbacks) -> None:
     """A snapshot of the probe's maps and the heads' scores: to attention.jsonl and TensorBoard."""
     snapshot = ctx.recorder.take(state.step, state.model)
     if snapshot is not None:
@@ -514,15 +398,10 @@ def log_attention(state: TrainState, ctx: RunContext) -> None:
         ctx.logger.attention(snapshot)
 
 
-def reached_target(state: TrainState, result: EvalResult) -> bool:
-    target = state.cfg.train.target_exact_match
-    return target is not None and result.exact_match >= target
-
-
-def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
+def pause(state: RunState, ctx: RunCallbacks) -> dict[str, Any]:
     """Save `last.pt` and stop: by a signal (raises Interrupted) or at `stop_at`."""
     save(state, ctx, "last")
-    if signum:
+    if signum := ctx.signum:
         summary = record_status(state, ctx, "interrupted")
         name = signal.Signals(signum).name
         ctx.logger.close()
@@ -536,9 +415,10 @@ def pause(state: TrainState, ctx: RunContext, signum: int) -> dict[str, Any]:
     return record_status(state, ctx, "paused")
 
 
-def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> dict[str, Any]:
+def finish(state: RunState, ctx: RunCallbacks) -> dict[str, Any]:
     """Final evaluation (unless the last step had one), attention images, `last.pt`."""
-    if last_eval is None:
+    step, last_eval = ctx.evaluated or (None, None)
+    if step != state.step:
         last_eval = run_eval(state, ctx)
     if state.cfg.log.attention_every:  # `eval` too: the end has an evaluation
         log_attention(state, ctx)
@@ -547,14 +427,14 @@ def finish(state: TrainState, ctx: RunContext, last_eval: EvalResult | None) -> 
     return record_status(state, ctx, status, last_eval)
 
 
-def save(state: TrainState, ctx: RunContext, name: str) -> None:
+def save(state: RunState, ctx: RunCallbacks, name: str) -> None:
     """Write `checkpoints/<name>.pt`: every rank adds its RNG states, rank 0 writes the file."""
     snapshot = state.state_dict()
     if state.dist.is_main:
         save_checkpoint(snapshot, ctx.run_dir / "checkpoints" / f"{name}.pt")
 
 
-def run_eval(state: TrainState, ctx: RunContext) -> EvalResult:
+def run_eval(state: RunState, ctx: RunCallbacks) -> EvalResult:
     """Greedy evaluation on the held-out set; keeps `best.pt` at the best exact match."""
     dist = state.dist
     pairs = ctx.eval_pairs[dist.rank::dist.world_size]  # under torchrun each rank takes a shard
@@ -586,12 +466,9 @@ def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:
     return EvalResult(sums[4] / max(sums[5], 1), total, {}, result.predictions)
 
 
-def next_lr(state: TrainState) -> float:
-    """The learning rate of the step after `state.step` (what the train line reports)."""
-    return state.cfg.train.lr * lr_factor(state.step, state.cfg.train)
-
-
-def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> None:
+def log_train(state: RunState, ctx: RunCallbacks, record: dict, grad_norm) -> None:
+    """A train record (`LossMeter.flush` with lr and gradient norm): to metrics.jsonl, the
+    logger and the reporter."""
     record = {"step": state.step, "split": "train", **record,
               "lr": next_lr(state), "grad_norm": float(grad_norm),
               "elapsed_s": time.perf_counter() - ctx.started}
@@ -601,54 +478,9 @@ def log_train(state: TrainState, ctx: RunContext, record: dict, grad_norm) -> No
     ctx.reporter.train_line(record)
 
 
-class LossMeter:
-    """Mean loss and target tokens/s since the last train line; stops a run whose loss is not
-    finite.
-
-    The step's loss stays an unread tensor on its device: reading a CUDA tensor makes the CPU
-    wait for the GPU, so `read` fetches the losses of many steps at once (every log.log_every
-    steps, and before anything is evaluated or saved) and names the first non-finite one.
-    """
-
-    def __init__(self, step: int):
-        self.unread: list[torch.Tensor] = []  # 0-dim losses of the steps after `self.step`
-        self.step = step  # the last step whose loss was read
-        self.losses: list[float] = []  # read since the last train line
-        self.tokens = 0
-        self.since = time.perf_counter()
-
-    def add(self, loss: torch.Tensor, tokens: int) -> None:
-        self.unread.append(loss)
-        self.tokens += tokens
-
-    def read(self, state: TrainState) -> None:
-        """Fetch the unread losses (one wait for the device); RunFailed at a non-finite one."""
-        if not self.unread:
-            return
-        values = torch.stack(self.unread).tolist()
-        first = self.step + 1  # the step of values[0]
-        self.unread, self.step = [], self.step + len(values)
-        for i, value in enumerate(values):
-            if not math.isfinite(value):
-                cfg = state.cfg.train
-                clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
-                raise state.dist.on_all_ranks(RunFailed(
-                    f"loss became {value} at step {first + i}: lower train.lr ({cfg.lr})"
-                    f"{clip}; no checkpoint was written for it"))
-        self.losses += values
-
-    def flush(self, dist: Dist = Dist()) -> dict[str, float]:
-        """The train line's loss and tokens/s (after `read`), and a fresh start for the next."""
-        now = time.perf_counter()
-        tokens = dist.all_sum([self.tokens])[0]  # under torchrun: all ranks' tokens
-        record = {"loss": sum(self.losses) / max(len(self.losses), 1),
-                  "tokens_per_s": tokens / max(now - self.since, 1e-9)}
-        self.losses, self.tokens, self.since = [], 0, now
-        return record
-
-
-def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
+def summarize(state: RunState, ctx: RunCallbacks, result: EvalResult | None,
               paused: bool) -> dict[str, Any]:
+    """Where the run is, how far it got, how well and how long it took."""
     summary = {"run_dir": str(ctx.run_dir), "step": state.step, "paused": paused,
                "best_exact_match": state.best_exact_match,
                "wall_s": time.perf_counter() - ctx.started, "peak_rss_mb": peak_rss_mb()}
@@ -658,9 +490,9 @@ def summarize(state: TrainState, ctx: RunContext, result: EvalResult | None,
     return summary
 
 
-def record_status(state: TrainState, ctx: RunContext, status: str,
+def record_status(state: RunState, ctx: RunCallbacks, status: str,
                   result: EvalResult | None = None, **extra: Any) -> dict[str, Any]:
-    """The summary, written to `summary.json` by rank 0 (see `runs.write_summary`)."""
+    """The summary, written to `summary.json` by rank 0 (see `rundir.write_summary`)."""
     summary = summarize(state, ctx, result, paused=status not in ("finished", "stopped at target"))
     summary.update(status=status, steps=state.cfg.train.steps, **extra)
     if state.dist.is_main:

@@ -1,0 +1,72 @@
+"""Files a run writes: the one atomic write, `mkdir -p` that cleans up, metrics lines.
+
+Every file minitfm replaces (checkpoints, config.yaml, summary.json, pictures, a sweep's
+results) goes through `write_atomic`: a reader, or a kill midway, sees the old file or the new
+one, never half of it. No torch here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """A temp file in the same folder, fsync, then os.replace: the old file or the new, whole.
+
+    A full disk or a kill midway leaves the previous file as it was (never an empty one).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from TensorBoard
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def current_umask() -> int:
+    """The process umask, read from /proc where possible (setting it is process-wide)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def make_dirs(path: Path) -> None:
+    """`mkdir -p` that removes the folders it made when a later one fails (a name too long)."""
+    created: list[Path] = []
+    try:
+        for folder in reversed([path, *path.parents]):
+            try:
+                if not stat.S_ISDIR(os.stat(folder).st_mode):  # a file: say so, not EEXIST
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder)
+            except FileNotFoundError:  # (a symlink loop raises its own ELOOP above)
+                folder.mkdir()
+                created.append(folder)
+    except OSError:
+        for folder in reversed(created):
+            folder.rmdir()
+        raise
+
+
+def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line to `metrics.jsonl`."""
+    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")

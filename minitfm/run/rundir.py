@@ -1,0 +1,291 @@
+"""Run directories: where a run goes, how it is found, locked, prepared, and how it ended.
+
+A run directory `runs/<name>-<YYYYmmdd-HHMMSS>/` holds `config.yaml` (resolved),
+`metrics.jsonl`, `checkpoints/last.pt`, `checkpoints/best.pt`, TensorBoard event files and,
+whenever training stops, `summary.json`: `status` (finished, stopped at target, interrupted,
+paused or failed), `step`, `steps`, `best_exact_match`, `wall_s` (summed over resumes) and
+`ended`. A run without one is `running` while a process holds its `.lock`, else it was killed:
+`interrupted` when it has `checkpoints/last.pt` (`--resume` continues it), `failed` when not.
+No torch here: listing runs is instant.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from minitfm.config import Config, to_yaml
+from minitfm.errors import CheckpointError, MinitfmError, RunFailed
+from minitfm.run.files import make_dirs, write_atomic
+
+CHECKPOINTS = ("best", "last")
+SUMMARY = "summary.json"
+DONE = ("finished", "stopped at target")
+
+
+# --- finding a run ---
+
+def new_run_dir(log_dir: str | Path, name: str) -> Path:
+    """A fresh `log_dir/<name>-<YYYYmmdd-HHMMSS>` (suffixed `-2`, `-3`... if taken)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(log_dir) / f"{name}-{stamp}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether `path` holds a minitfm run: a config.yaml or metrics.jsonl that minitfm wrote."""
+    config, metrics = path / "config.yaml", path / "metrics.jsonl"
+    # is_file first: opening a FIFO named config.yaml would block
+    return (config.is_file() and is_run_config(config)) or \
+        (metrics.is_file() and is_run_metrics(metrics))
+
+
+def is_run_config(path: Path) -> bool:
+    """A resolved config.yaml: exactly the top-level keys of `Config`, as `to_yaml` writes."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(65536)
+    except (OSError, UnicodeDecodeError):
+        return False
+    keys = set(re.findall(r"^([A-Za-z_]\w*):", text, re.MULTILINE))
+    return keys == set(Config.model_fields)
+
+
+def is_run_metrics(path: Path) -> bool:
+    """A metrics.jsonl whose first line is a record minitfm writes (`step` and `split`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.loads(f.readline(4096))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(record, dict) and {"step", "split"} <= record.keys()
+
+
+def has_config_yaml(path: Path) -> bool:
+    """A quick test for listing runs: `path` has a config.yaml file, not read (`is_run_dir`
+    reads it, to tell a minitfm run from a folder that only looks like one)."""
+    return (path / "config.yaml").is_file()
+
+
+def latest_run(log_dir: str | Path = "runs", which: str = "best") -> Path:
+    """The most recent run under `log_dir` that has `which`.pt (for "best": or last.pt)."""
+    root = Path(log_dir)
+    names = ("best.pt", "last.pt") if which == "best" else (f"{which}.pt",)
+    runs = [p.parent for p in root.glob("*/checkpoints") if p.is_dir()
+            and any((p / name).is_file() for name in names)] if root.is_dir() else []
+    if not runs:
+        raise CheckpointError(f"no runs with a {' or '.join(names)} checkpoint under '{root}/': "
+                              f"train one first (minitfm train) or give a run directory")
+    return max(runs, key=lambda p: (p / "checkpoints").stat().st_mtime)
+
+
+def pick_checkpoint(run: str | Path | None, which: str = "best") -> tuple[Path, str | None]:
+    """The checkpoint meant by a RUN argument (run directory, .pt file or None), and a note
+    when "best" falls back to last.pt because the run has not been evaluated yet."""
+    if which not in CHECKPOINTS:
+        raise CheckpointError(f"--checkpoint ({which!r}) must be one of {', '.join(CHECKPOINTS)}")
+    path = latest_run(which=which) if run is None else Path(run)
+    if path.is_file():
+        return path, None
+    if not path.exists():
+        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
+    if not path.is_dir():
+        raise CheckpointError(f"'{path}' is not a file: give a run directory or a .pt file")
+    ckpt, last = path / "checkpoints" / f"{which}.pt", path / "checkpoints" / "last.pt"
+    if which == "best" and not ckpt.exists() and last.is_file():
+        return last, f"run '{path}' has no best.pt yet (not evaluated so far): using last.pt"
+    if ckpt.exists() and not ckpt.is_file():
+        raise CheckpointError(f"'{ckpt}' is not a file")
+    if not ckpt.is_file():
+        other = [p.name for p in (path / "checkpoints").glob("*.pt")]
+        hint = f" (it has {', '.join(sorted(other))})" if other else " (it has no checkpoints yet)"
+        raise CheckpointError(f"run '{path}' has no {which} checkpoint{hint}")
+    return ckpt, None
+
+
+def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
+    """The checkpoint file meant by a RUN argument (see `pick_checkpoint`), without the note."""
+    return pick_checkpoint(run, which)[0]
+
+
+def find_run_dir(checkpoint: Path) -> Path | None:
+    """The run directory holding `checkpoint` in its checkpoints/; None for a loose file."""
+    parent = checkpoint.resolve().parent
+    if parent.name == "checkpoints" and is_run_dir(parent.parent):
+        return parent.parent
+    return None
+
+
+# --- one training process at a time, and a prepared directory ---
+
+class RunLock:
+    """An exclusive lock on a run directory while one process trains in it.
+
+    `flock` is released by the kernel when the process dies, even by `kill -9`, so a stale
+    lock can never block a later `--resume`.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.file = None
+
+    def __enter__(self) -> RunLock:
+        try:
+            make_dirs(self.run_dir)
+        except OSError as err:
+            raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
+                                  f"({err.strerror}): check log.dir or --run-dir") from None
+        self.file = open(self.run_dir / ".lock", "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            pid = self.file.read().strip() or "?"
+            self.file.close()
+            raise CheckpointError(f"run directory '{self.run_dir}' is in use by another "
+                                  f"training process (pid {pid}): wait for it to finish or "
+                                  f"use another --run-dir") from None
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
+                 held: ExitStack) -> Path:
+    """Pick, check, lock (until `held` closes) and prepare the run directory."""
+    try:
+        if resume is not None:
+            if overwrite:
+                raise MinitfmError("--overwrite cannot be combined with --resume: a resumed run "
+                                   "keeps its files")
+            run_dir = resume_run_dir(resume, run_dir)
+        else:
+            run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
+            check_fresh(run_dir, overwrite)
+        created = not run_dir.exists()
+        held.enter_context(RunLock(run_dir))
+    except OSError as err:  # a name too long, a path through a file, no permission
+        where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
+        raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
+                              f"check log.dir, name or --run-dir") from None
+    try:
+        write_run_files(run_dir, cfg, fresh=resume is None)
+    except OSError as err:
+        if created:  # a disk full from the start: leave nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise RunFailed(write_failure(err, run_dir)) from None
+    return run_dir
+
+
+def check_fresh(run_dir: Path, overwrite: bool) -> None:
+    """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise CheckpointError(f"cannot create the run directory '{run_dir}' (a file of that "
+                              f"name exists): check log.dir or --run-dir")
+    if not run_dir.exists() or all(p.name == ".lock" for p in run_dir.iterdir()):
+        return
+    if not is_run_dir(run_dir):
+        raise MinitfmError(f"directory '{run_dir}' is not empty and holds no minitfm run (no "
+                           f"config.yaml or metrics.jsonl written by minitfm): pick another "
+                           f"--run-dir; --overwrite replaces only minitfm runs")
+    if not overwrite:
+        raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
+                           f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
+
+
+def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
+    """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
+    own = find_run_dir(checkpoint)
+    if own is not None:
+        if run_dir is not None and run_dir.resolve() != own:
+            raise MinitfmError(f"--run-dir ('{run_dir}') cannot be combined with --resume of "
+                               f"run '{own}': a run goes on in its own directory; --run-dir is "
+                               f"for a checkpoint kept outside any run")
+        return own
+    if run_dir is None:
+        raise MinitfmError(f"checkpoint '{checkpoint}' is not inside a minitfm run "
+                           f"(<run>/checkpoints/): to continue it, give --run-dir (a new or "
+                           f"empty directory, or a minitfm run directory)")
+    check_fresh(run_dir, overwrite=True)  # a minitfm run, new or empty: nothing else
+    return run_dir
+
+
+def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
+    """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
+    for stale in [*run_dir.glob(".*.tmp"), *run_dir.glob("checkpoints/.*.tmp")]:
+        stale.unlink()  # left by a write killed midway (see files.write_atomic)
+    if fresh:
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        (run_dir / "attention.jsonl").unlink(missing_ok=True)
+        (run_dir / SUMMARY).unlink(missing_ok=True)
+        for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
+            old.unlink()
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    write_atomic(run_dir / "config.yaml", to_yaml(cfg).encode("utf-8"))
+
+
+def write_failure(err: OSError, run_dir: Path) -> str:
+    """One line for a failed write (a full disk, say): what failed, and what is still safe."""
+    where = err.filename or run_dir
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
+    kept = (f"; {', '.join(saved)} in {run_dir / 'checkpoints'} stay valid" if saved
+            else "; no checkpoint was written yet")
+    return f"cannot write to '{where}' ({err.strerror or err}){kept}"
+
+
+# --- how it ended ---
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
+    """Write `summary.json` atomically; `wall_s` adds up over resumes. Returns that total."""
+    previous = read_summary(run_dir) or {}
+    total = summary["wall_s"] + previous.get("wall_s", 0.0)
+    record = {**summary, "wall_s": total, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    write_atomic(run_dir / SUMMARY, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+    return total
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `summary.json`, or None when it has none (or an unreadable one)."""
+    try:
+        return json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_locked(run_dir: Path) -> bool:
+    """True while a training process holds the run's `.lock` (see `RunLock`)."""
+    try:
+        with open(Path(run_dir) / ".lock") as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file: never trained
+        pass
+    return False
+
+
+def run_status(run_dir: Path) -> str:
+    """running, finished, stopped at target, interrupted, paused or failed."""
+    run_dir = Path(run_dir)
+    if is_locked(run_dir):
+        return "running"
+    summary = read_summary(run_dir)
+    if summary is not None:
+        return summary["status"]
+    return "interrupted" if (run_dir / "checkpoints" / "last.pt").is_file() else "failed"

@@ -157,3 +157,23 @@ def test_readme_command_options_exist(command, options):
     assert result.exit_code == 0, result.output
     for option in options:
         assert option in result.output, f"minitfm {command} has no {option}"
+
+
+def lines_of(*patterns: str) -> int:
+    """Lines of the package's files matching the globs (as `wc -l` counts them)."""
+    package = ROOT / "minitfm"
+    return sum(len(p.read_text(encoding="utf-8").splitlines())
+               for pattern in patterns for p in package.glob(pattern))
+
+
+def test_readme_says_how_long_the_book_is():
+    """The README's sizes of the book and the reading list stay within 10% of the files."""
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    stated = re.search(r"The book is ([\d,]+) lines .*? the reading list is ([\d,]+) lines", text)
+    assert stated, "README no longer says how many lines the book is"
+    book, reading = (int(n.replace(",", "")) for n in stated.groups())
+    actual_book = lines_of("book/*.py")
+    actual_reading = actual_book + lines_of("tasks/base.py", "tasks/synthetic.py")
+    assert abs(book - actual_book) <= 0.1 * actual_book, (book, actual_book)
+    assert abs(reading - actual_reading) <= 0.1 * actual_reading, (reading, actual_reading)
+    assert actual_book < 2000, f"the book is {actual_book} lines: more than an evening"

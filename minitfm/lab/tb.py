@@ -24,11 +24,11 @@ import struct
 import threading
 import zlib
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
 from minitfm.config import Config, flatten, to_yaml
+from minitfm.run.session import Logger, NullLogger  # what the run logs to, and nothing
 
 TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/grad_norm",
               "tokens_per_s": "5_train/tokens_per_s"}
@@ -41,45 +41,6 @@ HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, 
 LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-class Logger(Protocol):
-    """What training logs to: TensorBoard event files (`TensorBoardLogger`) or nothing."""
-
-    def __enter__(self) -> Logger:
-        """The logger itself; leaving the block closes it."""
-
-    def __exit__(self, *exc) -> None:
-        """Close, however the block ended."""
-
-    def train(self, step: int, record: dict) -> None:
-        """The scalars of a train record of metrics.jsonl."""
-
-    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
-        """The scalars of an eval record, and some held-out pairs with their predictions."""
-
-    def attention(self, snapshot) -> None:
-        """Attention images and per-head scores of a `timeline.Snapshot`."""
-
-    def finish(self, summary: dict) -> None:
-        """Hyperparameters with the final metrics."""
-
-    def close(self) -> None:
-        """Flush and close the files (a second call does nothing)."""
-
-
-class NullLogger:
-    """Used when `log.tensorboard` is false."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None: ...
-    def train(self, step: int, record: dict) -> None: ...
-    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None: ...
-    def attention(self, snapshot) -> None: ...
-    def finish(self, summary: dict) -> None: ...
-    def close(self) -> None: ...
 
 
 class TensorBoardLogger(NullLogger):

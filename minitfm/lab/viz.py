@@ -16,7 +16,7 @@ The PNG figures are drawn with matplotlib; TensorBoard's pictures, one per kind 
 evaluation, with numpy and Pillow (`MapGrid`), milliseconds each instead of about a second.
 
 Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
-query and key len (as in layers.py, where K is the head width).
+query and key len (as in book/attention.py, where K is the head width).
 matplotlib and Pillow are imported inside functions, so `minitfm --help` does not pay for them.
 """
 

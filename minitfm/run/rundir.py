@@ -18,6 +18,7 @@ import re
 import shutil
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,21 @@ def find_run_dir(checkpoint: Path) -> Path | None:
 
 # --- one training process at a time, and a prepared directory ---
 
+@dataclass(frozen=True)
+class OptionNames:
+    """How messages name train's options: the CLI's flags, or the Python API's arguments."""
+
+    resume: str = "--resume"
+    resume_of: str = "--resume {}"  # continue the run {}
+    run_dir: str = "--run-dir"
+    overwrite: str = "--overwrite"
+    again: str = "minitfm train --resume {}"  # the whole call that continues the run {}
+
+
+CLI_NAMES = OptionNames()
+API_NAMES = OptionNames("resume=", "resume='{}'", "run_dir=", "overwrite=True",
+                        "train(resume='{}')")
+
 class RunLock:
     """An exclusive lock on a run directory while one process trains in it.
 
@@ -167,23 +183,24 @@ class RunLock:
 
 
 def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
-                 held: ExitStack) -> Path:
-    """Pick, check, lock (until `held` closes) and prepare the run directory."""
+                 held: ExitStack, names: OptionNames = CLI_NAMES) -> Path:
+    """Pick, check, lock (until `held` closes) and prepare the run directory; messages name
+    the options as `names` spells them."""
     try:
         if resume is not None:
             if overwrite:
-                raise MinitfmError("--overwrite cannot be combined with --resume: a resumed run "
-                                   "keeps its files")
-            run_dir = resume_run_dir(resume, run_dir)
+                raise MinitfmError(f"{names.overwrite} cannot be combined with {names.resume}: "
+                                   f"a resumed run keeps its files")
+            run_dir = resume_run_dir(resume, run_dir, names)
         else:
             run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
-            check_fresh(run_dir, overwrite)
+            check_fresh(run_dir, overwrite, names)
         created = not run_dir.exists()
         held.enter_context(RunLock(run_dir))
     except OSError as err:  # a name too long, a path through a file, no permission
         where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
         raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
-                              f"check log.dir, name or --run-dir") from None
+                              f"check log.dir, name or {names.run_dir}") from None
     try:
         write_run_files(run_dir, cfg, fresh=resume is None)
     except OSError as err:
@@ -193,36 +210,39 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
     return run_dir
 
 
-def check_fresh(run_dir: Path, overwrite: bool) -> None:
+def check_fresh(run_dir: Path, overwrite: bool, names: OptionNames = CLI_NAMES) -> None:
     """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"cannot create the run directory '{run_dir}' (a file of that "
-                              f"name exists): check log.dir or --run-dir")
+                              f"name exists): check log.dir or {names.run_dir}")
     if not run_dir.exists() or all(p.name == ".lock" for p in run_dir.iterdir()):
         return
     if not is_run_dir(run_dir):
         raise MinitfmError(f"directory '{run_dir}' is not empty and holds no minitfm run (no "
                            f"config.yaml or metrics.jsonl written by minitfm): pick another "
-                           f"--run-dir; --overwrite replaces only minitfm runs")
+                           f"{names.run_dir}; {names.overwrite} replaces only minitfm runs")
     if not overwrite:
         raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
-                           f"--resume {run_dir}, pick another --run-dir, or pass --overwrite")
+                           f"{names.resume_of.format(run_dir)}, pick another {names.run_dir}, "
+                           f"or pass {names.overwrite}")
 
 
-def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
+def resume_run_dir(checkpoint: Path, run_dir: Path | None,
+                   names: OptionNames = CLI_NAMES) -> Path:
     """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
     own = find_run_dir(checkpoint)
     if own is not None:
         if run_dir is not None and run_dir.resolve() != own:
-            raise MinitfmError(f"--run-dir ('{run_dir}') cannot be combined with --resume of "
-                               f"run '{own}': a run goes on in its own directory; --run-dir is "
-                               f"for a checkpoint kept outside any run")
+            raise MinitfmError(f"{names.run_dir} ('{run_dir}') cannot be combined with "
+                               f"{names.resume} of run '{own}': a run goes on in its own "
+                               f"directory; {names.run_dir} is for a checkpoint kept outside "
+                               f"any run")
         return own
     if run_dir is None:
         raise MinitfmError(f"checkpoint '{checkpoint}' is not inside a minitfm run "
-                           f"(<run>/checkpoints/): to continue it, give --run-dir (a new or "
-                           f"empty directory, or a minitfm run directory)")
-    check_fresh(run_dir, overwrite=True)  # a minitfm run, new or empty: nothing else
+                           f"(<run>/checkpoints/): to continue it, give {names.run_dir} (a new "
+                           f"or empty directory, or a minitfm run directory)")
+    check_fresh(run_dir, overwrite=True, names=names)  # a minitfm run, new or empty: no other
     return run_dir
 
 
@@ -231,13 +251,38 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
     for stale in [*run_dir.glob(".*.tmp"), *run_dir.glob("checkpoints/.*.tmp")]:
         stale.unlink()  # left by a write killed midway (see files.write_atomic)
     if fresh:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        (run_dir / "attention.jsonl").unlink(missing_ok=True)
-        (run_dir / SUMMARY).unlink(missing_ok=True)
-        for old in [*run_dir.glob("checkpoints/*.pt"), *run_dir.glob("events.out.tfevents.*")]:
-            old.unlink()
+        clear_made_files(run_dir)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg).encode("utf-8"))
+
+
+# What minitfm writes into a run, folder by folder: training's records, checkpoints and event
+# files; the pictures of visualize-attention (`viz.default_png`, `timeline.over_training`),
+# ablate and plot; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
+MADE_FILES = {
+    ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|eval-\d+-\d+\.json"
+         r"|events\.out\.tfevents\..+",
+    "checkpoints": r".+\.pt",
+    "attention": r".+-step\d+(-(encoder|decoder|cross))?(-layer\d+)?(-head\d+)?\.png"
+                 r"|over-training-layer\d+\.png",
+    "ablate": r".+-step\d+-(zero|mean)\.png",
+}
+PICTURE_FOLDERS = ("attention", "ablate")  # removed once empty; never entered through a link
+TEMP_FILE = r"\..+\.tmp"
+
+
+def clear_made_files(run_dir: Path) -> None:
+    """Remove what minitfm wrote into a run being overwritten (`MADE_FILES`), and nothing else:
+    a file of the user's stays, and so does the folder that holds one."""
+    for folder, names in MADE_FILES.items():
+        where = run_dir / folder
+        if not where.is_dir() or (folder in PICTURE_FOLDERS and where.is_symlink()):
+            continue
+        for path in where.iterdir():
+            if re.fullmatch(f"{names}|{TEMP_FILE}", path.name) and not path.is_dir():
+                path.unlink()
+        if folder in PICTURE_FOLDERS and not any(where.iterdir()):
+            where.rmdir()
 
 
 def write_failure(err: OSError, run_dir: Path) -> str:

@@ -287,7 +287,7 @@ def train(
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint
             from minitfm.run.session import resume_config
-            console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides)), end="",
+            console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides, ckpt)), end="",
                           markup=False, highlight=False, soft_wrap=True)
             return
         return run_training(None, resume=ckpt, overrides=overrides, run_dir=run_dir,

@@ -28,8 +28,15 @@ from minitfm.book.loop import (
 )
 from minitfm.book.metrics import EvalResult, LengthStats, evaluate
 from minitfm.book.model import build_model
-from minitfm.config import Config, parse_override, set_path, validate
-from minitfm.errors import CheckpointError, Interrupted, MinitfmError, RunFailed
+from minitfm.config import (
+    Config,
+    parse_override,
+    read_yaml,
+    resolve_data_paths,
+    set_path,
+    validate,
+)
+from minitfm.errors import CheckpointError, ConfigError, Interrupted, MinitfmError, RunFailed
 from minitfm.run import distributed
 from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, save_checkpoint
 from minitfm.run.devices import pick_device
@@ -37,7 +44,14 @@ from minitfm.run.distributed import Dist
 from minitfm.run.files import append_metrics
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
-from minitfm.run.rundir import open_run_dir, write_failure, write_summary
+from minitfm.run.rundir import (
+    CLI_NAMES,
+    OptionNames,
+    find_run_dir,
+    open_run_dir,
+    write_failure,
+    write_summary,
+)
 from minitfm.run.signals import StopSignal
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks import make_task, positions_short
@@ -231,32 +245,90 @@ LoggerFactory = Callable[[Path, Config, Task], Logger]
 RecorderFactory = Callable[[Path, Config, Task, list, bool], Recorder]
 
 
-def resume_config(checkpoint: dict[str, Any], overrides: list[str]) -> Config:
-    """The checkpoint's config with `overrides` applied; task and model may not change."""
+def resume_config(checkpoint: dict[str, Any], overrides: list, path: Path | None = None,
+                  names: OptionNames = CLI_NAMES) -> Config:
+    """The checkpoint's config with the edits of its run's config.yaml (see `config_edits`;
+    `path` is the checkpoint file), then `overrides` (`key=value` text or (key, value) pairs)
+    applied; task and model may not change."""
     saved = checkpoint["config"]
     data = {section: dict(v) if isinstance(v, dict) else v for section, v in saved.items()}
+    for key, old, new in config_edits(saved, path):
+        if key.split(".")[0] in ("task", "model"):
+            raise MinitfmError(f"{key} was edited in '{edited_file(path)}' ({old!r} -> "
+                               f"{new!r}), but it cannot change on {names.resume}: it would "
+                               f"change the model or task; undo the edit, or start a new run "
+                               f"with that config")
+        set_path(data, key, new)
     for item in overrides:
-        set_path(data, *parse_override(item))
+        set_path(data, *(item if isinstance(item, tuple) else parse_override(item)))
     cfg = validate(data)
     check_fits(training_parts(cfg), "training")
     for section in ("task", "model"):
         before, after = saved.get(section) or {}, getattr(cfg, section).model_dump()
         for key in before:
             if before[key] != after[key]:
-                raise MinitfmError(f"{section}.{key} cannot change on --resume ({before[key]!r} "
-                                   f"-> {after[key]!r}): it would change the model or task; "
-                                   f"start a new run instead")
+                raise MinitfmError(f"{section}.{key} cannot change on {names.resume} "
+                                   f"({before[key]!r} -> {after[key]!r}): it would change the "
+                                   f"model or task; start a new run instead")
     return cfg
+
+
+def edited_file(checkpoint: Path | None) -> Path | None:
+    """The config.yaml of the run holding `checkpoint` (None: a loose file, or no such file)."""
+    run_dir = find_run_dir(checkpoint) if checkpoint is not None else None
+    path = run_dir / "config.yaml" if run_dir is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def config_edits(saved: dict[str, Any], checkpoint: Path | None) -> list[tuple[str, Any, Any]]:
+    """(key, checkpoint's value, file's value) for each key the run's config.yaml states
+    otherwise than the checkpoint's config `saved` does: a hand edit, or the overrides of a
+    resume killed before its first save. Resume rewrites the file: an edit is applied or
+    refused, never silently lost."""
+    path = edited_file(checkpoint)
+    if path is None:
+        return []
+    instead = "or remove it to continue with the checkpoint's config"
+    try:
+        data = read_yaml(path)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (read on resume: fix the file, {instead})") from None
+    resolve_data_paths(data, path.parent)  # as load_config reads a config file
+    try:
+        stated = validate(data).model_dump()
+    except ConfigError as err:
+        raise ConfigError(f"run config '{path}' (read on resume): {err}; fix the file, "
+                          f"{instead}") from None
+    before = validate(saved).model_dump()  # every key, also one an older checkpoint lacks
+    changed = [(key, lookup(before, key), lookup(stated, key)) for key in stated_keys(data)]
+    return [(key, old, new) for key, old, new in changed if old != new]
+
+
+def stated_keys(data: dict[str, Any]) -> list[str]:
+    """The dotted keys a config file states (a key left out is no edit): `seed`, `train.steps`."""
+    keys = []
+    for name, value in data.items():
+        keys += [f"{name}.{key}" for key in value] if isinstance(value, dict) else [name]
+    return keys
+
+
+def lookup(data: dict[str, Any], key: str) -> Any:
+    """`data["a"]["b"]` for the dotted `key` "a.b"."""
+    for part in key.split("."):
+        data = data[part]
+    return data
 
 
 def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
     """Load a checkpoint into a fresh state; a mismatch is the checkpoint's fault, not a bug."""
-    check_vocab(checkpoint, state.task, path)
+    # The data first: pairs files that gained a symbol changed the vocabulary too, and the
+    # files, not this minitfm version, are the cause.
     for key, value in state.task.checkpoint_data().items():
         if checkpoint.get(key) != value:  # pairs: files changed since the checkpoint
             raise CheckpointError(f"checkpoint '{path}' was trained on other data than "
                                   f"task.train_path and task.eval_path hold now: resuming "
                                   f"would change the task; start a new run")
+    check_vocab(checkpoint, state.task, path)
     try:
         state.load_state_dict(checkpoint)
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
@@ -277,6 +349,7 @@ class RunCallbacks:
     stop: StopSignal
     pacer: ThreadPacer
     stop_at: int | None = None  # pause after this step, as a signal would
+    names: OptionNames = CLI_NAMES  # how messages name train's options
     started: float = field(default_factory=time.perf_counter)
     evaluated: tuple[int, EvalResult] | None = None  # the latest evaluation and its step
     signum: int = 0  # the signal every rank agreed to stop on (0: none)
@@ -319,19 +392,26 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
           overrides: list[str] = (), overwrite: bool = False, reporter: Reporter | None = None,
           stop_at: int | None = None, threads: ThreadClaim | None = None,
           open_logger: LoggerFactory | None = None,
-          open_recorder: RecorderFactory | None = None) -> dict[str, Any]:
+          open_recorder: RecorderFactory | None = None,
+          names: OptionNames = CLI_NAMES) -> dict[str, Any]:
     """Train `cfg` (or continue the checkpoint `resume`); returns the final summary.
 
     `stop_at` pauses after that step as an interrupt would (saving `last.pt`), so a run can be
     continued later with `resume`. `threads` is this process's registration (see `threads`),
     made here if not given. `open_logger` and `open_recorder` make the TensorBoard logger and
     the attention recorder (see `app.api.train_run`); without them nothing is logged or
-    recorded. Under torchrun every rank calls this (see `distributed`): rank 0 alone writes
-    the run directory and reports.
+    recorded. Messages name the options as `names` spells them (the CLI's, or the API's).
+    Under torchrun every rank calls this (see `distributed`): rank 0 alone writes the run
+    directory and reports.
     """
     checkpoint = load_checkpoint(resume, resume=True) if resume is not None else None
+    edits = []
     if checkpoint is not None:
-        cfg = resume_config(checkpoint, overrides)
+        cfg = resume_config(checkpoint, overrides, resume, names)
+        given = {item[0] if isinstance(item, tuple) else item.partition("=")[0].strip()
+                 for item in overrides}  # a KEY=VALUE wins over the file
+        edits = [edit for edit in config_edits(checkpoint["config"], resume)
+                 if edit[0] not in given]
     check_fits(training_parts(cfg), "training")  # before anything is allocated or written
     with distributed.session(cfg.device) as dist, ExitStack() as held:
         claim = threads or held.enter_context(ThreadClaim(cfg.threads))
@@ -345,14 +425,24 @@ def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = Non
         # Under torchrun rank 0 alone shows progress, for every rank.
         reporter = (reporter or NullReporter()) if dist.is_main else NullReporter()
         # rank 0 picks the run directory and tells the others (or its error)
-        run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held))
+        run_dir = dist.from_main(lambda: open_run_dir(cfg, run_dir, resume, overwrite, held,
+                                                      names))
+        if edits:
+            reporter.warning(edits_note(edits, run_dir))
         if (warning := warmup_warning(cfg.train)) is not None:
             reporter.warning(warning)
         try:
             instruments = open_logger or no_logger, open_recorder or no_recorder
-            return run(state, run_dir, reporter, stop_at, claim, *instruments)
+            return run(state, run_dir, reporter, stop_at, claim, names, *instruments)
         except OSError as err:
             raise RunFailed(write_failure(err, run_dir)) from None
+
+
+def edits_note(edits: list[tuple[str, Any, Any]], run_dir: Path) -> str:
+    """What a resume took from the run's config.yaml rather than from the checkpoint."""
+    changes = ", ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in edits)
+    return (f"'{run_dir / 'config.yaml'}' differs from the checkpoint's config: continuing "
+            f"with its {changes}")
 
 
 def no_logger(run_dir: Path, cfg: Config, task: Task) -> NullLogger:
@@ -367,7 +457,7 @@ def no_recorder(run_dir: Path, cfg: Config, task: Task, eval_pairs: list,
 
 
 def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
-        claim: ThreadClaim, open_logger: LoggerFactory,
+        claim: ThreadClaim, names: OptionNames, open_logger: LoggerFactory,
         open_recorder: RecorderFactory) -> dict[str, Any]:
     """Train in a locked, prepared run directory; the logger is closed however it ends."""
     cfg, is_main = state.cfg, state.dist.is_main
@@ -376,7 +466,7 @@ def run(state: RunState, run_dir: Path, reporter: Reporter, stop_at: int | None,
     recorder = open_recorder(run_dir, cfg, state.task, eval_pairs, is_main)
     with StopSignal() as stop, logger:
         ctx = RunCallbacks(state, run_dir, eval_pairs, reporter, logger, recorder, stop,
-                           ThreadPacer(claim), stop_at)
+                           ThreadPacer(claim), stop_at, names)
         reporter.start(run_dir, state, state.device, claim.describe())
         try:
             ended = run_loop(state, ctx)
@@ -410,8 +500,9 @@ def pause(state: RunState, ctx: RunCallbacks) -> dict[str, Any]:
         again = " (under torchrun again, with any number of processes)" \
             if state.dist.world_size > 1 else ""
         raise state.dist.on_all_ranks(Interrupted(f"{name} at step {state.step}: saved {path}; "
-                                                  f"continue with minitfm train --resume "
-                                                  f"{ctx.run_dir}{again}", 128 + signum))
+                                                  f"continue with "
+                                                  f"{ctx.names.again.format(ctx.run_dir)}"
+                                                  f"{again}", 128 + signum))
     return record_status(state, ctx, "paused")
 
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.plots import check_picture_path, write_picture
 from minitfm.lab.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
-from minitfm.tasks.base import Pair, Task
+from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
 ATTENTION_FILE = "attention.jsonl"
 MAP_DECIMALS, SCORE_DECIMALS = 3, 4
@@ -80,10 +80,16 @@ class AttentionRecorder:
     recorded, the snapshots go to TensorBoard only). Inactive (rank > 0 under torchrun, or
     nothing wants them), it takes none."""
 
-    def __init__(self, task: Task, eval_pairs: list[Pair], path: Path | None, active: bool):
+    def __init__(self, task: Task, eval_pairs: list[Pair], path: Path | None, active: bool,
+                 recorded: Pair | None = None):
         self.task, self.path = task, path
-        # The same probe at every step, so the maps show how one example's attention evolves.
-        self.probe = pick_probe(eval_pairs) if eval_pairs and active else None
+        # The same probe at every step, so the maps show how one example's attention evolves:
+        # on resume the one already `recorded` (train.eval_samples may have changed), else
+        # picked from the held-out set. An equal held-out pair is used itself, so that
+        # `evaluated` finds its output.
+        probe = recorded or (pick_probe(eval_pairs) if eval_pairs else None)
+        self.probe = next((pair for pair in eval_pairs if pair == probe), probe) if active \
+            else None
         self.pairs = eval_pairs[:ALIGNMENT_SAMPLES]
         self.last_step: int | None = None
         self.evaluation: tuple[int, list[int] | None, float] | None = None
@@ -119,10 +125,36 @@ class AttentionRecorder:
 
 def open_recorder(run_dir: Path, cfg, task: Task, eval_pairs: list[Pair],
                   is_main: bool) -> AttentionRecorder:
-    """The run's recorder: active on rank 0 when TensorBoard or attention.jsonl wants snapshots."""
+    """The run's recorder: active on rank 0 when TensorBoard or attention.jsonl wants snapshots;
+    a resumed run goes on with the probe its attention.jsonl holds."""
     path = run_dir / ATTENTION_FILE if cfg.log.attention_record else None
     active = is_main and (cfg.log.tensorboard or cfg.log.attention_record)
-    return AttentionRecorder(task, eval_pairs, path, active)
+    recorded = recorded_probe(run_dir / ATTENTION_FILE, task) if active else None
+    return AttentionRecorder(task, eval_pairs, path, active, recorded)
+
+
+def recorded_probe(path: Path, task: Task) -> Pair | None:
+    """The probe of the last whole record of `path` (None: no file, no record, or one this
+    task cannot read), as (source ids, target ids)."""
+    last = None
+    try:
+        if not path.is_file():  # a FIFO would block
+            return None
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                last = line if line.endswith("\n") else last  # a torn last line has no \n
+        record = json.loads(last or "null")
+        source, decoder_input = record["source"], record["decoder_input"]
+        if not isinstance(source, list) or not isinstance(decoder_input, list):
+            return None
+        special = task.vocab.tokens[:EOS_ID + 1]  # PAD, BOS, EOS never sit inside a pair
+        if not source or decoder_input[:1] != [task.vocab.token(BOS_ID)] or any(
+                token in special for token in [*source, *decoder_input[1:]]):
+            return None
+        return [task.vocab.id(t) for t in source], [task.vocab.id(t) for t in decoder_input[1:]]
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, TypeError, KeyError,
+            MinitfmError):  # not what minitfm writes: a new probe, as for a fresh run
+        return None
 
 
 # --- reading ---

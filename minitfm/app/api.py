@@ -23,7 +23,7 @@ row t writes output token t, and the last row writes EOS).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +33,16 @@ from torch import Tensor
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE
 from minitfm.book.model import Seq2SeqTransformer, default_device
-from minitfm.config import Config, load_config
-from minitfm.errors import MinitfmError
+from minitfm.config import SEED_RANGE, Config, load_config
+from minitfm.errors import MinitfmError, quote
 from minitfm.lab.evaluate import eval_report, load_model, predict_lines
 from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
-from minitfm.run.rundir import find_run_dir, pick_checkpoint
+from minitfm.run.rundir import API_NAMES, find_run_dir, pick_checkpoint, resolve_checkpoint
 from minitfm.tasks.base import Task, eval_set
+
+# The bounds of `minitfm eval`'s options, for the same arguments of `Run.evaluate`.
+EVAL_BOUNDS = {"samples": (1, 100_000), "min_len": (1, 65_536), "max_len": (1, 65_536),
+               "seed": (SEED_RANGE["ge"], SEED_RANGE["le"]), "batch_size": (1, 100_000)}
 
 
 @dataclass
@@ -89,7 +93,7 @@ class Run:
         >>> run.predict(["3 1 4", "2 7"])
         ['4 1 3', '7 2']
         """
-        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        texts = input_texts(inputs)
         result = predict_lines(self.config, self.task, self.model, self.device,
                                list(enumerate(texts, 1)))
         if result.error is not None:
@@ -107,9 +111,10 @@ class Run:
         (torch.Size([4, 3, 3]), torch.Size([4, 4, 4]))
         """
         cfg, task = self.config, self.task
+        check_type("text", text, (str, type(None)), "a string in task syntax, or None")
         held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed) if text is None \
             else []
-        probe = run_probe(self.model, task, read_input(cfg, task, text, held_out))
+        probe = run_probe(self.model, task, read_input(cfg, task, text, held_out, "text"))
         blocks = {block.kind: block for block in map_blocks(probe, task)}
         maps = probe.maps
         return Attention(blocks["encoder"].keys, blocks["decoder"].keys,
@@ -123,10 +128,11 @@ class Run:
         >>> report = run.evaluate(min_len=17, max_len=32)  # beyond the trained lengths
         >>> report["exact_match"], report["per_length"]["17"]["exact_match"]
         """
-        for name, value in (("samples", samples), ("min_len", min_len), ("max_len", max_len),
-                            ("batch_size", batch_size)):
-            if value is not None and value < 1:
-                raise MinitfmError(f"{name} ({value}) must be at least 1")
+        given = {"samples": samples, "min_len": min_len, "max_len": max_len, "seed": seed,
+                 "batch_size": batch_size}
+        for name, value in given.items():
+            if value is not None or name in ("samples", "batch_size"):
+                check_integer(name, value, *EVAL_BOUNDS[name])
         return eval_report(self.config, self.task, self.model, self.device, self.checkpoint,
                            self.step, samples=samples, min_len=min_len, max_len=max_len,
                            seed=seed, batch_size=batch_size)
@@ -140,6 +146,8 @@ def load_run(run: str | Path | None = None, checkpoint: str = "best") -> Run:
 
     >>> run = load_run("runs/copy-20261121-101500", checkpoint="last")
     """
+    check_type("run", run, (str, Path, type(None)), "a run directory or .pt file, or None")
+    check_type("checkpoint", checkpoint, str, '"best" or "last"')
     path, note = pick_checkpoint(run, checkpoint)
     if note:
         warnings.warn(note, stacklevel=2)
@@ -149,32 +157,84 @@ def load_run(run: str | Path | None = None, checkpoint: str = "best") -> Run:
 
 
 def train(config: str | Path | dict | Config | None = None, /, *,
-          run_dir: str | Path | None = None, progress: bool = True, **overrides: Any) -> Run:
+          run_dir: str | Path | None = None, resume: str | Path | None = None,
+          overwrite: bool = False, progress: bool = True, **overrides: Any) -> Run:
     """Train as `minitfm train CONFIG KEY=VALUE...` does; the new run, loaded (best checkpoint).
 
     `config` is a YAML file, a dict of the same sections, a Config, or None for the built-in
     default (configs/reverse.yaml). Each override is a keyword argument named by the config
     key with `__` for each dot, its value a Python value: `train__steps=50` is
     `train.steps=50`, `model__positional="rope"`, `seed=1`; `**{"train.steps": 50}` works
-    too. `run_dir` is `--run-dir`; `progress=False` trains silently.
+    too. `run_dir` is `--run-dir`, `resume` (a run or its checkpoint, with no `config`)
+    `--resume`, `overwrite=True` `--overwrite`; `progress=False` trains silently.
 
     >>> run = train("configs/copy.yaml", train__steps=50, model__n_heads=2)
     >>> run = train({"task": {"name": "sort"}}, **{"train.steps": 50}, progress=False)
+    >>> run = train(resume=run.run_dir, train__steps=100)  # the same run, 50 steps more
     """
     from minitfm.app.progress import ConsoleReporter
     from minitfm.run.memory import keep_freed_memory
 
-    data = config.model_dump() if isinstance(config, Config) else config
-    cfg = load_config(data, [(key.replace("__", "."), value) for key, value in overrides.items()])
+    check_train_arguments(config, run_dir, resume, overwrite, progress)
+    pairs = [(key.replace("__", "."), value) for key, value in overrides.items()]
+    options: dict[str, Any] = {"run_dir": None if run_dir is None else Path(run_dir),
+                               "overwrite": overwrite, "names": API_NAMES}
+    if resume is not None:  # the config comes from the checkpoint, as on the command line
+        cfg = None
+        options.update(resume=resolve_checkpoint(resume, "last"), overrides=pairs)
+    else:
+        cfg = load_config(config.model_dump() if isinstance(config, Config) else config, pairs)
     keep_freed_memory()  # as the CLI does: fewer page faults, faster steps
     reporter = ConsoleReporter() if progress else None
     try:
-        summary = train_run(cfg, run_dir=None if run_dir is None else Path(run_dir),
-                            reporter=reporter)
+        summary = train_run(cfg, reporter=reporter, **options)
     finally:
         if reporter is not None:
             reporter.stop()
     return load_run(summary["run_dir"])
+
+
+def check_train_arguments(config: Any, run_dir: Any, resume: Any, overwrite: Any,
+                          progress: Any) -> None:
+    """`train`'s arguments of the right types; `config` and `resume` not both."""
+    check_type("config", config, (str, Path, dict, Config, type(None)),
+               "a YAML file (str or Path), a dict of sections, a Config, or None")
+    check_type("run_dir", run_dir, (str, Path, type(None)), "a folder (str or Path), or None")
+    check_type("resume", resume, (str, Path, type(None)),
+               "a run directory or .pt file (str or Path), or None")
+    check_type("overwrite", overwrite, bool, "True or False")
+    check_type("progress", progress, bool, "True or False")
+    if resume is not None and config is not None:
+        raise MinitfmError(f"config ({quote(config)}) cannot be combined with resume=: a "
+                           f"resumed run's config comes from its checkpoint; give only "
+                           f"keyword overrides such as train__steps=500")
+
+
+def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
+    """A MinitfmError naming the argument unless `value` is one of `types`."""
+    if not isinstance(value, types):
+        raise MinitfmError(f"{name} ({quote(value)}) must be {what}, not "
+                           f"{type(value).__name__}")
+
+
+def check_integer(name: str, value: Any, low: int, high: int) -> None:
+    """An int (not a bool) within `low`..`high`, or a MinitfmError naming the argument."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise MinitfmError(f"{name} ({quote(value)}) must be an integer from {low:,} to "
+                           f"{high:,}")
+
+
+def input_texts(inputs: Any) -> list[str]:
+    """`predict`'s inputs as a list of strings: one string, or an iterable of strings."""
+    if isinstance(inputs, str):
+        return [inputs]
+    if not isinstance(inputs, Iterable) or isinstance(inputs, (bytes, bytearray, dict)):
+        raise MinitfmError(f"inputs ({quote(inputs)}) must be a string or a list of strings in "
+                           f"task syntax, e.g. ['3 1 4'], not {type(inputs).__name__}")
+    texts = list(inputs)
+    for number, text in enumerate(texts, 1):
+        check_type(f"input {number}", text, str, "a string in task syntax, e.g. '3 1 4'")
+    return texts
 
 
 def train_run(cfg: Config | None, **options: Any) -> dict[str, Any]:

@@ -474,8 +474,10 @@ def check_selection(cfg, kinds: tuple[str, ...], layer: int | None, head: int | 
                            f"{n_heads} heads per layer")
 
 
-def read_input(cfg, task: Task, text: str | None, held_out: list[Pair]) -> list[int]:
-    """`--input` parsed in task syntax, or (none given) the held-out probe of training."""
+def read_input(cfg, task: Task, text: str | None, held_out: list[Pair],
+               option: str = "--input") -> list[int]:
+    """`--input` parsed in task syntax (messages call it `option`), or (none given) the
+    held-out probe of training."""
     from minitfm.lab.evaluate import input_limit
 
     if text is None:
@@ -484,7 +486,7 @@ def read_input(cfg, task: Task, text: str | None, held_out: list[Pair]) -> list[
     try:
         return task.parse(text, max_tokens=min(limit or MAX_DRAWN_TOKENS, MAX_DRAWN_TOKENS))
     except MinitfmError as err:
-        raise type(err)(f"--input ({quote(text)}): {err}") from None
+        raise type(err)(f"{option} ({quote(text)}): {err}") from None
 
 
 def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -118,3 +119,60 @@ def test_train_takes_a_dict_a_config_and_dotted_keys(tmp_path):
         train(None, train__stepz=3, progress=False)
     with pytest.raises(ConfigError, match="train.steps"):
         train(None, train__steps="many", progress=False)
+
+
+# Each argument of the wrong type or out of the CLI's bounds: a MinitfmError naming it.
+BAD_ARGUMENTS = {
+    "predict_int": (lambda run: run.predict(123), "inputs (123)"),
+    "predict_bytes": (lambda run: run.predict(b"1 2"), "inputs (b'1 2')"),
+    "predict_list_int": (lambda run: run.predict([1, 2]), "input 1 (1)"),
+    "predict_list_none": (lambda run: run.predict(["1", None]), "input 2 (None)"),
+    "predict_none": (lambda run: run.predict(None), "inputs (None)"),
+    "eval_float": (lambda run: run.evaluate(samples=2.5), "samples (2.5)"),
+    "eval_str": (lambda run: run.evaluate(samples="10"), "samples ('10')"),
+    "eval_bool": (lambda run: run.evaluate(samples=True), "samples (True)"),
+    "eval_huge": (lambda run: run.evaluate(samples=100_001), "samples (100001)"),
+    "eval_seed_big": (lambda run: run.evaluate(samples=5, seed=2**70), "seed (1180591"),
+    "eval_max_len": (lambda run: run.evaluate(max_len=1.5), "max_len (1.5)"),
+    "eval_batch": (lambda run: run.evaluate(batch_size=0), "batch_size (0)"),
+    "attention_int": (lambda run: run.attention(123), "text (123)"),
+    "train_list": (lambda run: train([1, 2]), "config ([1, 2])"),
+    "train_run_dir": (lambda run: train(None, run_dir=5), "run_dir (5)"),
+    "train_overwrite": (lambda run: train(None, overwrite="no"), "overwrite ('no')"),
+    "train_resume": (lambda run: train(resume=3), "resume (3)"),
+    "train_both": (lambda run: train("configs/copy.yaml", resume=run.run_dir),
+                   "config ('configs/copy.yaml') cannot be combined with resume="),
+    "load_int": (lambda run: load_run(123), "run (123)"),
+    "load_checkpoint": (lambda run: load_run(run.run_dir, checkpoint=1), "checkpoint (1)"),
+}
+
+
+@pytest.mark.parametrize("call,start", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_arguments_are_checked(run, call, start):
+    with pytest.raises(MinitfmError) as err:
+        call(run)
+    assert str(err.value).startswith(start) and "\n" not in str(err.value), str(err.value)
+
+
+def test_errors_name_the_api_arguments_not_cli_options(run, tmp_path):
+    with pytest.raises(MinitfmError) as err:
+        train(None, run_dir=run.run_dir, progress=False, **SETTINGS)
+    message = str(err.value)
+    assert f"resume='{run.run_dir}'" in message and "overwrite=True" in message
+    assert "--" not in message
+    with pytest.raises(MinitfmError, match=r"^overwrite=True cannot be combined with resume="):
+        train(resume=run.run_dir, overwrite=True, progress=False)
+    with pytest.raises(TaskInputError) as err:
+        run.attention(" ".join(["1"] * 500))
+    assert str(err.value).startswith("text ('1 1 1") and "--input" not in str(err.value)
+
+
+def test_train_resumes_and_overwrites_as_the_cli_does(run, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run.run_dir, copy)
+    assert train(resume=copy, train__steps=203, progress=False).run_dir == copy.resolve()
+    last = load_run(copy, checkpoint="last")
+    assert last.step == 203 and last.config.train.steps == 203
+    fresh = train(None, run_dir=copy, overwrite=True, progress=False,
+                  **{**SETTINGS, "train.steps": 2})
+    assert load_run(fresh.run_dir, checkpoint="last").step == 2

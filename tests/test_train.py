@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import re
 
 import pytest
 import torch
@@ -117,11 +118,17 @@ def test_nan_loss_stops_with_exit_1_and_no_nan_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     cfg = tiny("train.lr=1e30", "train.warmup_steps=0", "train.grad_clip=null",
                "train.checkpoint_every=1", "train.steps=50")
-    with pytest.raises(RunFailed, match="loss became"):
+    with pytest.raises(RunFailed, match="loss became") as err:
         train(cfg, run_dir=run_dir)
-    for path in (run_dir / "checkpoints").glob("*.pt"):
-        state = load_checkpoint(path)
-        assert all(torch.isfinite(t).all() for t in state["model"].values())
+    failed_at = int(re.search(r"at step (\d+)", str(err.value)).group(1))
+    assert failed_at >= 2  # so that a step before it was saved
+    # last.pt from the step before (checkpoint_every=1); no evaluation came, so no best.pt
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["last.pt"]
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["step"] == failed_at - 1
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["step"]) == ("failed", failed_at)
 
 
 def test_nan_loss_through_cli_exits_1(tmp_path):

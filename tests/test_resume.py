@@ -1,0 +1,303 @@
+"""Resume and overwrite never discard what the user wrote, nor mix two runs in one file.
+
+A hand edit of a run's config.yaml is applied on --resume (train.*, log.*, as KEY=VALUE is) or
+refused with nothing written (task.*, model.*); the attention probe stays the same across a
+resume; --overwrite clears what minitfm wrote into a run and only that; a second Ctrl-C during
+the save keeps the previous last.pt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from minitfm.config import load_config
+from minitfm.lab.timeline import ATTENTION_FILE, read_timeline, recorded_probe
+from minitfm.lab.viz import pick_probe
+from minitfm.run.checkpoint import load_checkpoint
+from minitfm.tasks import make_task
+from minitfm.tasks.base import eval_set
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+# Four steps with two evaluations and their attention snapshots: a run to resume, in a second.
+SHORT = [*TINY, "train.steps=4", "train.eval_every=2", "train.eval_samples=50",
+         "train.checkpoint_every=0", "train.target_exact_match=null",
+         "log.tensorboard=false", "log.attention_every=eval"]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A finished four-step run; tests continue copies of it."""
+    run_dir = tmp_path_factory.mktemp("base") / "run"
+    result = run_cli("train", *SHORT, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    return run_dir
+
+
+@pytest.fixture
+def run(base, tmp_path):
+    """A copy of the base run, free to change."""
+    return shutil.copytree(base, tmp_path / "run")
+
+
+def snapshot(root):
+    """Every file under `root` with its bytes: equal snapshots mean nothing was written."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def edit_config(run_dir, key, value):
+    """Set the dotted `key` in the run's config.yaml, as a user with an editor would."""
+    path = run_dir / "config.yaml"
+    data = yaml.safe_load(path.read_text())
+    section, name = key.split(".")
+    data[section][name] = value
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def last_step(run_dir):
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
+
+
+# --- M8: a hand-edited config.yaml on --resume ---
+
+@pytest.mark.parametrize("key,value,overrides", [("train.steps", 6, []),
+                                                ("log.log_every", 1, ["train.steps=6"])])
+def test_an_edit_of_a_key_resume_may_change_is_applied_and_kept(run, key, value, overrides):
+    edit_config(run, key, value)
+    result = run_cli("train", "--resume", run, *overrides)
+    assert result.exit_code == 0, result.stderr
+    old = {"train.steps": 4, "log.log_every": 10}[key]
+    note = f"differs from the checkpoint's config: continuing with its {key}: {old} -> {value}"
+    assert note in result.stderr and "train.steps=6" not in note
+    assert last_step(run) == 6
+    saved = load_checkpoint(run / "checkpoints" / "last.pt")["config"]
+    written = yaml.safe_load((run / "config.yaml").read_text())
+    for config in (saved, written):  # the edit is in the new checkpoint and stays in the file
+        assert config[key.split(".")[0]][key.split(".")[1]] == value
+
+
+def test_an_override_wins_over_an_edit_and_print_config_shows_both(run):
+    edit_config(run, "train.steps", 6)
+    edit_config(run, "train.lr", 0.5)
+    result = run_cli("train", "--resume", run, "--print-config", "train.steps=9")
+    assert result.exit_code == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)["train"]
+    assert (printed["steps"], printed["lr"]) == (9, 0.5)
+    result = run_cli("train", "--resume", run, "train.steps=5")
+    assert result.exit_code == 0, result.stderr
+    assert "its train.lr: 0.003 -> 0.5" in result.stderr and "train.steps:" not in result.stderr
+    assert last_step(run) == 5
+
+
+def test_an_unedited_config_gives_no_note(run):
+    result = run_cli("train", "--resume", run, "train.steps=5")
+    assert result.exit_code == 0, result.stderr
+    assert "differs" not in result.stderr and last_step(run) == 5
+
+
+@pytest.mark.parametrize("key,value,needles", [
+    ("model.d_model", 64, ["model.d_model was edited in", "config.yaml", "(32 -> 64)",
+                           "undo the edit"]),
+    ("task.name", "reverse", ["task.name was edited in", "'copy' -> 'reverse'"]),
+    ("train.steps", -3, ["config.yaml", "train.steps (-3)", "fix the file"]),
+    ("train.stepz", 5, ["config.yaml", "unknown config key 'train.stepz'"]),
+])
+def test_an_edit_resume_cannot_apply_is_refused_and_nothing_written(run, key, value, needles):
+    edit_config(run, key, value)
+    before = snapshot(run)
+    assert_clean_error(run_cli("train", "--resume", run), 2, *needles)
+    assert snapshot(run) == before
+
+
+def test_a_config_yaml_that_is_no_yaml_is_refused(run):
+    (run / "config.yaml").write_text("train: [oops\n")
+    before = snapshot(run)
+    assert_clean_error(run_cli("train", "--resume", run), 2, "not valid YAML", "remove it")
+    assert snapshot(run) == before
+
+
+# --- M7: the attention probe across a resume ---
+
+def probe_of(eval_samples):
+    """SHORT's task, and the probe a fresh recorder picks from `eval_samples` held-out pairs."""
+    cfg = load_config(None, SHORT)
+    task = make_task(cfg.task)
+    return task, pick_probe(eval_set(task, eval_samples, cfg.task.eval_seed))
+
+
+@pytest.mark.parametrize("eval_samples", [1, 3, 200])
+def test_the_probe_stays_the_same_when_eval_samples_changes(run, eval_samples):
+    task, first = probe_of(50)
+    result = run_cli("train", "--resume", run, "train.steps=8",
+                     f"train.eval_samples={eval_samples}")
+    assert result.exit_code == 0, result.stderr
+    records = [json.loads(line) for line in (run / ATTENTION_FILE).read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4, 6, 8]
+    assert [[task.vocab.id(t) for t in r["source"]] for r in records] == [first[0]] * 4
+    timeline = read_timeline(run)  # one probe: the file reads, and draws
+    assert timeline.steps == [2, 4, 6, 8]
+    result = run_cli("visualize-attention", run, "--over-training")
+    assert result.exit_code == 0, result.stderr
+
+
+def test_the_cases_above_would_pick_another_probe():
+    """Without the recorded probe, a smaller held-out set picks another example (so the test
+    above would fail if the recorder picked its probe anew)."""
+    assert probe_of(1)[1] != probe_of(50)[1] and probe_of(3)[1] != probe_of(50)[1]
+
+
+@pytest.mark.parametrize("content,expected", [
+    ("", None),
+    ("not json\n", None),
+    ('{"step": 2}\n', None),
+    ('{"source": ["1"], "decoder_input": ["1"]}\n', None),  # no <bos>
+    ('{"source": ["<eos>"], "decoder_input": ["<bos>"]}\n', None),
+    ('{"source": ["9"], "decoder_input": ["<bos>", "9"]}\n', None),  # not in the vocabulary
+    ('{"source": "1 2", "decoder_input": ["<bos>", "1"]}\n', None),
+    ("[" * 100_000 + "]" * 100_000 + "\n", None),
+    ('{"source": ["1", "2"], "decoder_input": ["<bos>", "1", "2"]}\n', ([4, 5], [4, 5])),
+    ('{"source": ["1"], "decoder_input": ["<bos>", "1"]}\n{"source": ["2", "3"], '
+     '"decoder_input": ["<bos>", "2", "3"]}\n{"source": ["4"', ([5, 6], [5, 6])),  # torn end
+])
+def test_the_recorded_probe_is_the_last_whole_record(tmp_path, content, expected):
+    task, _ = probe_of(1)
+    path = tmp_path / ATTENTION_FILE
+    path.write_text(content)
+    assert recorded_probe(path, task) == expected
+    assert recorded_probe(tmp_path / "missing.jsonl", task) is None
+
+
+# --- L17: --overwrite ---
+
+MADE = ["attention/best-step4.png", "attention/last-step4-cross-layer0-head1.png",
+        "attention/over-training-layer0.png", "attention/.best-step4.png.x1y2.tmp",
+        "ablate/best-step4-zero.png", "ablate/last-step2-mean.png", "plot.png",
+        "eval-1-6.json", "eval-17-32.json", ".summary.json.abc.tmp"]
+USERS = ["notes.md", "eval-mine.json", "plots/plot.png", "attention/notes.txt",
+         "attention/step4.png", "ablate/ablated-by-hand.png.bak"]
+
+
+def test_overwrite_removes_what_minitfm_wrote_and_nothing_else(run):
+    for name in MADE + USERS:
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("old")
+    result = run_cli("train", *SHORT, "train.steps=2", "--run-dir", run, "--overwrite")
+    assert result.exit_code == 0, result.stderr
+    assert [name for name in MADE if (run / name).exists()] == []
+    assert [name for name in USERS if (run / name).read_text() != "old"] == []
+    assert last_step(run) == 2 and (run / "attention").is_dir()  # it holds the user's files
+
+
+def test_overwrite_removes_the_emptied_picture_folders(run):
+    for name in ("attention/best-step4.png", "ablate/best-step4-zero.png"):
+        (run / name).parent.mkdir(exist_ok=True)
+        (run / name).write_text("old")
+    result = run_cli("train", *SHORT, "train.steps=2", "--run-dir", run, "--overwrite")
+    assert result.exit_code == 0, result.stderr
+    assert not (run / "attention").exists() and not (run / "ablate").exists()
+
+
+def test_overwrite_never_enters_a_linked_picture_folder(run, tmp_path):
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    (elsewhere / "best-step4.png").write_text("mine")
+    (run / "attention").symlink_to(elsewhere)
+    result = run_cli("train", *SHORT, "train.steps=2", "--run-dir", run, "--overwrite")
+    assert result.exit_code == 0, result.stderr
+    assert (elsewhere / "best-step4.png").read_text() == "mine"
+
+
+# --- L1: a pairs resume after the data changed ---
+
+def write_pairs(path, extra=""):
+    words = [f"{a}{b}{c}" for a in "abcd" for b in "abcd" for c in "abcd"]
+    path.write_text("".join(f"{w}\t{w[::-1]}\n" for w in words) + extra)
+
+
+@pytest.mark.parametrize("change", ["a new symbol", "a line less"])
+def test_a_pairs_resume_after_the_data_changed_blames_the_data(tmp_path, change):
+    data = tmp_path / "pairs.tsv"
+    write_pairs(data)
+    model_and_train = [item for item in SHORT if not item.startswith("task.")]
+    result = run_cli("train", "task.name=pairs", f"task.train_path={data}", *model_and_train,
+                     "train.steps=2", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stderr
+    if change == "a new symbol":
+        write_pairs(data, "zz\tzz\n")
+    else:
+        data.write_text("".join(data.read_text().splitlines(keepends=True)[1:]))
+    before = snapshot(tmp_path / "run")
+    assert_clean_error(run_cli("train", "--resume", tmp_path / "run", "train.steps=4"), 2,
+                       "trained on other data than task.train_path")
+    assert snapshot(tmp_path / "run") == before
+
+
+# --- test review #3: a second Ctrl-C during the save ---
+
+# Runs the CLI with two hooks: a marker once a step is done (the loop and its signal handler
+# are in place), and a save of last.pt that blocks, its temp file written, until a signal.
+BLOCKED_SAVE = """
+import os, sys, time
+from pathlib import Path
+import minitfm.run.session as session
+from minitfm.app.cli import main
+
+markers = Path(sys.argv.pop(1))
+after_step, replace = session.RunCallbacks.after_step, os.replace
+
+def stepped(self, step):
+    after_step(self, step)
+    (markers / "running").touch()
+
+def blocked(src, dst, *args, **kwargs):
+    if Path(dst).name == "last.pt":
+        (markers / "saving").touch()
+        while True:  # the second Ctrl-C's handler raises here
+            time.sleep(0.01)
+    return replace(src, dst, *args, **kwargs)
+
+session.RunCallbacks.after_step, os.replace = stepped, blocked
+main()
+"""
+
+
+def wait_for(path, proc, timeout=120):
+    """Block until `path` exists; fail if the process ends first (no timing is asserted)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the process ended first: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"no {path.name} within {timeout} s")
+        time.sleep(0.02)
+
+
+@pytest.mark.slow  # starts another torch process
+def test_a_second_ctrl_c_during_the_save_keeps_the_previous_last_pt(run, tmp_path):
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", BLOCKED_SAVE, str(markers), "train",
+                             "--resume", str(run), "train.steps=100000"],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(markers / "running", proc)
+    proc.send_signal(signal.SIGINT)  # the first: finish the step, then save last.pt
+    wait_for(markers / "saving", proc)
+    proc.send_signal(signal.SIGINT)  # the second, while the save waits to replace last.pt
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "SIGINT again: stopped at once, without saving" in stderr, stderr
+    assert last.read_bytes() == before and last_step(run) == 4
+    assert not list(last.parent.glob(".*.tmp"))  # the cut-short temp file is gone

@@ -114,6 +114,12 @@ def test_a_fifo_in_a_run_never_blocks_the_listing(base, tmp_path):
     assert rows["good"]["status"] == "finished" and rows["good"]["step"] == 20
 
 
+def test_runs_of_a_file_says_it_is_no_folder(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    assert_clean_error(run_cli("runs", tmp_path / "afile"), 2, "afile' is not a folder")
+    assert_clean_error(run_cli("runs", tmp_path / "nope"), 2, "nope' not found")
+
+
 def test_a_config_with_dates_and_tags_still_lists_as_json(base, tmp_path):
     """YAML reads `2026-01-01` as a date: `runs --json` writes it as text, not a traceback."""
     (run,) = copy_runs(base, tmp_path, "dated")

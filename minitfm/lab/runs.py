@@ -33,7 +33,8 @@ NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match")}  # what plot and
 def find_runs(root: Path) -> list[Path]:
     """Run directories: `root` itself, its children, and the runs of sweep folders in it."""
     if not root.is_dir():
-        raise MinitfmError(f"runs folder '{root}' not found: give a folder of run directories "
+        found = "is not a folder" if root.exists() else "not found"
+        raise MinitfmError(f"runs folder '{root}' {found}: give a folder of run directories "
                            f"(default ./runs) or a sweep folder")
     if has_config_yaml(root):
         return [root]

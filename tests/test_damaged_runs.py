@@ -199,6 +199,9 @@ def test_a_deeply_nested_attention_line_is_skipped(base, tmp_path):
     with open(run / ATTENTION_FILE, "a") as f:
         f.write("[" * 200_000 + "]" * 200_000 + "\n")
     assert read_timeline(run).steps == [10, 20]
+    (run / ATTENTION_FILE).write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    assert_clean_error(run_cli("visualize-attention", run, "--over-training"), 2,
+                       "attention.jsonl' holds no record minitfm writes")
 
 
 EDITS = {

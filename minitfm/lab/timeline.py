@@ -158,6 +158,8 @@ def read_timeline(run_dir: Path) -> Timeline:
             records[record["step"]] = record  # a resumed run's later record wins
         except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: "[[[[..."
             continue
+    if not records and any(line.strip() for line in lines):
+        raise CheckpointError(f"'{path}' holds no record minitfm writes: {HOW_TO_RECORD}")
     if not records:
         raise CheckpointError(f"run '{run_dir}' has no recorded attention (no {ATTENTION_FILE}: "
                               f"trained before minitfm recorded it, or with recording off): "

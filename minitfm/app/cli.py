@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import sys
-import unicodedata
 from pathlib import Path
 
 import typer
@@ -28,6 +27,7 @@ from minitfm.app.tables import (
     heatmap_legend,
     over_training_table,
     per_length_table,
+    printable,
     runs_table,
     sweep_table,
     tasks_table,
@@ -111,7 +111,8 @@ class OneLineErrors(PlainHelp, TyperGroup):
         except typer.TyperException as err:
             command = f"minitfm {err.ctx.info_name} --help" if getattr(err, "ctx", None) \
                 and err.ctx.parent else "minitfm --help"
-            err_console.print(f"error: {err.format_message()} (see '{command}')", markup=False)
+            err_console.print(f"error: {printable(err.format_message())} (see '{command}')",
+                              markup=False)
             code = err.exit_code
         except typer.Abort:
             code = 130
@@ -140,11 +141,6 @@ THREADS_HELP = ("CPU threads: auto (the fastest alone, shared with other minitfm
 MAX_ERROR_CHARS = 500  # one line, however long the user's input was
 
 
-def printable(text: str) -> str:
-    """`text` with control characters escaped, so a file name cannot drive the terminal."""
-    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch for ch in text)
-
-
 def fail(message: str, code: int = 2, kind: str = "error"):
     """Print one clean line on stderr (`error: ...`, or `interrupted: ...` when the user
     stopped the command) and exit with `code`."""
@@ -157,17 +153,25 @@ def fail(message: str, code: int = 2, kind: str = "error"):
 
 def show(renderable) -> None:
     """Print to stdout; a table's title and caption go on lines of their own, where they wrap
-    like any text (at a terminal's width, never when piped), not to the table's width."""
+    like any text (at a terminal's width, never when piped), not to the table's width. They
+    may hold paths: control characters come out escaped."""
     if not isinstance(renderable, Table):
         console.print(renderable)
         return
     title, caption = renderable.title, renderable.caption
     renderable.title = renderable.caption = None
-    for line in heading_lines(str(title or ""), console.width):
+    for line in heading_lines(printable(str(title or "")), console.width):
         console.print(line, style="table.title", markup=False, highlight=False)
     console.print(renderable)
     if caption:
-        console.print(str(caption), style="table.caption", markup=False, highlight=False)
+        console.print(printable(str(caption)), style="table.caption", markup=False,
+                      highlight=False)
+
+
+def say(text: str) -> None:
+    """One line on stdout as written (no markup); it may name paths: control characters come
+    out escaped."""
+    console.print(printable(text), markup=False, highlight=False)
 
 
 def heading_lines(title: str, width: int) -> list[str]:
@@ -193,7 +197,7 @@ def chosen_checkpoint(run: Path | None, which: str) -> Path:
 
     path, note = pick_checkpoint(run, which)
     if note:
-        err_console.print(f"note: {note}", markup=False)
+        err_console.print(f"note: {printable(note)}", markup=False)
     return path
 
 
@@ -398,7 +402,7 @@ def eval_command(
 
         length_chart(report, plot, force)
         # beside --json's one object, on stderr: stdout stays one JSON document
-        (err_console if as_json else console).print(f"wrote {plot}", markup=False,
+        (err_console if as_json else console).print(f"wrote {printable(str(plot))}", markup=False,
                                                     highlight=False, soft_wrap=True)
 
 
@@ -434,7 +438,7 @@ def predict(
         claim.apply()
         result = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
     if result.warning:
-        err_console.print(f"warning: {result.warning}", markup=False)
+        err_console.print(f"warning: {printable(result.warning)}", markup=False)
     for (number, _), row in zip(lines, result.rows):
         if row.get("unknown"):
             err_console.print(f"note: {where} {number}: {', '.join(map(repr, row['unknown']))} "
@@ -500,16 +504,17 @@ def visualize_attention(
                            layer, head, out)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
-    for line in heading_lines(f"{report.task.name} · {report.checkpoint} · step {report.step}",
-                              console.width):
+    heading = f"{report.task.name} · {report.checkpoint} · step {report.step}"
+    for line in heading_lines(printable(heading), console.width):
         console.print(line, **plain)
-    console.print(f"input:      {fmt(report.probe.src)}", **plain)
+    console.print(f"input:      {printable(fmt(report.probe.src))}", **plain)
     if report.target is None:  # pairs: an input that is not in the data
-        console.print(f"prediction: {fmt(report.probe.prediction)}", **plain)
+        console.print(f"prediction: {printable(fmt(report.probe.prediction))}", **plain)
         console.print("expected:   (unknown: this input is not a held-out pair)", **plain)
     else:
-        console.print(f"prediction: {fmt(report.probe.prediction)}  ({verdict})", **plain)
-        console.print(f"expected:   {fmt(report.target)}", **plain)
+        console.print(f"prediction: {printable(fmt(report.probe.prediction))}  ({verdict})",
+                      **plain)
+        console.print(f"expected:   {printable(fmt(report.target))}", **plain)
     maps = attention_heatmaps(report.terminal_blocks) if terminal else []
     needed = max(map(widest, maps), default=0)
     if needed > console.width:  # wrapped, a map's rows would fall apart
@@ -523,7 +528,8 @@ def visualize_attention(
             console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
                           "--head for the others, all of them are in the PNG)", **plain)
     show(alignment_table(report))
-    console.print(f"wrote {report.png}", soft_wrap=True, **plain)  # a path, never cut in two
+    console.print(f"wrote {printable(str(report.png))}", soft_wrap=True,
+                  **plain)  # a path, never cut in two
 
 
 # What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
@@ -551,11 +557,12 @@ def show_over_training(run: Path | None, layer: int | None, out: Path | None,
 
     report = over_training(run, layer, out, gif)
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
-    console.print(f"{report.timeline.run_dir} · cross-attention over training", **plain)
+    console.print(f"{printable(str(report.timeline.run_dir))} · cross-attention over training",
+                  **plain)
     show(over_training_table(report))
     for path in (report.png, report.gif):
         if path is not None:
-            console.print(f"wrote {path}", **plain)  # a path, never cut in two
+            console.print(f"wrote {printable(str(path))}", **plain)  # a path, never cut in two
 
 
 @app.command()
@@ -572,8 +579,11 @@ def plot(
     """Plot loss and exact match against step, several runs overlaid (no TensorBoard needed)."""
     from minitfm.lab.plots import plot_runs
 
-    path = plot_runs(runs or [], out, force)
-    console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
+    notes: list[str] = []
+    path = plot_runs(runs or [], out, force, notes)
+    for note in notes:
+        err_console.print(f"note: {printable(note)}", markup=False)
+    console.print(f"wrote {printable(str(path))}", markup=False, highlight=False, soft_wrap=True)
 
 
 def widest(renderable) -> int:
@@ -616,7 +626,8 @@ def ablate(
         return
     for renderable in ablation_tables(report):
         show(renderable)
-    console.print(f"wrote {report.png}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {printable(str(report.png))}", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 @app.command()
@@ -704,7 +715,6 @@ def sweep(
         for line in dry_run_lines(plan):
             print(line)
         return
-    say = functools.partial(console.print, markup=False, highlight=False)
     result = run_sweep(plan, say)
     show(sweep_table(result.rows, result.keys, f"sweep {plan.folder}"))
     say(f"wrote {plan.folder / 'results.jsonl'}, results.csv and results.png")
@@ -724,12 +734,18 @@ def runs_command(
     from minitfm.lab.runs import list_runs
 
     rows = list_runs(folder)
+    for row in rows:  # a damaged run is listed, and this says why
+        if "note" in row:
+            damaged = " is unreadable" if row["status"] == "unreadable" else ""
+            err_console.print(f"note: run '{printable(row['name'])}'{damaged}: "
+                              f"{printable(row['note'])}", markup=False)
     if as_json:
-        print(json.dumps(rows))
+        print(json.dumps(rows, default=str))  # a hand-edited config may hold dates
     elif rows:
         show(runs_table(rows, f"runs under {folder}"))
     else:
-        console.print(f"no runs under {folder}", markup=False, highlight=False)
+        console.print(f"no runs under {printable(str(folder))}", markup=False,
+                      highlight=False)
 
 
 def main() -> None:

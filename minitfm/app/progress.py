@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import shlex
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.table import Column, Table
 from rich.text import Text
+
+from minitfm.app.tables import printable, shell_quote
 
 MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
 ENDINGS = {"finished": "done", "stopped at target": "target reached",
@@ -119,13 +120,13 @@ class ConsoleReporter:
 
     def warning(self, text: str) -> None:
         """One line on stderr, before the run starts."""
-        self.err_console.print(f"warning: {text}", markup=False)
+        self.err_console.print(f"warning: {printable(text)}", markup=False)
 
     def start(self, run_dir: Path, state, device, threads: str = "") -> None:
         """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg = state.cfg
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
-        self._print(f"run directory: {run_dir}", highlight=False)
+        self._print(f"run directory: {printable(str(run_dir))}", markup=False, highlight=False)
         params = sum(p.numel() for p in state.model.parameters())
         threads = f", {threads}" if threads and device.type == "cpu" else ""
         self._print(f"task {cfg.task.name} ({state.task.describe()}), {params:,} parameters, "
@@ -172,7 +173,7 @@ class ConsoleReporter:
 
     def message(self, text: str) -> None:
         """A note between lines (the thread count changed)."""
-        self._print(text, highlight=False)
+        self._print(printable(text), highlight=False)
 
     def stop(self, end: str = "stopped", step: int | None = None) -> None:
         """Leave the bar's last frame saying how it ended, instead of an ETA."""
@@ -218,7 +219,7 @@ def summary_table(summary: dict) -> Table:
     table = Table(show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long run directory folds, never ends in `…`
-    table.add_row("run directory", summary["run_dir"])
+    table.add_row("run directory", Text(printable(summary["run_dir"])))  # Text: no markup
     table.add_row("steps", f"{summary['step']} of {summary['steps']}")
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
     for key in ("exact_match", "token_accuracy", "loss"):
@@ -234,7 +235,7 @@ def summary_table(summary: dict) -> Table:
 
 def next_commands(summary: dict, tensorboard: bool) -> list[str]:
     """What to try next with this run, ready to paste."""
-    run = shlex.quote(summary["run_dir"])
+    run = shell_quote(summary["run_dir"])
     commands = [f"minitfm eval {run}", f"minitfm visualize-attention {run}"]
     if summary["status"] in ("interrupted", "paused"):
         commands.insert(0, f"minitfm train --resume {run}")
@@ -248,4 +249,4 @@ def tensorboard_command(run_dir: Path) -> str:
     TensorBoard on the run itself."""
     if Path("Makefile").is_file() and Path("runs").resolve() in run_dir.resolve().parents:
         return "make tensorboard"
-    return f"tensorboard --logdir {shlex.quote(str(run_dir))}"
+    return f"tensorboard --logdir {shell_quote(str(run_dir))}"

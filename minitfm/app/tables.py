@@ -8,6 +8,8 @@ inside the functions that need them, and `minitfm runs` or `minitfm sweep` never
 
 from __future__ import annotations
 
+import shlex
+import unicodedata
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -23,6 +25,30 @@ if TYPE_CHECKING:
     from minitfm.lab.viz import AttentionReport, MapBlock
 
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the palette's levels without colour
+
+
+# --- text from users and files: never raw control characters on the terminal ---
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, so a file name cannot drive the terminal."""
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch for ch in text)
+
+
+def shell_quote(text: str) -> str:
+    """`text` as one shell word to paste: shlex's quoting, or bash's `$'...'` with escapes
+    when it holds control characters (shlex would leave them raw inside its quotes)."""
+    if printable(text) == text:
+        return shlex.quote(text)
+    return "$'" + "".join(map(ansi_c, text)) + "'"
+
+
+def ansi_c(ch: str) -> str:
+    """One character inside bash's `$'...'`: control characters, `\\` and `'` escaped."""
+    if ch in "\\'":
+        return "\\" + ch
+    if unicodedata.category(ch) == "Cc":  # U+0000..001F and 007F..009F
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}"
+    return ch
 
 
 # --- `minitfm eval` ---
@@ -156,7 +182,7 @@ def ablation_tables(report: AblationReport) -> list:
     from minitfm.lab.ablate import MARKED_DROP, grid, headline
     from minitfm.lab.viz import KIND_TITLES, KINDS
 
-    out: list = [Text(headline(report, str(report.checkpoint)))]
+    out: list = [Text(printable(headline(report, str(report.checkpoint))))]
     for kind in KINDS:
         rows = grid(report, kind)
         table = Table(title=KIND_TITLES[kind])
@@ -271,7 +297,8 @@ def sweep_table(rows: list[dict[str, Any]], keys: list[str], title: str) -> Tabl
 
 
 def runs_table(rows: list[dict[str, Any]], title: str) -> Table:
-    """The rows of `runs.list_runs`: a run's name with its changes, task, steps, best, status."""
+    """The rows of `runs.list_runs`: a run's name with its changes, task, steps, best, status.
+    Every cell is text as read from the run's files, control characters escaped."""
     # No vertical lines, and each run's changes under its name: the columns fit 80 cells.
     table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in ("run: changes from the defaults", "task", "steps", "best exact match",
@@ -282,9 +309,11 @@ def runs_table(rows: list[dict[str, Any]], title: str) -> Table:
                          max_width=10 if column == "best exact match" else None)
     for row in rows:
         best = row["best_exact_match"]
-        changes = "".join(f"\n  {key}={value}" for key, value in row["changes"].items()
+        changes = "".join(f"\n  {printable(f'{key}={value}')}"
+                          for key, value in row["changes"].items()
                           if key != "task.name")  # the task has its own column
-        table.add_row(Text(row["name"], style="bold") + Text(changes), row["task"],
+        table.add_row(Text(printable(row["name"]), style="bold") + Text(changes),
+                      Text("?" if row["task"] is None else printable(str(row["task"]))),
                       str(row["step"]), "-" if best is None else f"{best:.1%}",
                       "-" if row["wall_s"] is None else f"{row['wall_s']:.1f}", row["status"])
     return table

@@ -14,13 +14,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.runs import HIDDEN_KEYS, read_metrics
+from minitfm.lab.runs import HIDDEN_KEYS, scan_metrics, skipped
 from minitfm.run.files import write_atomic
-from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run
+from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_config
 
 SOFTWARE = "minitfm"  # the PNG `Software` text of every picture minitfm writes
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
@@ -120,12 +118,14 @@ def write_picture(path: Path, option: str, write) -> None:
 
 # --- `minitfm plot` ---
 
-def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False) -> Path:
-    """Loss and exact match against step of `runs` (default: the latest run), as one PNG."""
+def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False,
+              notes: list[str] | None = None) -> Path:
+    """Loss and exact match against step of `runs` (default: the latest run), as one PNG;
+    `notes` gets a line per run whose metrics.jsonl has lines that were skipped."""
     run_dirs = [run_directory(Path(run)) for run in runs] or [latest_run()]
     out = out if out is not None else default_plot_path(run_dirs)
     check_output(out, "--out", force)  # before any drawing
-    curves = [run_curves(run_dir) for run_dir in run_dirs]
+    curves = [run_curves(run_dir, notes) for run_dir in run_dirs]
     save_png(curves_figure(curves, run_labels(run_dirs)), out, "--out", force)
     return out
 
@@ -152,15 +152,21 @@ def default_plot_path(run_dirs: list[Path]) -> Path:
     return run_dirs[0] / PLOT_NAME if len(run_dirs) == 1 else Path(PLOT_NAME)
 
 
-def run_curves(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The run's train and eval records, one per step (a resumed run's later record wins)."""
-    records = read_metrics(run_dir)
+def run_curves(run_dir: Path, notes: list[str] | None = None) -> dict[str, list[dict]]:
+    """The run's train and eval records, one per step (a resumed run's later record wins);
+    lines that hold no record are skipped, and said in `notes`."""
+    records, bad = scan_metrics(run_dir)
+    if not records and bad:
+        raise CheckpointError(f"run '{run_dir}' has no metrics to plot: {skipped(bad)} (an "
+                              f"object with step, split and loss per line)")
     if not records:
         raise CheckpointError(f"run '{run_dir}' has no metrics yet (metrics.jsonl is missing "
                               f"or empty): train it first")
+    if bad and notes is not None:
+        notes.append(f"run '{run_dir}': {skipped(bad)}: skipped")
     curves = {}
     for split in ("train", "eval"):
-        by_step = {r["step"]: r for r in records if r.get("split") == split}
+        by_step = {r["step"]: r for r in records if r["split"] == split}
         curves[split] = [by_step[step] for step in sorted(by_step)]
     return curves
 
@@ -170,6 +176,8 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     none do, or when two runs share a label)."""
     from minitfm.lab.sweep import short_label
 
+    if len(run_dirs) == 1:  # nothing to tell apart: no config needed
+        return [run_dirs[0].name]
     configs = [flatten(read_config(run_dir)) for run_dir in run_dirs]
     keys = [key for key in dict.fromkeys(k for config in configs for k in config)
             if key not in HIDDEN_KEYS and len({repr(c.get(key)) for c in configs}) > 1]
@@ -182,12 +190,13 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
-    """The run's config.yaml as plain data ({} when it has none)."""
+    """The run's config.yaml as plain data ({} when it has none); a damaged one (see
+    `rundir.read_run_config`) is a CheckpointError naming the run."""
     try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        return read_run_config(run_dir) or {}
+    except CheckpointError as err:
+        raise CheckpointError(f"run '{run_dir}': {err}: restore its config.yaml, or plot the "
+                              f"run alone (its label needs no config)") from None
 
 
 def curves_figure(curves: list[dict], labels: list[str]):

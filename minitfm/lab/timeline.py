@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from minitfm.errors import CheckpointError, MinitfmError
+from minitfm.errors import CheckpointError, MinitfmError, quote
 from minitfm.lab.plots import check_picture_path, write_picture
 from minitfm.lab.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
@@ -188,8 +188,10 @@ def read_timeline(run_dir: Path) -> Timeline:
         try:
             record = json.loads(line)
             records[record["step"]] = record  # a resumed run's later record wins
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):  # RecursionError: "[[[[..."
             continue
+    if not records and any(line.strip() for line in lines):
+        raise CheckpointError(f"'{path}' holds no record minitfm writes: {HOW_TO_RECORD}")
     if not records:
         raise CheckpointError(f"run '{run_dir}' has no recorded attention (no {ATTENTION_FILE}: "
                               f"trained before minitfm recorded it, or with recording off): "
@@ -202,7 +204,9 @@ def read_timeline(run_dir: Path) -> Timeline:
 
 
 def timeline_of(run_dir: Path, records: list[dict]) -> Timeline:
-    """The records' arrays, checked for shape (one probe, one model)."""
+    """The records' arrays, checked for types and shape (one probe, one model)."""
+    for record in records:
+        check_types(record)
     last = records[-1]
     cross = np.array([r["cross"] for r in records], dtype=np.float32)  # (N, L, H, T_q, T_k)
     entropy = np.array([r["entropy"] for r in records], dtype=np.float64)  # (N, L, H)
@@ -214,10 +218,27 @@ def timeline_of(run_dir: Path, records: list[dict]) -> Timeline:
         raise ValueError(f"maps {cross.shape}, entropy {entropy.shape}")
     if cross.shape[3:] != (len(last["decoder_input"]), len(last["source"])):
         raise ValueError(f"maps {cross.shape[3:]} for the probe's tokens")
-    return Timeline(run_dir, [int(r["step"]) for r in records],
-                    [r["exact_match"] for r in records], str(last["input"]),
-                    str(last["target"]), [str(t) for t in last["source"]],
-                    [str(t) for t in last["decoder_input"]], alignment, entropy, cross)
+    return Timeline(run_dir, [r["step"] for r in records],
+                    [r["exact_match"] for r in records], last["input"], last["target"],
+                    last["source"], last["decoder_input"], alignment, entropy, cross)
+
+
+def check_types(record: dict) -> None:
+    """A record's scalars and tokens have the types minitfm writes (a ValueError if not): a
+    hand-edited `"exact_match": "high"` would otherwise fail only when drawn."""
+    step, exact_match = record["step"], record["exact_match"]
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"step {quote(step)} is not an integer")
+    if exact_match is not None and (isinstance(exact_match, bool)
+                                    or not isinstance(exact_match, (int, float))):
+        raise ValueError(f"exact_match {quote(exact_match)} of step {step} is not a number "
+                         f"or null")
+    for key in ("input", "target"):
+        if not isinstance(record[key], str):
+            raise ValueError(f"{key} of step {step} is not text")
+    for key in ("source", "decoder_input"):
+        if not isinstance(record[key], list) or not all(isinstance(t, str) for t in record[key]):
+            raise ValueError(f"{key} of step {step} is not a list of tokens")
 
 
 # --- `minitfm visualize-attention --over-training` ---
@@ -305,7 +326,10 @@ def run_title(timeline: Timeline) -> str:
     """The task's name and the run's."""
     from minitfm.lab.plots import read_config
 
-    task = read_config(timeline.run_dir).get("task", {}).get("name", "?")
+    try:
+        task = read_config(timeline.run_dir).get("task", {}).get("name", "?")
+    except CheckpointError:  # a damaged config.yaml: the title does without the task
+        task = "?"
     return f"{task} · {timeline.run_dir.name}"
 
 

@@ -6,7 +6,9 @@ whenever training stops, `summary.json`: `status` (finished, stopped at target, 
 paused or failed), `step`, `steps`, `best_exact_match`, `wall_s` (summed over resumes) and
 `ended`. A run without one is `running` while a process holds its `.lock`, else it was killed:
 `interrupted` when it has `checkpoints/last.pt` (`--resume` continues it), `failed` when not.
-No torch here: listing runs is instant.
+A hand-edited or copied run can hold anything: its files are read with caps and checks, and a
+damaged one is a `CheckpointError` saying which file and why (`minitfm runs` lists the run as
+`unreadable`). No torch here: listing runs is instant.
 """
 
 from __future__ import annotations
@@ -16,19 +18,26 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minitfm.config import Config, to_yaml
-from minitfm.errors import CheckpointError, MinitfmError, RunFailed
+import yaml
+
+from minitfm.config import MAX_CONFIG_BYTES, Config, load_yaml, to_yaml
+from minitfm.errors import CheckpointError, MinitfmError, RunFailed, quote
 from minitfm.run.files import make_dirs, write_atomic
 
 CHECKPOINTS = ("best", "last")
 SUMMARY = "summary.json"
 DONE = ("finished", "stopped at target")
+STATUSES = (*DONE, "interrupted", "paused", "failed")  # what summary.json may say
+UNREADABLE = "unreadable"  # a run whose summary.json or config.yaml is damaged
+MAX_SUMMARY_BYTES = 1_000_000  # a summary is a few hundred bytes
+SECTIONS = ("task", "model", "train", "log")  # config.yaml's mappings of keys
 
 
 # --- finding a run ---
@@ -68,7 +77,7 @@ def is_run_metrics(path: Path) -> bool:
     try:
         with open(path, encoding="utf-8") as f:
             record = json.loads(f.readline(4096))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # "[[[[..." nests deep
         return False
     return isinstance(record, dict) and {"step", "split"} <= record.keys()
 
@@ -306,31 +315,118 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `summary.json`, or None when it has none (or an unreadable one)."""
+    """The run's `summary.json`, or None when it has none (or a damaged one)."""
     try:
-        return json.loads((Path(run_dir) / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return load_summary(run_dir)
+    except CheckpointError:
         return None
+
+
+def load_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `summary.json` (None when it has none), checked as minitfm writes it: an
+    object whose `status` is one of STATUSES, `step` an integer, `wall_s` a number."""
+    text = read_small(Path(run_dir) / SUMMARY, MAX_SUMMARY_BYTES)
+    if text is None:
+        return None
+    try:
+        summary = json.loads(text)
+    except RecursionError:  # json nests recursively: "[[[[...]]]]"
+        raise CheckpointError(f"{SUMMARY} is nested too deeply") from None
+    except ValueError as err:
+        raise CheckpointError(f"{SUMMARY} is not valid JSON ({err})") from None
+    if not isinstance(summary, dict):
+        raise CheckpointError(f"{SUMMARY} holds a {type(summary).__name__}, not the object "
+                              f"minitfm writes")
+    if summary.get("status") not in STATUSES:  # a list in it is no status either
+        found = quote(summary["status"]) if "status" in summary else "missing"
+        raise CheckpointError(f"{SUMMARY} has no status minitfm writes ({found}; one of "
+                              f"{', '.join(STATUSES)})")
+    for key, kinds, what in (("step", int, "an integer"), ("wall_s", (int, float), "a number")):
+        value = summary.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {what}")
+    return summary
+
+
+def read_run_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's `config.yaml` as plain data (None when it has none), read as a user's config
+    is (`config.load_yaml`: capped size, aliases bounded): a mapping of sections."""
+    text = read_small(Path(run_dir) / "config.yaml", MAX_CONFIG_BYTES)
+    if text is None:
+        return None
+    try:
+        data = load_yaml(text)
+    except yaml.MarkedYAMLError as err:
+        line = err.problem_mark.line + 1 if err.problem_mark else "?"
+        raise CheckpointError(f"config.yaml is not valid YAML at line {line} "
+                              f"({err.problem})") from None
+    except yaml.YAMLError as err:
+        raise CheckpointError(f"config.yaml is not valid YAML ({err})") from None
+    except RecursionError:  # PyYAML builds nested collections recursively
+        raise CheckpointError("config.yaml is nested too deeply") from None
+    if not isinstance(data, dict):
+        what = "nothing" if data is None else f"a {type(data).__name__}"
+        raise CheckpointError(f"config.yaml holds {what}, not the mapping of sections minitfm "
+                              f"writes")
+    for section in SECTIONS:
+        if not isinstance(data.get(section, {}), dict):
+            raise CheckpointError(f"config.yaml: {section} ({quote(data[section])}) is not a "
+                                  f"mapping of keys")
+    if not isinstance(data.get("task", {}).get("name", ""), str):
+        raise CheckpointError(f"config.yaml: task.name ({quote(data['task']['name'])}) is "
+                              f"not a task's name")
+    return data
+
+
+def read_small(path: Path, limit: int) -> str | None:
+    """The text of the regular file `path`, at most `limit` bytes (None when there is none).
+    Anything else is a CheckpointError: a FIFO (whose read would block), a folder, a larger
+    file, bytes that are not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CheckpointError(f"cannot read {path.name} ({err.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path.name} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise CheckpointError(f"{path.name} is larger than {limit:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path.name} is not UTF-8 text") from None
 
 
 def is_locked(run_dir: Path) -> bool:
     """True while a training process holds the run's `.lock` (see `RunLock`)."""
+    try:  # O_NONBLOCK: a FIFO named .lock would block an open for reading
+        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # no lock file: never trained
+        return False
     try:
-        with open(Path(run_dir) / ".lock") as f:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
     except BlockingIOError:
         return True
-    except OSError:  # no lock file: never trained
+    except OSError:  # a lock file that cannot be locked is held by nobody
         pass
+    finally:
+        os.close(fd)
     return False
 
 
 def run_status(run_dir: Path) -> str:
-    """running, finished, stopped at target, interrupted, paused or failed."""
+    """running, finished, stopped at target, interrupted, paused, failed, or unreadable (a
+    damaged summary.json)."""
     run_dir = Path(run_dir)
     if is_locked(run_dir):
         return "running"
-    summary = read_summary(run_dir)
+    try:
+        summary = load_summary(run_dir)
+    except CheckpointError:
+        return UNREADABLE
     if summary is not None:
         return summary["status"]
     return "interrupted" if (run_dir / "checkpoints" / "last.pt").is_file() else "failed"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minitfm.book.model import Seq2SeqTransformer
-from minitfm.config import load_config
+from minitfm.config import ModelConfig, load_config
 from minitfm.lab.bench import ReferenceTransformer, solve_step, train_subprocess, training_flops
 from minitfm.run.memory import peak_rss_mb
 from tests.helpers import TINY, run_cli
@@ -21,6 +21,79 @@ def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     # torch's norm_first=False has final norms too; with pre-LN both have two final norms
     assert abs(count(ours) - count(ref)) <= 13  # at most the output bias differs
+
+
+def paired_parameters(ours: Seq2SeqTransformer, ref: ReferenceTransformer):
+    """(our tensors, torch's tensor) for every parameter: q, k, v stacked as in_proj."""
+    pairs = [([ours.embedding.weight], ref.embedding.weight),
+             ([ours.generator.weight], ref.out.weight)]
+    torch_layers = [*ref.transformer.encoder.layers, *ref.transformer.decoder.layers]
+    for mine, theirs in zip([*ours.encoder_layers, *ours.decoder_layers], torch_layers,
+                            strict=True):
+        attentions = [(mine.self_attn, theirs.self_attn)]
+        if hasattr(theirs, "multihead_attn"):
+            attentions.append((mine.cross_attn, theirs.multihead_attn))
+        for a, b in attentions:
+            pairs += [([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], b.in_proj_weight),
+                      ([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias], b.in_proj_bias),
+                      ([a.out_proj.weight], b.out_proj.weight),
+                      ([a.out_proj.bias], b.out_proj.bias)]
+        modules = ["linear1", "linear2", "norm1", "norm2", "norm3"]
+        for name in (m for m in modules if hasattr(theirs, m)):
+            mine_module = getattr(mine.feed_forward if "linear" in name else mine, name)
+            pairs += [([mine_module.weight], getattr(theirs, name).weight),
+                      ([mine_module.bias], getattr(theirs, name).bias)]
+    if ours.config.norm_first:  # pre-LN: both stacks end with a LayerNorm
+        for mine, theirs in ((ours.encoder_norm, ref.transformer.encoder.norm),
+                             (ours.decoder_norm, ref.transformer.decoder.norm)):
+            pairs += [([mine.weight], theirs.weight), ([mine.bias], theirs.bias)]
+    return pairs
+
+
+def paired_models(norm_first: bool, tie_embeddings: bool):
+    """minitfm's model and torch's `nn.Transformer` holding the same random weights (float64)."""
+    cfg = ModelConfig(d_model=16, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32,
+                      max_len=16, norm_first=norm_first, tie_embeddings=tie_embeddings)
+    torch.manual_seed(0)
+    ours = Seq2SeqTransformer(cfg, 11, 0).to(torch.float64)
+    ref = ReferenceTransformer(cfg, 11, 0).to(torch.float64)
+    if not norm_first:  # post-LN: minitfm's stacks end with their last layer's norm, as the
+        ref.transformer.encoder.norm = None  # paper's; torch adds one more LayerNorm
+        ref.transformer.decoder.norm = None
+    pairs = paired_parameters(ours, ref)
+    assert {id(p) for mine, _ in pairs for p in mine} == {id(p) for p in ours.parameters()}
+    with torch.no_grad():
+        for name, p in ref.named_parameters():  # random gains and shifts: every norm counts
+            gain = 1.0 if "norm" in name and name.endswith("weight") else 0.0
+            p.copy_(gain + torch.randn_like(p) * 0.3)
+        ref.out.bias.zero_()  # minitfm's output projection has no bias
+        for mine, theirs in pairs:
+            for part, value in zip(mine, theirs.chunk(len(mine)), strict=True):
+                part.copy_(value)
+    return ours, ref, pairs
+
+
+@pytest.mark.parametrize("norm_first, tie_embeddings", [(True, True), (False, True),
+                                                         (True, False), (False, False)])
+@pytest.mark.parametrize("training", [False, True])  # training on a CPU packs the real tokens
+def test_whole_model_matches_torchs_transformer_in_logits_and_gradients(
+        norm_first, tie_embeddings, training):
+    ours, ref, pairs = paired_models(norm_first, tie_embeddings)
+    ours.train(training), ref.train(training)  # dropout is 0: only the code path changes
+    src = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 0, 0, 0], [10, 3, 4, 0, 0]])  # 0 is PAD
+    tgt_in = torch.tensor([[1, 5, 6, 7, 8, 9], [1, 4, 4, 0, 0, 0], [1, 10, 0, 0, 0, 0]])
+    real = tgt_in != 0  # the logits at target padding feed no loss (and packing skips them)
+    logits, expected = ours(src, tgt_in), ref(src, tgt_in)
+    torch.testing.assert_close(logits[real], expected[real], rtol=0, atol=1e-10)
+    if not training:
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
+    g = torch.randn(logits[real].shape, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(1))
+    (logits[real] * g).sum().backward()
+    (expected[real] * g).sum().backward()
+    for mine, theirs in pairs:
+        torch.testing.assert_close(torch.cat([p.grad for p in mine]), theirs.grad, rtol=0,
+                                   atol=1e-10)
 
 
 def test_training_flops_counts_the_matmuls_by_hand():

@@ -20,12 +20,11 @@ from rich.cells import cell_len
 import minitfm
 from minitfm.app.cli import clean_errors, heading_lines, show
 from minitfm.app.tables import bench_tables
-from tests.helpers import TINY, run_cli
+from tests.helpers import TINY, command_names, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 FRAME = re.compile(r"step +(\d+)/(\d+) ")  # a frame of the progress bar
-COMMANDS = ["train", "eval", "predict", "visualize-attention", "ablate", "plot", "tasks", "bench",
-            "sweep", "runs"]
+COMMANDS = command_names()  # every registered command (test_cli checks --help and README)
 
 
 def in_terminal(args: list, cwd=None, columns: int = 80, timeout: float = 120) -> tuple[int, str]:

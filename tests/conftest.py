@@ -11,3 +11,16 @@ os.environ["OMP_NUM_THREADS"] = "1"
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+import pytest  # noqa: E402
+
+NO_CUDA = "no CUDA device is present (torch.cuda.is_available() is False)"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked `cuda` with one reason, on a machine without a CUDA device."""
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(pytest.mark.skip(reason=NO_CUDA))

@@ -22,6 +22,12 @@ TINY = [
 QUICK = [*TINY, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01"]
 
 
+def command_names() -> list[str]:
+    """The CLI's commands as Typer registers them: the name given, or the function's."""
+    return [info.name or info.callback.__name__.replace("_", "-")
+            for info in app.registered_commands]
+
+
 def run_cli(*args: str, input: str | None = None):
     """Invoke the CLI in-process; stdout and stderr are kept apart."""
     return CliRunner().invoke(app, [str(a) for a in args], input=input)

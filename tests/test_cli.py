@@ -10,10 +10,10 @@ import yaml
 
 from minitfm import __version__
 from minitfm.config import load_config
-from tests.helpers import assert_clean_error, run_cli
+from tests.helpers import assert_clean_error, command_names, run_cli
 
 ROOT = Path(__file__).parent.parent
-COMMANDS = ["train", "eval", "predict", "visualize-attention", "tasks", "bench", "sweep", "runs"]
+COMMANDS = command_names()
 
 
 def test_version():
@@ -21,11 +21,23 @@ def test_version():
     assert result.exit_code == 0 and __version__ in result.stdout
 
 
-def test_help_lists_every_command():
+def listed_in_help(help_text: str) -> list[str]:
+    """The command names in the Commands panel of `minitfm --help`, in order."""
+    panel = help_text.split("Commands", 1)[1].split("╰", 1)[0]
+    return re.findall(r"^│ (\S+) ", panel, re.M)
+
+
+def test_help_lists_every_command_and_no_other():
     result = run_cli("--help")
     assert result.exit_code == 0
-    for command in COMMANDS:
-        assert command in result.stdout
+    assert listed_in_help(result.stdout) == COMMANDS
+    assert {"train", "eval", "plot", "ablate", "runs"} <= set(COMMANDS)  # the list is real
+
+
+def test_readme_table_lists_every_command_and_no_other():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `minitfm ([a-z][a-z-]*)", readme, re.M)
+    assert sorted(listed) == sorted(COMMANDS), "README's command table and the CLI differ"
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -192,9 +192,10 @@ def test_attention_dropout_applies_to_weights_but_returns_clean_weights():
     q, k, v = leaf(2, 2, 4, 4), leaf(2, 2, 4, 4), leaf(2, 2, 4, 4)
     dropout = Dropout(0.5).train()
     out, weights = scaled_dot_product_attention(q, k, v, dropout=dropout)
-    clean, _ = scaled_dot_product_attention(q, k, v)
+    clean, clean_weights = scaled_dot_product_attention(q, k, v)
     assert not torch.allclose(out, clean)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 4, dtype=DTYPE))
+    assert torch.equal(weights, clean_weights)  # the weights before dropout, bit for bit
 
 
 # Multi-head attention

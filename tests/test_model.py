@@ -283,13 +283,18 @@ def test_greedy_decode_matches_reference_with_and_without_cache(norm_first):
 
 def test_greedy_decode_stops_when_every_row_has_ended_and_pads_after_eos():
     model = make_model(seed=3, tie_embeddings=False)
-    src = padded([[9, 10], [5, 5, 5, 6], [7]])
+    rows = [[9, 10], [5, 5, 5, 6], [7]]
+    src = padded(rows)
     stop_early(model, src)
     out = greedy_decode(model, src, BOS, EOS, max_len=10)
+    expected = reference_decode(model, rows, max_len=10)  # the oracle: one row at a time
     assert out.dtype == torch.long
-    assert out.shape == (3, 7)  # the last row ends at its 7th token, well before max_len
+    assert out.shape == expected.shape and torch.equal(out, expected)
+    assert out.size(1) < 10  # every row ended before max_len, and decoding stopped there
+    assert (out == EOS).any(dim=1).all()
     ends = (out == EOS).int().argmax(dim=1)  # first EOS of each row
-    assert ends.tolist() == [5, 4, 6]
+    assert ends.max() == out.size(1) - 1  # the last row to end sets the width
+    assert len(set(ends.tolist())) == 3  # the rows end at different steps
     for row, end in zip(out, ends, strict=True):
         assert torch.all(row[end + 1:] == PAD) and not torch.any(row[:end] == PAD)
     assert not torch.any(out == BOS)

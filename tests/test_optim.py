@@ -31,8 +31,26 @@ def small_model(seed=0) -> nn.Module:
 
 
 def torch_adamw(model, lr, weight_decay):
-    """torch's AdamW as the bench sets it up (matrices decayed, the rest not)."""
-    return bench_adamw(model, TrainConfig(lr=lr, weight_decay=weight_decay))
+    """torch's AdamW with groups named here: the embedding (tied to the output) and the hidden
+    matrix decayed; biases and the norm's γ and β not; betas (0.9, 0.98) as the paper's §5.3."""
+    embedding, hidden, norm, output = model
+    decay = [embedding.weight, hidden.weight]  # output.weight is embedding.weight
+    no_decay = [hidden.bias, norm.weight, norm.bias, output.bias]
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-8, foreach=False)
+
+
+def test_the_bench_sets_up_torchs_adamw_as_the_reference_here():
+    """The bench races minitfm's AdamW against torch's: the same groups and settings."""
+    model = small_model()
+    bench = bench_adamw(model, TrainConfig(lr=0.01, weight_decay=0.1))
+    ref = torch_adamw(model, lr=0.01, weight_decay=0.1)
+    assert len(bench.param_groups) == len(ref.param_groups) == 2
+    for ours, theirs in zip(bench.param_groups, ref.param_groups, strict=True):
+        assert {id(p) for p in ours["params"]} == {id(p) for p in theirs["params"]}
+        for key in ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"):
+            assert ours[key] == theirs[key], key
 
 
 def loss_of(model, step):
@@ -133,7 +151,7 @@ def test_the_logged_loss_is_the_mean_of_the_steps_since_the_last_line(tmp_path):
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 6
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda  # conftest skips it where no CUDA device is present
 def test_a_cuda_training_step_never_waits_for_the_gpu(tmp_path):
     """No host sync in the step: any would raise under sync debug mode "error"."""
     from minitfm.book.loop import LossMeter, train_step

@@ -3,6 +3,7 @@ piped, --help that reads plainly, the warmup warning, `interrupted:` for a user'
 
 import ast
 import fcntl
+import io
 import os
 import re
 import select
@@ -12,20 +13,24 @@ import sys
 import termios
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 import typer
 from rich.cells import cell_len
+from rich.console import Console
 
 import minitfm
 from minitfm.app.cli import clean_errors, heading_lines, show
+from minitfm.app.progress import ConsoleReporter
 from minitfm.app.tables import bench_tables
-from tests.helpers import TINY, run_cli
+from minitfm.config import load_config
+from tests.helpers import TINY, command_names, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 FRAME = re.compile(r"step +(\d+)/(\d+) ")  # a frame of the progress bar
-COMMANDS = ["train", "eval", "predict", "visualize-attention", "ablate", "plot", "tasks", "bench",
-            "sweep", "runs"]
+COMMANDS = command_names()  # every registered command (test_cli checks --help and README)
 
 
 def in_terminal(args: list, cwd=None, columns: int = 80, timeout: float = 120) -> tuple[int, str]:
@@ -68,8 +73,36 @@ def assert_fits(lines: list[str], columns: int = 80) -> None:
         assert cell_len(line) <= columns and "…" not in line, line
 
 
+def test_the_bar_shows_every_step_when_refreshed():
+    """ConsoleReporter.step driven by hand, a frame forced after each: no 10 Hz clock."""
+    drawn = io.StringIO()
+    console = Console(file=drawn, force_terminal=True, width=80, color_system=None)
+    reporter = ConsoleReporter(console, Console(file=io.StringIO()))
+    cfg = load_config(None, TINY)
+    state = SimpleNamespace(cfg=cfg, step=0, model=torch.nn.Linear(2, 2),
+                            task=SimpleNamespace(describe=lambda: "copy"),
+                            dist=SimpleNamespace(world_size=1))
+    reporter.start(Path("run"), state, torch.device("cpu"))
+    try:
+        for step in range(1, 31):
+            reporter.step(step)
+            reporter.progress.refresh()
+            if step % 10 == 0:  # a train line: the figures change too
+                reporter.train_line({"step": step, "loss": 1 / step, "lr": 1e-3,
+                                     "tokens_per_s": 1000.0})
+                reporter.progress.refresh()
+    finally:
+        reporter.stop("done", 30)
+    lines = screen_lines(drawn.getvalue())
+    assert_fits(lines)
+    frames = [line for line in lines if FRAME.match(line)]
+    assert {int(FRAME.match(line)[1]) for line in frames} >= set(range(1, 31))
+    assert [int(FRAME.match(line)[2]) for line in frames] == [200] * len(frames)
+    assert "loss 0.0333" in frames[-1] and frames[-1].rstrip().endswith("done")
+
+
 @pytest.mark.slow  # starts minitfm processes
-def test_the_bar_moves_every_step_fits_80_columns_and_ends_with_why(tmp_path):
+def test_the_bar_moves_between_train_lines_fits_80_columns_and_ends_with_why(tmp_path):
     run_dir = "run"  # short, so that the commands to paste fit 80 columns too
     code, drawn = in_terminal(["train", *TINY, "log.log_every=50", "log.tensorboard=false",
                                "train.target_exact_match=null", "--run-dir", run_dir],

@@ -1,6 +1,7 @@
 """`minitfm plot` (training curves of runs) and `minitfm eval --plot` (exact match per length)."""
 
 import json
+import os
 import struct
 
 import pytest
@@ -83,8 +84,11 @@ def test_cli_plots_one_run_into_its_directory(runs):
     png = runs / "a" / "plot.png"
     assert result.stdout.strip() == f"wrote {png}"
     assert is_minitfm_png(png) and png_size(png) == (1100, 450)
+    os.utime(png, (0, 0))  # dated 1970: a rewritten file bears a later date
     again = run_cli("plot", runs / "a" / "checkpoints" / "last.pt")  # a checkpoint: its run
     assert again.exit_code == 0, again.stderr  # its own earlier plot is replaced unasked
+    assert again.stdout.strip() == f"wrote {png}"
+    assert png.stat().st_mtime > 0 and is_minitfm_png(png) and png_size(png) == (1100, 450)
 
 
 def test_cli_overlays_several_runs_into_the_current_directory(runs, tmp_path, monkeypatch):

@@ -173,11 +173,23 @@ def test_rope_self_attention_cache_matches_the_full_pass():
 
 
 def test_rope_cross_attention_turns_keys_by_source_position():
-    rope = RotaryPositions(4)
+    rope = RotaryPositions(4).to(DTYPE)
     tgt, src = torch.arange(3), torch.arange(5)
     cross = rope.attention(tgt, src, cross=True)
     assert cross.queries.cos.shape == (3, 2) and cross.keys.cos.shape == (5, 2)
     assert cross.bias is None
+    # One query vector at every target position, one key vector at every source position:
+    # the scores then differ by position alone, and RoPE makes them depend on j - i only.
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 2, 1, 4, dtype=DTYPE, generator=generator).expand(2, 1, 2, 9, 4)
+    # source positions as their own tensor, so that the keys get their own rotation
+    at = rope.attention(torch.arange(9), torch.arange(9).clone(), cross=True)
+    scores = at.queries.rotate(q) @ at.keys.rotate(k).transpose(-2, -1)  # (B, H, T, S)
+    for shift in (1, 3):
+        torch.testing.assert_close(scores[..., shift:, shift:], scores[..., :-shift, :-shift],
+                                   rtol=0, atol=1e-12)  # (i, j) scores as (i+k, j+k)
+    assert not torch.allclose(scores[..., 0, 0], scores[..., 0, 1])  # the keys did turn
+    assert not torch.allclose(scores[..., 0, 1], scores[..., 1, 0])  # j - i, not |j - i|
 
 
 def test_rope_needs_an_even_head_width():

@@ -7,6 +7,7 @@ test_refuse_checkpoints.py.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -124,9 +125,58 @@ def test_the_memory_estimate_is_not_far_above_the_truth():
     assert 2e9 < sum(size for _, _, size in training_parts(cfg)) < 5e9
 
 
-def test_print_config_refuses_what_train_refuses(empty_cwd):
-    for args in (["task.name=add", "task.n_symbols=11"], ["train.batch_size=1000000"]):  # L14
-        assert_clean_error(run_cli("train", "--print-config", *SHORT, *args), 2)
+# One training step in a fresh process: its estimate, and the memory (RSS) the step added to
+# what the imports had made resident, from the process's own high-water mark (VmHWM).
+MEASURE_RUN = """
+import json, sys, tempfile
+from pathlib import Path
+from minitfm.config import load_config
+from minitfm.run.limits import training_parts
+from minitfm.run.session import train
+def status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+cfg = load_config(None, sys.argv[1:])
+estimate = sum(size for _, _, size in training_parts(cfg))
+before = status("VmRSS:")
+with tempfile.TemporaryDirectory() as tmp:
+    train(cfg, run_dir=Path(tmp) / "run")
+print(json.dumps({"estimate": estimate, "used": status("VmHWM:") - before}))
+"""
+
+
+@pytest.mark.slow  # starts torch processes
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads Linux's /proc")
+def test_the_memory_estimate_is_within_twice_the_measured_peak():
+    # Two kinds of memory: attention maps that grow with the square of the length, and a
+    # model's weights with AdamW's copies. A memory figure, not a timing: measured together.
+    configs = [["task.max_len=100", "train.batch_size=32"],
+               ["model.d_model=256", "model.d_ff=1024", "task.max_len=16"]]
+    common = ["train.steps=1", "train.eval_every=0", "train.eval_samples=16",
+              "log.tensorboard=false", "threads=1"]
+    procs = [subprocess.Popen([sys.executable, "-c", MEASURE_RUN, *config, *common],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for config in configs]
+    for config, proc in zip(configs, procs, strict=True):
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err[-2000:]
+        figures = json.loads(out.splitlines()[-1])
+        assert figures["estimate"] > 100 * 2**20, config  # large enough to stand out
+        assert figures["estimate"] / 2 <= figures["used"] <= 2 * figures["estimate"], \
+            (config, figures)
+
+
+@pytest.mark.parametrize("args,needle", [  # L14
+    (["task.name=add", "task.n_symbols=11"], "task.n_symbols (11)"),
+    (["train.batch_size=1000000"], "train.batch_size (1000000) needs ~"),
+])
+def test_print_config_refuses_what_train_refuses(empty_cwd, args, needle):
+    trained = run_cli("train", *SHORT, *args)
+    assert_clean_error(trained, 2, needle)
+    printed = run_cli("train", "--print-config", *SHORT, *args)
+    assert_clean_error(printed, 2, needle)
+    assert printed.stderr == trained.stderr and printed.stdout == ""  # the same one line
+    assert not (empty_cwd / "runs").exists()
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -176,6 +226,13 @@ def test_caches_past_max_len_grow_by_doubling():
 def test_predict_decodes_a_long_input(run):
     result = run_cli("predict", run, " ".join("01234" * 100))  # 500 tokens, past max_len 256
     assert result.exit_code == 0, result.stderr
+    # README: one output line, and one `warning:` line saying how many and the longest
+    output = result.stdout.splitlines()
+    assert len(output) == 1 and output[0].strip(), result.stdout[-300:]
+    assert set(output[0].split()) <= set("01234")  # tokens of the task, written as the input
+    assert result.stderr.splitlines() == [
+        "warning: 1 input is longer than the lengths trained on (1..6; the longest has 500): "
+        "expect mistakes"]
 
 
 # --- M3, M7, L5: seeds, infinities and YAML 1.1 coercions ---

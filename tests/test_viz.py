@@ -75,6 +75,39 @@ def test_alignment_score_is_one_for_a_perfect_map_and_1_over_s_for_uniform():
     assert scores.tolist() == pytest.approx([1.0, 1 / S])
 
 
+def test_hard_alignment_score_counts_each_rows_argmax():
+    ideal = torch.tensor([[2, 1, 0, -1], [0, -1, -1, -1]])  # reverse of 3, of 1; -1: skipped
+    cross = torch.zeros(2, 1, 4, 3)  # (B, H, T, S); row 1's keys 1, 2 are padding
+    cross[0, 0, :, :] = torch.tensor([[0.2, 0.3, 0.5],  # argmax 2: the ideal one
+                                      [0.6, 0.3, 0.1],  # argmax 0, ideal 1: a miss
+                                      [0.5, 0.4, 0.1],  # argmax 0: the ideal one
+                                      [0.9, 0.1, 0.0]])  # EOS: not counted
+    cross[1, 0, :, 0] = 1.0  # a one-token source: every row on it, only row 0 counted
+    assert alignment_score(cross, ideal, hard=True).tolist() == [3 / 4]
+    assert alignment_score(cross, ideal).tolist() == pytest.approx([(0.5 + 0.3 + 0.5 + 1) / 4])
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_scores_of_a_padded_mixed_length_batch_are_those_of_its_examples(hard):
+    """The held-out argmax share (and the mean weight): a padded batch of mixed lengths scores
+    what its examples score one by one, each weighted by its target positions."""
+    from minitfm.lab.viz import head_scores
+
+    model, task = untrained(2, 2)
+    model = model.to(torch.float64)  # no near-tie of an argmax turns on float rounding
+    generator = torch.Generator().manual_seed(3)
+    pairs = list(task.sample(12, generator))
+    assert len({len(src) for src, _ in pairs}) >= 3  # mixed lengths: the batch is padded
+    batch, _ = head_scores(model, task, pairs, hard)  # (L, H)
+    alone = [head_scores(model, task, [pair], hard)[0] for pair in pairs]
+    weights = torch.tensor([float(len(task.alignment(src))) for src, _ in pairs])
+    expected = sum(w * a for w, a in zip(weights, alone, strict=True)) / weights.sum()
+    torch.testing.assert_close(batch, expected.to(batch.dtype), rtol=0, atol=1e-6)
+    if hard:  # shares of rows: whole multiples of 1 / (all target positions)
+        counts = batch * weights.sum()
+        torch.testing.assert_close(counts, counts.round(), rtol=0, atol=1e-4)
+
+
 def test_alignment_scores_none_without_an_ideal_alignment():
     model, task = untrained(1, 2, "add")
     pairs = [(task.parse("12+34"), task.target(task.parse("12+34")))]
@@ -326,10 +359,15 @@ def test_cli_run_without_checkpoints(tmp_path):
     assert_clean_error(result, 2, "has no best checkpoint")
 
 
-def test_help_documents_the_terminal_default():
+def test_help_documents_the_terminal_default(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # each help text on one line
     result = run_cli("visualize-attention", "--help")
     assert result.exit_code == 0
     assert "cross-attention" in " ".join(result.stdout.split())
+    line = next(line for line in result.stdout.splitlines() if "--terminal" in line)
+    assert ("Also draw the heatmaps in the terminal; a bare --kind all draws only "
+            "cross-attention there (the PNG has all kinds). [default: terminal]") in line
+    assert "--no-terminal" in line
 
 
 def test_viz_imports_matplotlib_only_inside_functions():

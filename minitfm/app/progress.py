@@ -46,6 +46,11 @@ def step_text(task: Task) -> str:
 class StepColumn(ProgressColumn):
     """`step  35/400` before the bar."""
 
+    def __init__(self):
+        # no_wrap: when the figures leave the bar little room, rich would otherwise squeeze
+        # this column along with the bar and wrap `35/400` onto a line of its own
+        super().__init__(table_column=Column(no_wrap=True))
+
     def render(self, task: Task) -> Text:
         return Text(step_text(task))
 

@@ -1,0 +1,69 @@
+"""`threads: auto` during a run: it follows other minitfm processes, and says so in one line."""
+
+import fcntl
+
+import torch
+
+from minitfm.config import load_config
+from minitfm.run import session, threads
+from minitfm.run.session import NullReporter
+from minitfm.run.threads import ThreadClaim, ThreadPacer
+from tests.helpers import TINY
+
+
+def register(registry, pid: int):
+    """A neighbour on `auto`, its entry locked as its live owner would hold it."""
+    registry.mkdir(parents=True, exist_ok=True)
+    entry = open(registry / str(pid), "w")
+    fcntl.flock(entry, fcntl.LOCK_EX)
+    entry.write("auto")
+    entry.flush()
+    return entry
+
+
+class Neighbour(NullReporter):
+    """A reporter through which a neighbour ends after step 3 and another starts after step 4
+    (the pacer looks right after `step`); it keeps the run's messages."""
+
+    def __init__(self, registry, entry):
+        self.registry, self.entry, self.messages = registry, entry, []
+
+    def step(self, step: int) -> None:
+        if step == 3:
+            self.entry.close()  # its lock goes with it, as when its process ends
+        elif step == 4:
+            self.entry = register(self.registry, 999102)
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+
+def train_beside_a_neighbour(monkeypatch, tmp_path, setting) -> list[str]:
+    """Train 5 steps on 2 cores with `threads=setting` while the neighbours come and go."""
+    registry = tmp_path / "procs"
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # else it decides, as in the suite
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    # A pacer that looks at every step instead of once a second: no clock in the test.
+    monkeypatch.setattr(session, "ThreadPacer", lambda claim: ThreadPacer(claim, every_s=0))
+    cfg = load_config(None, [*TINY, "train.steps=5", "train.eval_every=0",
+                             f"threads={setting}", "log.tensorboard=false"])
+    reporter = Neighbour(registry, register(registry, 999101))
+    try:
+        with ThreadClaim(setting, registry) as claim:
+            summary = session.train(cfg, run_dir=tmp_path / "run", reporter=reporter,
+                                    threads=claim)
+    finally:
+        reporter.entry.close()
+        torch.set_num_threads(1)  # the suite's pinned count (conftest)
+    assert summary["status"] == "finished" and summary["step"] == 5
+    return reporter.messages
+
+
+def test_auto_threads_follow_the_neighbours_during_a_run_and_say_so(monkeypatch, tmp_path):
+    # One neighbour on auto: 1 thread each. It ends: 2. Another starts: 1 again.
+    messages = train_beside_a_neighbour(monkeypatch, tmp_path, "auto")
+    assert messages == ["step 3: now 2 threads (auto)", "step 4: now 1 thread (auto)"]
+
+
+def test_a_fixed_count_stays_whatever_the_neighbours_do(monkeypatch, tmp_path):
+    assert train_beside_a_neighbour(monkeypatch, tmp_path, 1) == []

@@ -120,6 +120,23 @@ def test_cli_threads_option_refused():
     assert_clean_error(run_cli("eval", "--threads", "many"), 2, "--threads ('many')")
 
 
+@pytest.mark.parametrize("value,expected", [("1024", 1024), ("0001", 1)])
+def test_config_threads_up_to_the_bound(value, expected):
+    assert load_config(None, [f"threads={value}"]).threads == expected
+
+
+@pytest.mark.parametrize("args,needle", [  # the report of 2026-11-24, L6
+    (["train", "threads=1000000"], "threads (1000000) must be at most 1,024"),  # THR_huge_train
+    (["eval", "--threads", "100000"], "--threads ('100000') must be at most 1,024"),  # _eval
+    (["train", "threads=1025"], "threads (1025) must be at most 1,024"),
+    (["predict", "--threads", "9" * 5000, "x"], "must be at most 1,024"),
+])
+def test_threads_beyond_any_machine_are_refused(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)  # a train or eval that went ahead would write into runs/ here
+    assert_clean_error(run_cli(*args), 2, needle, "use auto")
+    assert not list(tmp_path.iterdir())
+
+
 def test_train_header_and_summary(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("train", *TINY, "train.steps=4", "train.eval_every=0",

@@ -27,7 +27,7 @@ def alone(monkeypatch, tmp_path):
 
 def hold(registry, pid: int, setting: str):
     """A neighbour entry locked by this test process (as its owner would)."""
-    registry.mkdir(parents=True, exist_ok=True)
+    registry.mkdir(mode=0o700, parents=True, exist_ok=True)  # writable by no one else
     f = open(registry / str(pid), "w")
     fcntl.flock(f, fcntl.LOCK_EX)
     f.write(setting)
@@ -52,7 +52,7 @@ def test_auto_shares_with_auto_neighbours_and_leaves_room_for_fixed_ones(alone):
 
 
 def test_stale_entries_are_removed(alone):
-    alone.mkdir(parents=True)
+    alone.mkdir(mode=0o700, parents=True)
     (alone / "999004").write_text("2")  # nobody holds its lock: its process has gone
     (alone / ".999005.tmp").write_text("auto")  # being registered: not counted, not removed
     assert resolve("auto", alone) == 4

@@ -155,6 +155,11 @@ def fail(message: str, code: int = 2, kind: str = "error"):
     raise typer.Exit(code)
 
 
+def warn(message: str) -> None:
+    """Print one `warning: ...` line on stderr; the command goes on."""
+    err_console.print(f"warning: {printable(message)}", markup=False)
+
+
 def show(renderable) -> None:
     """Print to stdout; a table's title and caption go on lines of their own, where they wrap
     like any text (at a terminal's width, never when piped), not to the table's width."""
@@ -328,7 +333,7 @@ def run_training(cfg, **kwargs) -> None:
 
     # Registered before torch loads, so that other minitfm processes see this one at once;
     # a resumed run's `threads` is known once its checkpoint is read (train updates it).
-    with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
+    with ThreadClaim(cfg.threads if cfg is not None else "auto", warn=warn) as claim:
         from minitfm.app.api import train_run
         from minitfm.app.progress import ConsoleReporter
 
@@ -349,7 +354,7 @@ def claim_threads(value: str):
     from minitfm.run.threads import ThreadClaim
 
     try:
-        return ThreadClaim(parse_threads(value))
+        return ThreadClaim(parse_threads(value), warn=warn)
     except ValueError as err:
         raise MinitfmError(f"--{err}") from None
 

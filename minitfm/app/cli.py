@@ -33,7 +33,7 @@ from minitfm.app.tables import (
     tasks_table,
 )
 from minitfm.errors import Interrupted, MinitfmError, quote
-from minitfm.run.signals import signals_held, stopped_by
+from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
 
@@ -113,7 +113,8 @@ class OneLineErrors(PlainHelp, TyperGroup):
                 and err.ctx.parent else "minitfm --help"
             err_console.print(f"error: {err.format_message()} (see '{command}')", markup=False)
             code = err.exit_code
-        except typer.Abort:
+        except typer.Abort:  # Click's KeyboardInterrupt before a command took over
+            err_console.print(f"interrupted: {starting_message(signal.SIGINT)}", markup=False)
             code = 130
         if not standalone_mode:
             return code
@@ -214,6 +215,7 @@ def clean_errors(command=None, *, uses_torch: bool = True):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            started()  # from here a Ctrl-C is this command's to handle (below)
             if uses_torch:
                 with signals_held():
                     import torch  # noqa: F401

@@ -4,7 +4,8 @@ A stopped command exits with 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM. 
 line of the `minitfm` command until a command starts, one ends the process with one line
 (`catch_while_starting`); while torch loads, they are held and acted on once it has
 (`signals_held`); training turns the first into a flag it checks after each step, saves and
-stops (`StopSignal`); a sweep forwards each one to its jobs (`CaughtSignals`). No torch here.
+stops (`StopSignal`); a sweep forwards each one to its jobs (`CaughtSignals`). No torch here, and
+nothing slow to import: the `minitfm` command imports this module first.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from minitfm.errors import Interrupted
 
@@ -28,7 +28,7 @@ class CaughtSignals:
 
     def __init__(self):
         self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, object] = {}  # a handler, SIG_DFL or SIG_IGN
 
     def __enter__(self) -> CaughtSignals:
         for signum in STOPPING:

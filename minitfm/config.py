@@ -40,6 +40,10 @@ FINITE = {"allow_inf_nan": False}
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
 MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
+# A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
+# that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
+# given (a million failed in libgomp's allocator, after a long wait on 2 cores).
+MAX_THREADS = 1024
 
 # What a task's name fixes before any data is read, stated once: the tasks (minitfm.tasks)
 # build on it, and the memory check (minitfm.run.limits) reads it without torch.
@@ -295,9 +299,13 @@ def parse_threads(value: str | int) -> str | int:
     text = str(value).strip().lower()
     if text == "auto":
         return "auto"
-    if text.isdigit() and int(text) >= 1:
-        return int(text)
-    raise ValueError(f"threads ({value!r}) must be auto or a positive integer")
+    digits = text.lstrip("0")  # compared by length first: int() of 5,000 digits is refused
+    if not re.fullmatch(r"[0-9]+", text) or not digits:
+        raise ValueError(f"threads ({quote(value)}) must be auto or a positive integer")
+    if len(digits) > len(str(MAX_THREADS)) or int(digits) > MAX_THREADS:
+        raise ValueError(f"threads ({quote(value)}) must be at most {MAX_THREADS:,}: use auto, or "
+                         f"a count up to this machine's cores")
+    return int(digits)
 
 
 def check_device(name: str, error=ConfigError) -> str:

@@ -13,7 +13,6 @@ import resource
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -345,22 +344,57 @@ def test_second_sigterm_keeps_its_exit_code():
 
 # --- with real processes: signals at start-up, streams, a full disk ---
 
+# Put on the child's PYTHONPATH as `sitecustomize`: it stops the child inside the import of
+# $PAUSE_AT and says so on stdout; the test then signals it, and the hook passes the signal on
+# as if it had just arrived (blocked meanwhile, so it cannot land before the hook waits for it).
+PAUSE_HOOK = """
+import os, signal, sys
+
+class PauseAt:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["PAUSE_AT"]:
+            sys.meta_path.remove(self)
+            stopping = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stopping)
+            os.write(1, b"paused\\n")
+            signum = signal.sigwait(stopping)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, stopping)
+            signal.raise_signal(signum)
+        return None
+
+sys.meta_path.insert(0, PauseAt())
+"""
+
+
 @pytest.mark.slow
-def test_ctrl_c_while_torch_loads_is_not_swallowed(tmp_path):
-    # The report's M5: a SIGINT landing inside `import torch` was lost and training ran to
-    # exit 0. Wherever it lands now, the process stops with 130 (or dies by the signal).
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for n, delay in enumerate((0.5, 0.9, 1.3)):
-        proc = subprocess.Popen([sys.executable, "-m", "minitfm", "train", *SHORT,
-                                 "train.steps=2000", "--run-dir", tmp_path / f"r{n}"],
-                                env=env, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-        assert proc.returncode in (130, -signal.SIGINT), (delay, proc.returncode, stderr)
-        if proc.returncode == 130:  # the user's own Ctrl-C: no error, one line
-            assert stderr.startswith("interrupted: ") and "error:" not in stderr, stderr
+@pytest.mark.parametrize("pause_at,signum", [
+    ("typer", signal.SIGINT),  # the report of 2026-11-24, L12 (SIG_early): typer, rich load
+    ("typer", signal.SIGTERM),
+    ("minitfm.run.memory", signal.SIGINT),  # arguments parsed, no command yet: was a silent 130
+    ("torch", signal.SIGINT),  # the report of 2026-11-22, M5: torch swallowed it, ran to exit 0
+])
+def test_a_signal_at_any_moment_of_start_up_is_one_line(tmp_path, pause_at, signum):
+    # Test review of 2026-11-25, #10: the child is stopped at a known point, not after a delay.
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(PAUSE_HOOK)
+    path = [str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PAUSE_AT": pause_at,
+           "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.Popen([sys.executable, "-m", "minitfm", "train", *SHORT, "--run-dir",
+                             tmp_path / "run"], env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == "paused\n", proc.communicate(timeout=120)
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=120)  # a safety net: it ends at once
+    finally:
+        proc.kill()
+        proc.wait()
+    name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else "SIGTERM"
+    assert (proc.returncode, stderr) == (
+        128 + signum, f"interrupted: {name} while starting: nothing was done\n")
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ def alone(monkeypatch, tmp_path):
 
 def hold(registry, pid: int, setting: str):
     """A neighbour entry locked by this test process (as its owner would)."""
-    registry.mkdir(parents=True, exist_ok=True)
+    registry.mkdir(mode=0o700, parents=True, exist_ok=True)  # writable by no one else
     f = open(registry / str(pid), "w")
     fcntl.flock(f, fcntl.LOCK_EX)
     f.write(setting)
@@ -52,7 +52,7 @@ def test_auto_shares_with_auto_neighbours_and_leaves_room_for_fixed_ones(alone):
 
 
 def test_stale_entries_are_removed(alone):
-    alone.mkdir(parents=True)
+    alone.mkdir(mode=0o700, parents=True)
     (alone / "999004").write_text("2")  # nobody holds its lock: its process has gone
     (alone / ".999005.tmp").write_text("auto")  # being registered: not counted, not removed
     assert resolve("auto", alone) == 4
@@ -118,6 +118,23 @@ def test_config_threads_refused(value):
 
 def test_cli_threads_option_refused():
     assert_clean_error(run_cli("eval", "--threads", "many"), 2, "--threads ('many')")
+
+
+@pytest.mark.parametrize("value,expected", [("1024", 1024), ("0001", 1)])
+def test_config_threads_up_to_the_bound(value, expected):
+    assert load_config(None, [f"threads={value}"]).threads == expected
+
+
+@pytest.mark.parametrize("args,needle", [  # the report of 2026-11-24, L6
+    (["train", "threads=1000000"], "threads (1000000) must be at most 1,024"),  # THR_huge_train
+    (["eval", "--threads", "100000"], "--threads ('100000') must be at most 1,024"),  # _eval
+    (["train", "threads=1025"], "threads (1025) must be at most 1,024"),
+    (["predict", "--threads", "9" * 5000, "x"], "must be at most 1,024"),
+])
+def test_threads_beyond_any_machine_are_refused(tmp_path, monkeypatch, args, needle):
+    monkeypatch.chdir(tmp_path)  # a train or eval that went ahead would write into runs/ here
+    assert_clean_error(run_cli(*args), 2, needle, "use auto")
+    assert not list(tmp_path.iterdir())
 
 
 def test_train_header_and_summary(tmp_path):

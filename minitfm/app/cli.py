@@ -33,7 +33,7 @@ from minitfm.app.tables import (
     tasks_table,
 )
 from minitfm.errors import Interrupted, MinitfmError, quote
-from minitfm.run.signals import signals_held, stopped_by
+from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
 
@@ -114,7 +114,8 @@ class OneLineErrors(PlainHelp, TyperGroup):
             err_console.print(f"error: {printable(err.format_message())} (see '{command}')",
                               markup=False)
             code = err.exit_code
-        except typer.Abort:
+        except typer.Abort:  # Click's KeyboardInterrupt before a command took over
+            err_console.print(f"interrupted: {starting_message(signal.SIGINT)}", markup=False)
             code = 130
         if not standalone_mode:
             return code
@@ -149,6 +150,11 @@ def fail(message: str, code: int = 2, kind: str = "error"):
         line = line[:MAX_ERROR_CHARS - 1] + "…"
     err_console.print(f"{kind}: {line}", markup=False)
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print one `warning: ...` line on stderr; the command goes on."""
+    err_console.print(f"warning: {printable(message)}", markup=False)
 
 
 def show(renderable) -> None:
@@ -213,6 +219,7 @@ def clean_errors(command=None, *, uses_torch: bool = True):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         try:
+            started()  # from here a Ctrl-C is this command's to handle (below)
             if uses_torch:
                 with signals_held():
                     import torch  # noqa: F401
@@ -332,7 +339,7 @@ def run_training(cfg, **kwargs) -> None:
 
     # Registered before torch loads, so that other minitfm processes see this one at once;
     # a resumed run's `threads` is known once its checkpoint is read (train updates it).
-    with ThreadClaim(cfg.threads if cfg is not None else "auto") as claim:
+    with ThreadClaim(cfg.threads if cfg is not None else "auto", warn=warn) as claim:
         from minitfm.app.api import train_run
         from minitfm.app.progress import ConsoleReporter
 
@@ -353,7 +360,7 @@ def claim_threads(value: str):
     from minitfm.run.threads import ThreadClaim
 
     try:
-        return ThreadClaim(parse_threads(value))
+        return ThreadClaim(parse_threads(value), warn=warn)
     except ValueError as err:
         raise MinitfmError(f"--{err}") from None
 

@@ -1,17 +1,19 @@
 """Ctrl-C (SIGINT) and SIGTERM, caught rather than obeyed at once, so that a command stops cleanly.
 
-A stopped command exits with 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM. While torch
-loads, the signals are held and acted on once it has (`signals_held`); training turns the first
-into a flag it checks after each step, saves and stops (`StopSignal`); a sweep forwards each one
-to its jobs (`CaughtSignals`). No torch here.
+A stopped command exits with 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM. From the first
+line of the `minitfm` command until a command starts, one ends the process with one line
+(`catch_while_starting`); while torch loads, they are held and acted on once it has
+(`signals_held`); training turns the first into a flag it checks after each step, saves and
+stops (`StopSignal`); a sweep forwards each one to its jobs (`CaughtSignals`). No torch here, and
+nothing slow to import: the `minitfm` command imports this module first.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from minitfm.errors import Interrupted
 
@@ -26,7 +28,7 @@ class CaughtSignals:
 
     def __init__(self):
         self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, object] = {}  # a handler, SIG_DFL or SIG_IGN
 
     def __enter__(self) -> CaughtSignals:
         for signum in STOPPING:
@@ -70,6 +72,43 @@ def stopped_by(signum: int) -> str:
     return "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
+def starting_message(signum: int) -> str:
+    """What a signal that lands before a command has done anything says."""
+    return f"{stopped_by(signum)} while starting: nothing was done"
+
+
+def catch_while_starting() -> None:
+    """From now until `started`, SIGINT and SIGTERM end the process at once with one
+    `interrupted:` line and 128 + the signal (those the parent made us ignore stay ignored).
+
+    Installed before typer, rich or torch load (~0.1 s, more on a busy machine): Python's own
+    handler would print a KeyboardInterrupt traceback from inside their imports, and Click
+    turns a KeyboardInterrupt while it parses into a silent exit. Nothing has been written yet,
+    so there is nothing to clean up.
+    """
+    for signum in STOPPING:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, exit_while_starting)
+
+
+def exit_while_starting(signum, frame) -> None:
+    """The signal handler of `catch_while_starting`."""
+    try:
+        os.write(2, f"interrupted: {starting_message(signum)}\n".encode())
+    except OSError:  # no stderr: the exit code still tells
+        pass
+    os._exit(128 + signum)
+
+
+def started() -> None:
+    """A command takes over: Ctrl-C raises KeyboardInterrupt again and SIGTERM ends the process,
+    as Python has them, for the command's own handling (see `app.cli.clean_errors`)."""
+    for signum, usual in ((signal.SIGINT, signal.default_int_handler),
+                          (signal.SIGTERM, signal.SIG_DFL)):
+        if signal.getsignal(signum) is exit_while_starting:
+            signal.signal(signum, usual)
+
+
 @contextmanager
 def signals_held() -> Iterator[None]:
     """Hold Ctrl-C and SIGTERM while torch is imported, then act on them.
@@ -81,4 +120,4 @@ def signals_held() -> Iterator[None]:
         yield
     if caught.received:
         signum = caught.received[0]
-        raise Interrupted(f"{stopped_by(signum)} while starting: nothing was done", 128 + signum)
+        raise Interrupted(starting_message(signum), 128 + signum)

@@ -201,6 +201,8 @@ def test_the_dry_run_commands_then_out_write_only_the_results(tmp_path):
      "--eval-lengths (65536) needs"),
     (["seed=0,1", "model.positional=learned", "model.max_len=8", "--eval-lengths", "7..9"],
      "--eval-lengths 7..9 needs 10 positions"),
+    (["seed=0,1", "model.positional=learned", "model.max_len=6"],  # what train refuses
+     "model.max_len (6) is too small for task.max_len (6): sequences need 7 positions"),
     # L10: jobs x threads never above the cores, one thread each included
     (["seed=0,1", "--jobs", str(cores() + 1)], f"--jobs ({cores() + 1}) x --threads (1)"),
 ])

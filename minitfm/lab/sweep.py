@@ -166,6 +166,7 @@ def plan_runs(grid: Grid, threads: int,
         overrides = [*grid.fixed, *(f"{k}={v}" for k, v in choice.items())]
         try:
             cfg = load_config(grid.config, [*overrides, f"threads={threads}"])
+            check_trained_positions(cfg)
             check_fits(training_parts(cfg), "training")  # a MinitfmError: never skipped
         except ConfigError as err:
             if not skip_invalid or not choice:
@@ -178,6 +179,26 @@ def plan_runs(grid: Grid, threads: int,
         raise ConfigError(f"no valid run in the grid: {skipped[0]}")
     check_distinct_runs(runs)
     return runs, skipped
+
+
+def check_trained_positions(cfg: Config) -> None:
+    """What training refuses as it starts: learned positions too few for task.max_len."""
+    needed = positions_short(cfg, cfg.task.max_len)
+    if needed is not None:
+        raise ConfigError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
+                          f"({cfg.task.max_len}): sequences need {needed} positions; raise "
+                          f"model.max_len")
+
+
+def positions_short(cfg: Config, hi: int) -> int | None:
+    """The positions inputs of up to `hi` need, when learned ones (model.max_len) are fewer.
+
+    The rule of `tasks.positions_short`, on the lengths the config states (pairs: the sources;
+    their targets are known only from the files).
+    """
+    src, tgt = sequence_lengths(cfg.task.name, hi)  # tgt: BOS + the target
+    needed = src if cfg.task.name == "pairs" else max(src, tgt)
+    return needed if cfg.model.positional == "learned" and needed > cfg.model.max_len else None
 
 
 def check_distinct_runs(runs: list[RunSpec]) -> None:
@@ -656,21 +677,14 @@ def check_evaluations(runs: list[RunSpec], ranges: list, samples: int) -> None:
     names = ("--eval-samples", "--eval-lengths")
     for spec in runs:
         for lo, hi in eval_ranges(spec, ranges):
-            check_positions(spec, lo, hi)
+            needed = positions_short(spec.cfg, hi)  # the trained range was checked with the grid
+            if needed is not None:
+                raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {needed} positions but the "
+                                   f"run {quote(spec.id)} learns {spec.cfg.model.max_len} "
+                                   f"(model.max_len): evaluate up to a shorter length, or "
+                                   f"raise model.max_len")
             check_fits(decoding_parts(spec.cfg, samples, hi, EVAL_BATCH_SIZE, names),
                        "evaluation")
-
-
-def check_positions(spec: RunSpec, lo: int, hi: int) -> None:
-    """Learned positions stop at model.max_len: the rule of `tasks.positions_short`, on the
-    lengths the config states (pairs: the sources; their targets are known only from files)."""
-    model, task = spec.cfg.model, spec.cfg.task
-    src, tgt = sequence_lengths(task.name, hi)  # tgt: BOS + the target
-    needed = src if task.name == "pairs" else max(src, tgt)
-    if model.positional == "learned" and needed > model.max_len:
-        raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {needed} positions but the run "
-                           f"{quote(spec.id)} learns {model.max_len} (model.max_len): evaluate "
-                           f"up to a shorter length, or raise model.max_len")
 
 
 @dataclass
@@ -734,7 +748,9 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
             for stale in spec.run_dir.glob(".eval-*.tmp"):
                 stale.unlink()
         jobs = plan.jobs()
-        say(f"sweep folder: {plan.folder}" + (f" ({plan.note})" if plan.note else ""))
+        say(f"sweep folder: {plan.folder}")
+        if plan.note:
+            say(f"note: {plan.note}")
         for reason in plan.skipped:
             say(f"skipped (invalid) {reason}")
         done = sum(1 for job in jobs if not job.steps)

@@ -1,6 +1,8 @@
-"""`minitfm sweep` end to end, resume, Ctrl-C, bad grids and --dry-run; `minitfm runs`."""
+"""`minitfm sweep` end to end, failures, Ctrl-C and SIGTERM, refused grids and folders,
+--dry-run; `minitfm runs`."""
 
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -10,10 +12,25 @@ import time
 
 import pytest
 
+from minitfm.config import load_config, to_yaml
 from minitfm.errors import MinitfmError
-from minitfm.lab.sweep import Grid, sweep_folder
+from minitfm.lab.sweep import (
+    Grid,
+    Job,
+    RunSpec,
+    Step,
+    SweepLock,
+    check_memory,
+    open_result,
+    plan_runs,
+    prepare,
+    run_id,
+    stop_message,
+)
+from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.rundir import read_summary
+from minitfm.run.threads import cores
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 FAST = [*TINY, "train.steps=20", "train.eval_every=0", "log.tensorboard=false"]
@@ -46,57 +63,118 @@ def test_a_2x2_sweep_end_to_end_then_resume_skips_it(tmp_path):
                for r in rows)  # nothing trained twice
 
 
+def write_record(plan):
+    """The folder and sweep.json that `run_sweep` would leave for `plan`."""
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    (plan.folder / "sweep.json").write_text(json.dumps(plan.record()))
+
+
 def test_the_same_grid_finds_its_folder_again(tmp_path):
-    grid = Grid(None, [("seed", ["0", "1"])], ["train.steps=2"])
-    (tmp_path / "sweep-s-20260101-000000").mkdir()
-    old = tmp_path / "sweep-s-20260102-000000"
-    old.mkdir()
-    (old / "sweep.json").write_text(json.dumps({"grid": grid.spec()}))
-    fixed = [f"log.dir={tmp_path}", *grid.fixed]
-    assert sweep_folder(Grid(None, grid.swept, fixed), "s", None).name.startswith("sweep-s-2")
-    same = Grid(None, grid.swept, fixed)
-    (old / "sweep.json").write_text(json.dumps({"grid": same.spec()}))
-    assert sweep_folder(same, "s", None) == old
-    other = Grid(None, [("seed", ["0", "2"])], fixed)
-    assert sweep_folder(other, "s", None) not in (old, tmp_path / "sweep-s-20260101-000000")
-    assert_raises_other_sweep(other, old)
-
-
-def assert_raises_other_sweep(grid, folder):
+    grid = ["seed=0,1", "train.steps=2", f"log.dir={tmp_path}"]
+    stale = tmp_path / "sweep-default-20260101-000000"  # a folder without sweep.json
+    stale.mkdir()
+    first = prepare(None, grid)
+    assert first.folder.parent == tmp_path and first.folder != stale
+    assert not first.folder.exists()
+    write_record(first)
+    assert prepare(None, grid).folder == first.folder
+    other = ["seed=0,2", *grid[1:]]
+    new = prepare(None, other).folder
+    assert new not in (stale, first.folder) and not new.exists()
     with pytest.raises(MinitfmError, match="holds another sweep"):
-        sweep_folder(grid, "s", folder)
+        prepare(None, other, out=first.folder)
 
 
-LONG = [*TINY, "train.steps=300", "train.eval_every=0", "train.target_exact_match=null",
+def test_an_edited_base_config_never_joins_the_old_folder(tmp_path):
+    config = tmp_path / "base.yaml"
+    config.write_text("model: {d_model: 16, n_heads: 2}\n")
+    grid = ["seed=0,1", f"log.dir={tmp_path / 'runs'}"]
+    old = prepare(str(config), grid)
+    write_record(old)
+    config.write_text("model: {d_model: 32, n_heads: 2}\n")
+    new = prepare(str(config), grid)
+    assert new.folder != old.folder and not new.folder.exists()
+    assert "model.d_model was 16, now 32" in new.note
+    dry = run_cli("sweep", config, *grid, "--dry-run")
+    assert dry.exit_code == 0 and dry.stderr.startswith("note: the base config changed")
+    assert f"{old.folder}/" not in dry.stdout
+    assert_clean_error(run_cli("sweep", config, *grid, "--out", old.folder, "--dry-run"), 2,
+                       "another base config", "model.d_model was 16, now 32")
+    config.write_text("model: {d_model: 16, n_heads: 2}\n")  # restored: resumed
+    assert prepare(str(config), grid).folder == old.folder
+
+
+LONG = [*TINY, "train.steps=100000", "train.eval_every=0", "train.target_exact_match=null",
         "log.log_every=1", "log.tensorboard=false", "train.checkpoint_every=5"]
 
 
+def wait_for(proc, ready) -> None:
+    """Poll until `ready()`; the sweep ending first fails the test (its jobs cannot finish)."""
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_every_job_with_a_checkpoint_then_resumes(tmp_path):
+@pytest.mark.skipif(cores() < 2, reason="two jobs at once need two cores")
+def test_ctrl_c_stops_every_job_with_a_checkpoint_then_sigterm_stops_the_resume(tmp_path):
     out = tmp_path / "sw"
     cmd = [sys.executable, "-m", "minitfm", "sweep", *LONG, "--seeds", "0,1", "--jobs", "2",
            "--out", str(out), "--eval-samples", "20"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints = [out / f"seed={s}" / "checkpoints" / "last.pt" for s in (0, 1)]
-    deadline = time.monotonic() + 90
-    while not all(p.exists() for p in checkpoints):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the jobs did not start in time"
-        time.sleep(0.05)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(proc, lambda: all(p.exists() for p in checkpoints))
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate()
     assert proc.returncode == 130, stderr
-    assert stderr.startswith("interrupted: SIGINT") and stderr.count("\n") == 1, stderr
-    for path in checkpoints:
-        assert 5 <= load_checkpoint(path)["step"] < 300
+    assert stderr == ("interrupted: SIGINT: stopped 2 running job(s), each with its "
+                      "checkpoints/last.pt; run the same command again to resume\n"), stderr
+    stopped = [load_checkpoint(path)["step"] for path in checkpoints]
+    for path, step in zip(checkpoints, stopped):
+        assert 5 <= step < 100000
         assert read_summary(path.parent.parent)["status"] == "interrupted"
-    result = run_cli("sweep", *LONG, "--seeds", "0,1", "--jobs", "2", "--out", out,
-                     "--eval-samples", "20")
-    assert result.exit_code == 0, result.stdout + result.stderr
-    for path in checkpoints:
-        assert load_checkpoint(path)["step"] == 300
+    plan = run_cli("sweep", *LONG, "--seeds", "0,1", "--jobs", "2", "--out", out, "--dry-run")
+    assert [line.count(" --resume ") for line in plan.stdout.splitlines()] == [1, 1]
+    inodes = [path.stat().st_ino for path in checkpoints]  # each save replaces the file
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(proc, lambda: all(p.stat().st_ino != i for p, i in zip(checkpoints, inodes)))
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate()
+    assert proc.returncode == 143 and stderr.startswith("interrupted: SIGTERM"), stderr
+    for path, step in zip(checkpoints, stopped):
+        assert step < load_checkpoint(path)["step"] < 100000
         run_dir = path.parent.parent
         assert "--resume" in (run_dir.parent / f"{run_dir.name}.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_job_exits_1_and_the_others_still_give_results(tmp_path):
+    out = tmp_path / "sw"
+    result = sweep(out, "train.lr=3e-3,1e30")  # 1e30: the loss becomes NaN at once
+    assert_clean_error(result, 1, "1 of 2 runs failed (lr=1e30)")
+    assert "failed: lr=1e30 (exit 1)" in result.stdout and "loss became nan" in result.stdout
+    rows = {row["run"]: row for row in map(json.loads, (out / "results.jsonl").open())}
+    assert rows["lr=3e-3"]["status"] == "finished" and rows["lr=3e-3"]["steps"] == 20
+    assert rows["lr=3e-3"]["exact_match"]["1..6"] is not None
+    assert rows["lr=1e30"]["status"] == "failed"
+    assert rows["lr=1e30"]["exact_match"]["1..6"] is None
+    assert (out / "results.csv").read_text().count("\n") == 3
+    assert (out / "results.png").is_file()
+
+
+@pytest.mark.slow
+def test_the_dry_run_commands_then_out_write_only_the_results(tmp_path):
+    out = tmp_path / "sw"
+    lines = sweep(out, "seed=3", "--dry-run").stdout.splitlines()
+    assert len(lines) == 1 and not out.exists()
+    assert subprocess.run(["bash", "-c", lines[0]]).returncode == 0  # as a scheduler would
+    result = sweep(out, "seed=3")
+    assert result.exit_code == 0, result.stderr
+    assert "1 runs (1 already done)" in result.stdout
+    assert not (out / "run.log").exists()  # the sweep started no command of its own
+    rows = [json.loads(line) for line in (out / "results.jsonl").open()]
+    assert len(rows) == 1 and rows[0]["status"] == "finished"
+    assert rows[0]["exact_match"]["1..6"] is not None
 
 
 @pytest.mark.parametrize("grid,needle", [
@@ -107,11 +185,151 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_then_resumes(tmp_path):
     (["threads=x,1"], "--threads"),
     (["seed=0,1", "--seeds", "2,3"], "seed"),
     (["seed=0,1", "--eval-lengths", "9"], "--eval-lengths"),
+    # M4: a value twice, or two values that make one config, would train into one folder
+    (["--seeds", "0,0"], "gives the value '0' twice"),
+    (["seed=0,00"], "('0' and '00')"),
+    (["train.lr=1,1.0"], "the runs 'lr=1' and 'lr=1.0' have the same config"),
+    # L11: a run id longer than a file name may be; a --name too long for the folder
+    ([f"log.dir=runs,{'x' * 250}"], "needs a file name of 258 bytes, more than 255"),
+    (["seed=0,1", "--name", "n" * 240], "--name has 240 characters"),
+    # L8: counted before any run is made
+    ([f"seed={','.join(map(str, range(101)))}", f"train.steps={','.join(map(str, range(100)))}"],
+     "10,100 runs (101 seed x 100 train.steps): at most 10,000"),
+    # L7: every evaluation is checked before the training
+    (["seed=0,1", "--eval-lengths", "17..99999999999999999999"], "at most 65,536"),
+    (["seed=0,1", "--eval-lengths", "7..65536", "--eval-samples", "100000"],
+     "--eval-lengths (65536) needs"),
+    (["seed=0,1", "model.positional=learned", "model.max_len=8", "--eval-lengths", "7..9"],
+     "--eval-lengths 7..9 needs 10 positions"),
+    (["seed=0,1", "model.positional=learned", "model.max_len=6"],  # what train refuses
+     "model.max_len (6) is too small for task.max_len (6): sequences need 7 positions"),
+    # L10: jobs x threads never above the cores, one thread each included
+    (["seed=0,1", "--jobs", str(cores() + 1)], f"--jobs ({cores() + 1}) x --threads (1)"),
 ])
 def test_bad_grids_are_refused_before_anything_starts(tmp_path, monkeypatch, grid, needle):
     monkeypatch.chdir(tmp_path)
     assert_clean_error(run_cli("sweep", *FAST, *grid), 2, needle)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_two_names_of_one_data_file_are_one_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    grid = ["task.name=pairs", "task.train_path=d.tsv,./d.tsv"]
+    assert_clean_error(run_cli("sweep", *grid), 2, "have the same config")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("values", [
+    ("d/a.tsv", "d_a.tsv", "d%2Fa.tsv", "d a.tsv", "d_.tsv", "dé.tsv", "d%C3%A9.tsv"),
+    ("0.5", "0_5", ".5", "0%2E5"),
+])
+def test_run_ids_are_file_names_that_never_collide(values):
+    ids = [run_id({"task.train_path": value}) for value in values]
+    assert len(set(ids)) == len(ids), ids
+    assert all(re.fullmatch(r"[A-Za-z0-9_.,=+%-]+", i) for i in ids), ids
+
+
+def files_under(folder):
+    """Every path under `folder` with its bytes (None for a folder): to see that nothing moved."""
+    return {p: p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
+
+
+def plant(kind: str, out) -> None:
+    """What `--out` holds before the sweep (see test_out_that_is_no_sweep_folder_is_refused)."""
+    if kind == "user files":
+        out.mkdir()
+        (out / "results.csv").write_text("my precious results")
+    elif kind in ("a run", "inside a run"):
+        run = out if kind == "a run" else out.parent
+        run.mkdir()
+        (run / "config.yaml").write_text(to_yaml(load_config(None)))
+    elif kind in ("a file", "under a file"):
+        (out if kind == "a file" else out.parent).write_text("hi")
+    elif kind == "a broken sweep.json":
+        out.mkdir()
+        (out / "sweep.json").write_text("{")
+    elif kind == "another sweep":
+        out.mkdir()
+        grid = {"config": None, "swept": [["seed", ["5", "6"]]], "fixed": []}
+        (out / "sweep.json").write_text(json.dumps({"grid": grid}))
+
+
+@pytest.mark.parametrize("kind,where,needle", [
+    ("user files", "sw", "holds 'results.csv', which is no part of this sweep"),
+    ("a run", "sw", "is a run directory or inside one"),
+    ("inside a run", "run/sw", "is a run directory or inside one"),
+    ("a file", "sw", "is not a folder"),
+    ("under a file", "f/sw", "'{tmp}/f' is not a folder"),
+    ("a broken sweep.json", "sw", "holds 'sweep.json', which is no part of this sweep"),
+    ("another sweep", "sw", "holds another sweep"),
+])
+def test_out_that_is_no_sweep_folder_is_refused(tmp_path, kind, where, needle):
+    out = tmp_path / where
+    plant(kind, out)
+    before = files_under(tmp_path)
+    result = sweep(out, "seed=0,1")  # a real sweep, not --dry-run: it must write nothing
+    assert_clean_error(result, 2, needle.format(tmp=tmp_path))
+    assert files_under(tmp_path) == before
+
+
+@pytest.mark.parametrize("entries", [(), (".lock",), ("seed=0/", "seed=0.log")])
+def test_out_may_be_empty_or_hold_this_sweeps_own_runs(tmp_path, entries):
+    out = tmp_path / "sw"
+    out.mkdir()
+    for name in entries:  # what a sweep killed at its start, or its --dry-run's commands, left
+        (out / name).mkdir() if name.endswith("/") else (out / name).write_text("")
+    result = sweep(out, "seed=0,1", "--dry-run")
+    assert result.exit_code == 0 and result.stdout.count(f"--run-dir {out}/seed=") == 2
+
+
+def test_a_config_name_with_other_characters_names_a_folder(tmp_path):
+    config = tmp_path / "my copy (2).yaml"
+    config.write_text("task: {name: copy}\n")
+    result = run_cli("sweep", config, *FAST, f"log.dir={tmp_path / 'runs'}", "seed=0,1",
+                     "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count(f"--run-dir {tmp_path / 'runs'}/sweep-my_copy__2_-") == 2
+
+
+def test_a_second_sweep_in_a_folder_in_use_is_refused(tmp_path):
+    out = tmp_path / "sw"
+    with SweepLock(out):
+        assert_clean_error(sweep(out, "seed=0,1"), 2, "is in use by another sweep")
+    assert [p.name for p in out.iterdir()] == [".lock"]
+    step = Step(["true"], out / "eval-1-6.json")
+    names = []
+    for _ in range(2):  # each command's output has a temp file of its own, never a fixed name
+        with open_result(step):
+            names.append(step.tmp.name)
+    assert names[0] != names[1] and all(n.startswith(".eval-1-6.json.") for n in names)
+
+
+def test_jobs_that_together_exceed_the_memory_are_refused(monkeypatch):
+    runs, _ = plan_runs(Grid(None, [("seed", ["0", "1"])], [*FAST]), threads=1)
+    monkeypatch.setattr(limits, "available_bytes", lambda: 500_000_000)
+    check_memory(runs, 1)  # one at a time fits
+    with pytest.raises(MinitfmError, match=r"--jobs \(2\) needs ~6\d\d\.\d MB for 2 runs at once"):
+        check_memory(runs, 2)
+
+
+@pytest.mark.parametrize("saved,message", [
+    ((), "no job was running; run the same command again to resume"),
+    ((False, False), "stopped 2 running job(s) before any saved a checkpoint; run the same "
+                     "command again to start them again"),
+    ((True, False), "stopped 2 running jobs, 1 with checkpoints/last.pt (the others had saved "
+                    "none yet); run the same command again to resume"),
+    ((True, True), "stopped 2 running job(s), each with its checkpoints/last.pt; run the same "
+                   "command again to resume"),
+])
+def test_a_stopped_sweep_says_which_checkpoints_exist(tmp_path, saved, message):
+    jobs = []
+    for seed, has in enumerate(saved):
+        run_dir = tmp_path / f"seed={seed}"
+        (run_dir / "checkpoints").mkdir(parents=True)
+        if has:
+            (run_dir / "checkpoints" / "last.pt").write_bytes(b"")
+        jobs.append(Job(RunSpec(f"seed={seed}", {}, [], load_config(None), run_dir), []))
+    assert stop_message(signal.SIGINT, jobs) == f"SIGINT: {message}"
 
 
 def test_dry_run_prints_one_shell_line_per_run(tmp_path):

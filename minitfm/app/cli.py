@@ -690,7 +690,8 @@ def sweep(
     seeds: str | None = typer.Option(None, metavar="N,N,...",
                                      help="Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2)."),
     jobs: int | None = typer.Option(None, min=1, help="Runs at once (default: as many as "
-                                    "the cores hold at one thread each)."),
+                                    "the cores hold at one thread each); each is a process of "
+                                    "its own, ~300 MB with torch plus its run."),
     threads: int | None = typer.Option(None, min=1, help="Threads per job (default: 1, or "
                                        "cores // --jobs); jobs x threads may not exceed the "
                                        "cores."),
@@ -700,10 +701,12 @@ def sweep(
     eval_samples: int = typer.Option(1000, min=1, max=100_000,
                                      help="Held-out sequences per evaluation."),
     name: str | None = typer.Option(None, metavar="NAME",
-                                    help="Sweep name (default: the config's file name)."),
-    out: Path | None = typer.Option(None, help="Sweep folder (default: a new "
-                                    "sweep-<name>-<timestamp> in log.dir, or the one that "
-                                    "holds this same grid)."),
+                                    help="Sweep name (default: the config's file name, other "
+                                    "characters than letters, digits, '_', '-', '.' as '_')."),
+    out: Path | None = typer.Option(None, help="Sweep folder: a new or empty one, or this "
+                                    "sweep's own (default: a new sweep-<name>-<timestamp> in "
+                                    "log.dir, or the one that holds this same grid and base "
+                                    "config)."),
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Leave out the "
                                       "combinations that fail validation instead of refusing "
                                       "the grid (e.g. model.positional=none with a "
@@ -719,6 +722,8 @@ def sweep(
                    eval_lengths=eval_lengths or [], samples=eval_samples,
                    skip_invalid=skip_invalid)
     if dry_run:
+        if plan.note:  # stdout stays the shell lines alone
+            err_console.print(f"note: {printable(plan.note)}", markup=False, highlight=False)
         for line in dry_run_lines(plan):
             print(line)
         return

@@ -2,16 +2,20 @@
 
 The grid uses Hydra's multirun syntax: `model.positional=rope,alibi seed=0,1` is four runs; a
 key with one value is a fixed override of every run. Every run is a normal run directory in one
-sweep folder `runs/sweep-<name>-<YYYYmmdd-HHMMSS>/` (its `sweep.json` holds the grid, so the same
-command finds the folder again and resumes: finished runs are skipped, interrupted ones
-continue). A job is a chain of real commands (`minitfm train`, then `minitfm eval --json` per
-length range), which `--dry-run` prints for any other scheduler. Each job's threads are fixed
-so that jobs x threads never exceed the cores (see minitfm.run.threads). No torch here.
+sweep folder `runs/sweep-<name>-<YYYYmmdd-HHMMSS>/` (its `sweep.json` holds the grid and the
+resolved base config, so the same command finds the folder again and resumes: finished runs are
+skipped, interrupted ones continue; an edited base config gets a new folder). One sweep at a
+time holds a folder (`.lock`). A job is a chain of real commands (`minitfm train`, then
+`minitfm eval --json` per length range), which `--dry-run` prints for any other scheduler.
+Each job's threads are fixed so that jobs x threads never exceed the cores (see
+minitfm.run.threads). No torch here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import itertools
 import json
 import math
@@ -21,6 +25,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,16 +34,22 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
-from minitfm.config import Config, load_config, parse_override
-from minitfm.errors import ConfigError, Interrupted, MinitfmError
+from minitfm.config import Config, flatten, load_config, parse_override
+from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
 from minitfm.lab.runs import SWEEP_FILE
-from minitfm.run.files import write_atomic
-from minitfm.run.limits import check_fits, training_parts
-from minitfm.run.rundir import DONE, read_summary, run_status
+from minitfm.run.files import make_dirs, write_atomic
+from minitfm.run.limits import check_fits, decoding_parts, sequence_lengths, training_parts
+from minitfm.run.rundir import DONE, is_run_dir, new_run_dir, read_summary, run_status
 from minitfm.run.signals import CaughtSignals
 from minitfm.run.threads import cores
 
 MINITFM = [sys.executable, "-m", "minitfm"]
+MAX_RUNS = 10_000  # a grid larger than this is a typo, not an experiment on one machine
+NAME_MAX = 255  # bytes of one file name (Linux and macOS file systems)
+MAX_EVAL_LEN = 65_536  # the bound of `minitfm eval --max-len`
+EVAL_BATCH_SIZE = 250  # `minitfm eval --batch-size`'s default, which the jobs use
+PROCESS_BYTES = 300_000_000  # one job's process with torch loaded (~280 MB measured, tiny run)
+STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name
 
 
 @dataclass
@@ -63,7 +74,7 @@ class RunSpec:
     choice: dict[str, str]  # swept key -> value text
     overrides: list[str]
     cfg: Config
-    run_dir: Path
+    run_dir: Path = Path()  # set once the sweep folder is chosen
 
     @property
     def label(self) -> str:
@@ -94,7 +105,34 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
             fixed.append(f"{key}={values[0]}")
         else:
             swept.append((key, values))
+    check_size(swept)
+    for key, values in swept:
+        check_distinct(key, values)
     return swept, fixed
+
+
+def check_size(swept: list[tuple[str, list[str]]]) -> None:
+    """Refuse a grid of more than MAX_RUNS runs, counted before any of them is made."""
+    total = math.prod(len(values) for _, values in swept)
+    if total > MAX_RUNS:
+        factors = " x ".join(f"{len(values):,} {key}" for key, values in swept)
+        raise ConfigError(f"the grid has {total:,} runs ({factors}): at most {MAX_RUNS:,}; "
+                          f"sweep fewer values, or split it into several sweeps")
+
+
+def check_distinct(key: str, values: list[str]) -> None:
+    """Refuse a value given twice in one axis (`seed=0,0`, `seed=0,00`): two runs, one config."""
+    seen: dict[str, str] = {}
+    for text in values:
+        try:  # compared as parsed (`00` is 0); a value that does not parse fails later, per run
+            same = json.dumps(parse_override(f"{key}={text}")[1])
+        except ConfigError:
+            same = text
+        if same in seen:
+            both = f" ({quote(seen[same])} and {quote(text)})" if seen[same] != text else ""
+            raise ConfigError(f"grid key '{key}' gives the value {quote(text)} twice{both}: "
+                              f"give each value once")
+        seen[same] = text
 
 
 def short_names(keys: list[str]) -> dict[str, str]:
@@ -107,10 +145,17 @@ def run_id(choice: dict[str, str]) -> str:
     """A file-name-safe id such as `positional=rope,random_positions=64,seed=0`."""
     names = short_names(list(choice))
     text = ",".join(f"{names[k]}={v}" for k, v in choice.items()) or "run"
-    return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)
+    # Escaped, not replaced (`d/a.tsv` -> `d%2Fa.tsv`, `%` itself too): two values never
+    # share a folder, as `d/a.tsv` and `d_a.tsv` did when both became `d_a.tsv`.
+    return re.sub(r"[^A-Za-z0-9_.,=+-]", escape, text)
 
 
-def plan_runs(grid: Grid, folder: Path, threads: int,
+def escape(found: re.Match) -> str:
+    """One character as `%XX` per byte of its UTF-8 form."""
+    return "".join(f"%{byte:02X}" for byte in found.group().encode("utf-8"))
+
+
+def plan_runs(grid: Grid, threads: int,
               skip_invalid: bool = False) -> tuple[list[RunSpec], list[str]]:
     """Every run of the grid, each config validated: one bad value refuses the whole grid,
     unless `skip_invalid` (then the second list says which were left out, and why)."""
@@ -121,6 +166,7 @@ def plan_runs(grid: Grid, folder: Path, threads: int,
         overrides = [*grid.fixed, *(f"{k}={v}" for k, v in choice.items())]
         try:
             cfg = load_config(grid.config, [*overrides, f"threads={threads}"])
+            check_trained_positions(cfg)
             check_fits(training_parts(cfg), "training")  # a MinitfmError: never skipped
         except ConfigError as err:
             if not skip_invalid or not choice:
@@ -128,34 +174,155 @@ def plan_runs(grid: Grid, folder: Path, threads: int,
                 raise ConfigError(f"{err}{where}") from None
             skipped.append(f"{run_id(choice)}: {err}")
             continue
-        runs.append(RunSpec(run_id(choice), choice, overrides, cfg, folder / run_id(choice)))
+        runs.append(RunSpec(run_id(choice), choice, overrides, cfg))
     if not runs:
         raise ConfigError(f"no valid run in the grid: {skipped[0]}")
+    check_distinct_runs(runs)
     return runs, skipped
 
 
-def sweep_folder(grid: Grid, name: str, out: Path | None) -> Path:
-    """`out`, else the newest `<log.dir>/sweep-<name>-*` with this grid, else a new one."""
+def check_trained_positions(cfg: Config) -> None:
+    """What training refuses as it starts: learned positions too few for task.max_len."""
+    needed = positions_short(cfg, cfg.task.max_len)
+    if needed is not None:
+        raise ConfigError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
+                          f"({cfg.task.max_len}): sequences need {needed} positions; raise "
+                          f"model.max_len")
+
+
+def positions_short(cfg: Config, hi: int) -> int | None:
+    """The positions inputs of up to `hi` need, when learned ones (model.max_len) are fewer.
+
+    The rule of `tasks.positions_short`, on the lengths the config states (pairs: the sources;
+    their targets are known only from the files).
+    """
+    src, tgt = sequence_lengths(cfg.task.name, hi)  # tgt: BOS + the target
+    needed = src if cfg.task.name == "pairs" else max(src, tgt)
+    return needed if cfg.model.positional == "learned" and needed > cfg.model.max_len else None
+
+
+def check_distinct_runs(runs: list[RunSpec]) -> None:
+    """Refuse two runs with one config (`lr=1,1.0`, `./d.tsv,d.tsv`) and ids too long."""
+    seen: dict[str, str] = {}
+    for spec in runs:
+        if len(f"{spec.id}.log".encode()) > NAME_MAX:
+            key = max(spec.choice, key=lambda k: len(spec.choice[k]))
+            raise ConfigError(f"the run {quote(spec.id)} needs a file name of "
+                              f"{len(spec.id.encode()) + 4} bytes, more than {NAME_MAX}: give "
+                              f"{key} shorter values (a shorter file name, say)")
+        same = json.dumps(spec.cfg.model_dump(mode="json"), sort_keys=True)
+        if same in seen:
+            raise ConfigError(f"the runs {quote(seen[same])} and {quote(spec.id)} have the same "
+                              f"config: give each value once")
+        seen[same] = spec.id
+
+
+def sweep_folder(grid: Grid, name: str, out: Path | None, base: dict[str, Any],
+                 runs: list[RunSpec]) -> tuple[Path, str | None]:
+    """`out` (checked), else the newest `<log.dir>/sweep-<name>-*` holding this grid from this
+    base config, else a new one; with a note when only the base config differs from an old one."""
     if out is not None:
-        stored = read_spec(out)
-        if stored is not None and stored != grid.spec():
-            raise MinitfmError(f"--out '{out}' holds another sweep (its grid is in "
-                               f"{out / SWEEP_FILE}): pick another folder")
-        return out
+        check_folder(out, grid, base, runs)
+        return out, None
     cfg = load_config(grid.config, grid.fixed)
     check_fits(training_parts(cfg), "training")  # the grid's fixed part alone must fit
-    base = Path(cfg.log.dir)
-    same = [p for p in sorted(base.glob(f"sweep-{name}-*")) if read_spec(p) == grid.spec()]
-    if same:
-        return same[-1]
-    return base / f"sweep-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    root = Path(cfg.log.dir)
+    same = [p for p in sorted(root.glob(f"sweep-{name}-*"))
+            if (read_record(p) or {}).get("grid") == grid.spec()]
+    resumable = [p for p in same if base_change(read_record(p), base) is None]
+    if resumable:
+        return resumable[-1], None
+    folder = new_run_dir(root, f"sweep-{name}")
+    if not same:
+        return folder, None
+    # An edited config is another experiment: its runs go beside the old ones, never among them.
+    return folder, (f"the base config changed since {same[-1]} "
+                    f"({base_change(read_record(same[-1]), base)}): a new sweep folder")
 
 
-def read_spec(folder: Path) -> dict[str, Any] | None:
+def sweep_name(name: str | None, config: str | None) -> str:
+    """`--name` as given (checked), else the config's file name with other characters as `_`."""
+    limit = NAME_MAX - len(f"sweep-{STAMP}-99")  # the folder's name must fit a file name
+    if name is None:
+        derived = Path(config).stem if config else "default"
+        return re.sub(r"[^A-Za-z0-9_.-]", "_", derived)[:limit]
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise MinitfmError(f"--name ({quote(name)}) may hold only letters, digits, '_', '-', '.'")
+    if len(name) > limit:
+        raise MinitfmError(f"--name has {len(name)} characters, at most {limit}: the folder "
+                           f"sweep-<name>{STAMP} must fit a file name")
+    return name
+
+
+def check_out(out: Path) -> None:
+    """`--out` is a folder (or none yet) with a file name that fits, never in a run."""
+    shown = quote(str(out))
+    existing = next(p for p in [out, *out.parents] if p.exists() or p.is_symlink())
+    if not existing.is_dir():
+        raise MinitfmError(f"--out {shown}: {quote(str(existing))} is not a folder: give a "
+                           f"new or empty folder")
+    if any(len(part.encode()) > NAME_MAX for part in out.parts):
+        raise MinitfmError(f"--out {shown} has a name longer than {NAME_MAX} bytes: give a "
+                           f"shorter one")
+    inside = next((p for p in [out.resolve(), *out.resolve().parents] if is_run_dir(p)), None)
+    if inside is not None:
+        raise MinitfmError(f"--out {shown} is a run directory or inside one "
+                           f"({quote(str(inside))}): a sweep folder holds runs; give a folder "
+                           f"outside any run")
+
+
+def check_folder(folder: Path, grid: Grid, base: dict[str, Any], runs: list[RunSpec]) -> None:
+    """What a sweep folder may hold: its sweep.json with this grid and base config, else
+    nothing but this sweep's runs (as the commands of its `--dry-run` make them)."""
+    record = read_record(folder)
+    if record is None:
+        ours = {".lock", *(spec.id for spec in runs), *(f"{spec.id}.log" for spec in runs)}
+        stray = next((p.name for p in folder.iterdir() if p.name not in ours), None) \
+            if folder.is_dir() else None
+        if stray is not None:
+            raise MinitfmError(f"--out {quote(str(folder))} holds {quote(stray)}, which is no "
+                               f"part of this sweep (and no {SWEEP_FILE} written by minitfm): "
+                               f"give a new or empty folder, or this sweep's own")
+        return
+    if record["grid"] != grid.spec():
+        raise MinitfmError(f"--out {quote(str(folder))} holds another sweep (its grid is in "
+                           f"{folder / SWEEP_FILE}): pick another folder")
+    change = base_change(record, base)
+    if change is not None:
+        raise MinitfmError(f"--out {quote(str(folder))} holds this grid trained from another "
+                           f"base config ({change}): give a new --out to train it anew, or "
+                           f"restore the config to resume")
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """A sweep folder's `sweep.json` ({"grid": ..., "base": ...}), None if none is readable."""
     try:
-        return json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))["grid"]
-    except (OSError, ValueError, KeyError, TypeError):
+        record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) and "grid" in record else None
+
+
+def base_config(runs: list[RunSpec], grid: Grid) -> dict[str, Any]:
+    """What the runs share: the first run's resolved config without its swept keys (and
+    threads, which the sweep sets per job), flat, as stored in `sweep.json`."""
+    flat = flatten(runs[0].cfg.model_dump(mode="json"))
+    for key in ["threads", *(key for key, _ in grid.swept)]:
+        flat.pop(key, None)
+    return json.loads(json.dumps(flat))  # as read back from the file (lists, not tuples)
+
+
+def base_change(record: dict[str, Any] | None, base: dict[str, Any]) -> str | None:
+    """None when `record` was made from `base`, else the first key that differs, both values."""
+    stored = (record or {}).get("base")
+    if stored is None:  # a folder from before sweep.json held it: nothing to compare
+        return None
+    if not isinstance(stored, dict):
+        return f"{SWEEP_FILE} holds no readable base config"
+    for key in [*base, *(key for key in stored if key not in base)]:
+        if stored.get(key) != base.get(key):
+            return f"{key} was {quote(stored.get(key))}, now {quote(base.get(key))}"
+    return None
 
 
 def eval_ranges(spec: RunSpec, extra: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -190,6 +357,7 @@ class Step:
 
     argv: list[str]
     out: Path | None = None
+    tmp: Path | None = None  # where the running command writes `out` (a name of its own)
 
     def shell(self) -> str:
         """The command as one line of shell, redirection included."""
@@ -226,6 +394,18 @@ def plan_job(grid: Grid, spec: RunSpec, ranges: list, threads: int, samples: int
 POLL_S = 0.1  # how often the scheduler looks at its children
 
 
+def open_result(step: Step) -> contextlib.AbstractContextManager:
+    """A new temp file beside `step.out` for the command's stdout (None when it has no `out`).
+
+    Its own name (mkstemp), never a fixed one: two processes can never write the same file.
+    """
+    if step.out is None:
+        return contextlib.nullcontext()
+    fd, tmp = tempfile.mkstemp(prefix=f".{step.out.name}.", suffix=".tmp", dir=step.out.parent)
+    step.tmp = Path(tmp)
+    return os.fdopen(fd, "w")
+
+
 class Scheduler:
     """Runs jobs `parallel` at a time, each a chain of child processes; forwards signals.
 
@@ -242,7 +422,7 @@ class Scheduler:
         self.done: list[Job] = []
         self.failed: list[Job] = []
         self.forwarded = 0
-        self.stopped = 0  # jobs running when the first signal came
+        self.stopped: list[Job] = []  # the jobs running when the first signal came
 
     def run(self) -> list[Job]:
         """Run every job; returns the failed ones. A signal raises Interrupted at the end."""
@@ -261,9 +441,7 @@ class Scheduler:
                     break
                 time.sleep(POLL_S)
         if signals.received:
-            raise Interrupted(f"{signal.Signals(signals.received[0]).name}: stopped "
-                              f"{self.stopped} running job(s), each training one saved "
-                              f"checkpoints/last.pt; run the same command again to resume",
+            raise Interrupted(stop_message(signals.received[0], self.stopped),
                               128 + signals.received[0])
         return self.failed
 
@@ -272,16 +450,15 @@ class Scheduler:
         step = job.steps[0]
         job.spec.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(job.log, "a") as log, open(step.out.with_name(f".{step.out.name}.tmp")
-                                               if step.out else os.devnull, "w") as out:
-            proc = subprocess.Popen(step.argv, stdout=out if step.out else log, stderr=log,
+        with open(job.log, "a") as log, open_result(step) as result:
+            proc = subprocess.Popen(step.argv, stdout=result or log, stderr=log,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         self.running[proc] = job
 
     def forward(self, received: list[int]) -> None:
         """Send each signal received since the last call to every running child."""
         if self.forwarded == 0 and received:
-            self.stopped = len(self.running)
+            self.stopped = list(self.running.values())
         for signum in received[self.forwarded:]:
             for proc in self.running:
                 proc.send_signal(signum)
@@ -290,12 +467,10 @@ class Scheduler:
     def advance(self, code: int, job: Job, stopping: bool) -> None:
         """After a command ended: keep its result, then start the next one or report."""
         step = job.steps.pop(0)
-        if step.out is not None:  # an evaluation's JSON, kept only when it succeeded
-            tmp = step.out.with_name(f".{step.out.name}.tmp")
+        if step.tmp is not None:  # an evaluation's JSON, kept only when it succeeded
             if code == 0:
-                os.replace(tmp, step.out)
-            else:
-                tmp.unlink(missing_ok=True)
+                write_atomic(step.out, step.tmp.read_bytes())
+            step.tmp.unlink(missing_ok=True)
         if code != 0:
             if not stopping:
                 self.failed.append(job)
@@ -307,6 +482,22 @@ class Scheduler:
             self.done.append(job)
             self.say(f"[{len(self.done)}/{self.total}] {job.spec.id}: "
                      f"{run_line(job.spec, time.monotonic() - job.started)}")
+
+
+def stop_message(signum: int, stopped: list[Job]) -> str:
+    """What a signal left behind, in words that fit: which stopped jobs have a checkpoint."""
+    saved = sum((job.spec.run_dir / "checkpoints" / "last.pt").is_file() for job in stopped)
+    if not stopped:
+        what = "no job was running"
+    elif saved == len(stopped):
+        what = f"stopped {len(stopped)} running job(s), each with its checkpoints/last.pt"
+    elif saved == 0:  # stopped before a first checkpoint: these runs start again
+        what = f"stopped {len(stopped)} running job(s) before any saved a checkpoint"
+    else:
+        what = (f"stopped {len(stopped)} running jobs, {saved} with checkpoints/last.pt (the "
+                f"others had saved none yet)")
+    again = "start them again" if stopped and saved == 0 else "resume"
+    return f"{signal.Signals(signum).name}: {what}; run the same command again to {again}"
 
 
 def last_line(path: Path) -> str:
@@ -460,11 +651,40 @@ def job_shape(runs: int, jobs: int | None, threads: int | None) -> tuple[int, in
         threads = max(1, n // jobs) if jobs else 1
     if jobs is None:
         jobs = max(1, min(runs, n // threads))
-    if threads > 1 and jobs * threads > n:
+    if jobs * threads > n:
+        why = ("OpenMP threads that share cores spin and slow every job down" if threads > 1
+               else "jobs beyond them only wait for a core, each holding its memory")
+        fix = f"--threads to {n}" if threads > n else f"--jobs to {n // threads}"
         raise MinitfmError(f"--jobs ({jobs}) x --threads ({threads}) exceeds the {n} cores: "
-                           f"OpenMP threads that share cores spin and slow every job down; "
-                           f"lower one of them")
+                           f"{why}; lower {fix} or less")
     return jobs, threads
+
+
+def check_memory(runs: list[RunSpec], parallel: int) -> None:
+    """The jobs that run at once must fit together: each is a process with torch, plus its run."""
+    at_once = min(parallel, len(runs))
+    if at_once < 2:  # one run alone was checked with the grid
+        return
+    sizes = sorted((sum(part[2] for part in training_parts(spec.cfg)) for spec in runs),
+                   reverse=True)
+    need = at_once * PROCESS_BYTES + sum(sizes[:at_once])
+    check_fits([("--jobs", at_once, need)], f"{at_once} runs at once")
+
+
+def check_evaluations(runs: list[RunSpec], ranges: list, samples: int) -> None:
+    """Every evaluation of every run must be possible (positions, memory): refused now, not
+    after the training."""
+    names = ("--eval-samples", "--eval-lengths")
+    for spec in runs:
+        for lo, hi in eval_ranges(spec, ranges):
+            needed = positions_short(spec.cfg, hi)  # the trained range was checked with the grid
+            if needed is not None:
+                raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {needed} positions but the "
+                                   f"run {quote(spec.id)} learns {spec.cfg.model.max_len} "
+                                   f"(model.max_len): evaluate up to a shorter length, or "
+                                   f"raise model.max_len")
+            check_fits(decoding_parts(spec.cfg, samples, hi, EVAL_BATCH_SIZE, names),
+                       "evaluation")
 
 
 @dataclass
@@ -479,6 +699,12 @@ class Plan:
     threads: int  # per job
     ranges: list[tuple[int, int]]  # --eval-lengths
     samples: int
+    base: dict[str, Any]  # what every run shares (see base_config), stored in sweep.json
+    note: str | None = None  # why the folder is a new one, when an old one held this grid
+
+    def record(self) -> dict[str, Any]:
+        """What `sweep.json` holds: the grid and the base config."""
+        return {"grid": self.grid.spec(), "base": self.base}
 
     def jobs(self) -> list[Job]:
         return [plan_job(self.grid, spec, self.ranges, self.threads, self.samples)
@@ -493,13 +719,18 @@ def prepare(config: str | None, items: list[str], *, seeds: str | None = None,
     swept, fixed = parse_grid(items, seeds)
     grid = Grid(config, swept, fixed)
     ranges = [parse_lengths(text) for text in eval_lengths]
-    name = name or (Path(config).stem if config else "default")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise MinitfmError(f"--name ({name!r}) may hold only letters, digits, '_', '-', '.'")
+    name = sweep_name(name, config)
+    if out is not None:
+        check_out(out)
     parallel, per_job = job_shape(math.prod(len(v) for _, v in swept), jobs, threads)
-    folder = sweep_folder(grid, name, out)
-    runs, skipped = plan_runs(grid, folder, per_job, skip_invalid)
-    return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples)
+    runs, skipped = plan_runs(grid, per_job, skip_invalid)
+    check_memory(runs, parallel)
+    check_evaluations(runs, ranges, samples)
+    base = base_config(runs, grid)
+    folder, note = sweep_folder(grid, name, out, base, runs)
+    for spec in runs:
+        spec.run_dir = folder / spec.id
+    return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples, base, note)
 
 
 def dry_run_lines(plan: Plan) -> list[str]:
@@ -509,27 +740,74 @@ def dry_run_lines(plan: Plan) -> list[str]:
 
 def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
-    plan.folder.mkdir(parents=True, exist_ok=True)
-    spec = json.dumps({"grid": plan.grid.spec()}, indent=1) + "\n"
-    write_atomic(plan.folder / SWEEP_FILE, spec.encode("utf-8"))
-    jobs = plan.jobs()
-    done = sum(1 for job in jobs if not job.steps)
-    say(f"sweep folder: {plan.folder}")
-    for reason in plan.skipped:
-        say(f"skipped (invalid) {reason}")
-    say(f"{len(jobs)} runs ({done} already done), {min(plan.parallel, len(jobs))} at a time, "
-        f"{plan.threads} thread{'s' if plan.threads > 1 else ''} each")
-    failed = Scheduler(jobs, plan.parallel, say).run()
-    keys = [key for key, _ in plan.grid.swept]
-    rows = [result_row(spec, plan.ranges) for spec in plan.runs]
-    write_results(plan.folder, rows, keys)
+    with SweepLock(plan.folder):
+        check_folder(plan.folder, plan.grid, plan.base, plan.runs)  # no sweep came between
+        record = json.dumps(plan.record(), indent=1) + "\n"
+        write_atomic(plan.folder / SWEEP_FILE, record.encode("utf-8"))
+        for spec in plan.runs:  # left by a sweep killed midway; under the lock, none is live
+            for stale in spec.run_dir.glob(".eval-*.tmp"):
+                stale.unlink()
+        jobs = plan.jobs()
+        say(f"sweep folder: {plan.folder}")
+        if plan.note:
+            say(f"note: {plan.note}")
+        for reason in plan.skipped:
+            say(f"skipped (invalid) {reason}")
+        done = sum(1 for job in jobs if not job.steps)
+        say(f"{len(jobs)} runs ({done} already done), {min(plan.parallel, len(jobs))} at a "
+            f"time, {plan.threads} thread{'s' if plan.threads > 1 else ''} each")
+        failed = Scheduler(jobs, plan.parallel, say).run()
+        keys = [key for key, _ in plan.grid.swept]
+        rows = [result_row(spec, plan.ranges) for spec in plan.runs]
+        write_results(plan.folder, rows, keys)
     return SweepResult(plan.folder, rows, keys, [job.spec.id for job in failed])
+
+
+class SweepLock:
+    """An exclusive lock on a sweep folder while one sweep runs in it.
+
+    As `run.rundir.RunLock` for a run: `flock`, which the kernel drops when the process dies,
+    so a killed sweep never blocks the next one; a second sweep in the folder is refused.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.file = None
+
+    def __enter__(self) -> SweepLock:
+        try:
+            make_dirs(self.folder)
+            self.file = open(self.folder / ".lock", "a+")
+        except OSError as err:
+            raise MinitfmError(f"cannot create the sweep folder {quote(str(self.folder))} "
+                               f"({err.strerror}): check --out or log.dir") from None
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            pid = self.file.read().strip() or "?"
+            self.file.close()
+            raise MinitfmError(f"sweep folder {quote(str(self.folder))} is in use by another "
+                               f"sweep (pid {pid}): wait for it to end, or give another "
+                               f"--out") from None
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()  # closing the file drops the lock
 
 
 def parse_lengths(text: str) -> tuple[int, int]:
     """`17..32` -> (17, 32)."""
     found = re.fullmatch(r"\s*(\d+)\s*\.\.\s*(\d+)\s*", text)
-    if not found or int(found.group(1)) < 1 or int(found.group(1)) > int(found.group(2)):
-        raise MinitfmError(f"--eval-lengths ({text!r}) must look like A..B with 1 <= A <= B, "
-                           f"e.g. 17..32")
-    return int(found.group(1)), int(found.group(2))
+    # A digit string longer than 9 is beyond any bound (and int() of a huge one is slow).
+    lo, hi = (int(n) if len(n) <= 9 else math.inf for n in found.groups()) if found else (0, 0)
+    if not found or lo < 1 or lo > hi:
+        raise MinitfmError(f"--eval-lengths ({quote(text)}) must look like A..B with "
+                           f"1 <= A <= B, e.g. 17..32")
+    if hi > MAX_EVAL_LEN:
+        raise MinitfmError(f"--eval-lengths ({quote(text)}) may reach at most {MAX_EVAL_LEN:,} "
+                           f"(as eval --max-len): give a smaller B")
+    return lo, hi

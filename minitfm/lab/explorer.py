@@ -33,11 +33,11 @@ from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.book.model import default_device
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.ablate import ABLATE_SAMPLES, ablation_pairs, replacements
+from minitfm.lab.ablate import ablation_pairs, replacements
 from minitfm.lab.evaluate import input_limit, load_model
 from minitfm.lab.plots import run_curves
 from minitfm.lab.timeline import read_timeline
-from minitfm.lab.viz import ALIGNMENT_SAMPLES, alignment_scores
+from minitfm.lab.viz import ALIGNMENT_SAMPLES, GAMMA, PALETTE, alignment_scores
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, resolve_checkpoint
 from minitfm.tasks.base import Task, eval_set
@@ -114,6 +114,7 @@ def page_data(cfg, task: Task, model, step: int, path: Path, run_dir: Path | Non
         "curves": curves(run_dir),
         "per_length": last_eval(run_dir),
         "ablation": ablation_pictures(run_dir),
+        "palette": list(PALETTE), "gamma": GAMMA,  # the colours of the PNG figures
     }
 
 

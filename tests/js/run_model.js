@@ -10,12 +10,19 @@ for (const name of ["task.js", "model.js"]) {
 const data = JSON.parse(fs.readFileSync(process.argv[2], "utf-8"));
 const inputs = JSON.parse(fs.readFileSync(process.argv[3], "utf-8"));
 const M = globalThis.minitfmModel, T = globalThis.minitfmTask;
-const model = M.makeModel(data.model, M.loadWeights(data.model.weights, data.model.index));
+const model = data.model ? M.makeModel(data.model, M.loadWeights(data.model.weights, data.model.index)) : null;
 const task = T.makeTask(data.task);
-const means = Object.fromEntries(Object.entries(data.means).map(([k, v]) => [k, M.decodeFloats(v)]));
+const means = Object.fromEntries(Object.entries(data.means || {}).map(([k, v]) => [k, M.decodeFloats(v)]));
 const results = inputs.map((item) => {
+  if (item.held_out) { // every embedded held-out source, decoded (EOS stripped)
+    const switches = M.switchesFor(model, means, item.heads_off || []);
+    return data.held_out.sources.map((src) => {
+      const decoded = M.greedyDecode(model, src, task.cap(src.length), switches).decoded;
+      return decoded[decoded.length - 1] === 2 ? decoded.slice(0, -1) : decoded;
+    });
+  }
   const read = task.parseInput(item.text);
-  if (read.error) return { error: read.error };
+  if (read.error || !model) return read; // {error} or, reading only, {src}
   const switches = M.switchesFor(model, means, item.heads_off || []);
   const run = M.greedyDecode(model, read.src, task.cap(read.src.length), switches);
   const out = run.decoded[run.decoded.length - 1] === 2 ? run.decoded.slice(0, -1) : run.decoded;

@@ -32,6 +32,7 @@ import torch
 from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.book.model import default_device
+from minitfm.config import SPECIAL_TOKENS, TASK_SYMBOLS
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.ablate import ablation_pairs, replacements
 from minitfm.lab.evaluate import input_limit, load_model
@@ -41,8 +42,6 @@ from minitfm.lab.viz import ALIGNMENT_SAMPLES, GAMMA, PALETTE, alignment_scores
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, resolve_checkpoint
 from minitfm.tasks.base import Task, eval_set
-from minitfm.tasks.pairs import RESERVED, UNK_ID, PairsTask
-from minitfm.tasks.synthetic import AddTask
 
 PAGE_NAME = "explorer.html"
 SCRIPTS = ("task.js", "model.js", "page.js")  # in this order: page.js uses the other two
@@ -159,14 +158,16 @@ def model_spec(model) -> dict:
 def task_spec(cfg, task: Task) -> dict:
     """How task.js reads and writes the task's text: the vocabulary, the reading rule, the
     phrases of Python's messages, the longest input and the decoding caps."""
-    if isinstance(task, PairsTask):
+    if task.name == "pairs":
         reading = task.cfg.tokenize  # "char" or "space"
     else:
-        reading = "add" if isinstance(task, AddTask) else "words"
+        reading = "add" if task.name == "add" else "words"
+    reserved = (*SPECIAL_TOKENS, *TASK_SYMBOLS.get(task.name, ()))  # pairs: <unk> last
     return {"name": task.name, "tokens": list(task.vocab.tokens), "reading": reading,
             "compact": task.compact, "separator": task.separator,
             "allowed": task._allowed(), "example": task._example_text(),
-            "reserved": list(RESERVED), "unk_id": UNK_ID,
+            "reserved": list(reserved),
+            "unk_id": task.vocab.id(reserved[-1]) if task.name == "pairs" else None,
             "max_tokens": input_limit(cfg, task),
             "caps": [task.max_target_len(n) + 1 for n in range(CAP_TABLE + 1)],  # + EOS
             "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}

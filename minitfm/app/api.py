@@ -84,18 +84,28 @@ class Run:
         """The run directory holding the checkpoint (None for a loose .pt file)."""
         return find_run_dir(self.checkpoint)
 
-    def predict(self, inputs: str | Sequence[str]) -> str | list[str]:
+    def predict(self, inputs: str | Sequence[str], heads_off: Sequence = (),
+                mode: str = "zero") -> str | list[str]:
         """Greedy-decode inputs in task syntax; one string in, one out; a list in, a list out.
 
         Outputs are written as the inputs are (`"314"` -> `"413"`, `"12+34"` -> `"46"`). An
         input longer than the trained lengths gives a UserWarning, a bad input a MinitfmError.
+        `heads_off` switches attention heads off, as `minitfm ablate` does: (kind, layer, head)
+        triples, kind "encoder", "decoder" or "cross"; `mode` "zero" or "mean" (the mean over
+        the held-out set `minitfm ablate` decodes).
 
         >>> run.predict(["3 1 4", "2 7"])
         ['4 1 3', '7 2']
+        >>> run.predict("3 1 4", heads_off=[("cross", 1, 2)], mode="mean")
         """
+        from minitfm.lab.ablate import ablation_pairs, edited_heads, switched_off
+
         texts = input_texts(inputs)
-        result = predict_lines(self.config, self.task, self.model, self.device,
-                               list(enumerate(texts, 1)))
+        pairs = ablation_pairs(self.config, self.task) if mode == "mean" and heads_off else []
+        edits = switched_off(self.model, self.task, pairs, self.device, heads_off, mode)
+        with edited_heads(self.model, edits):
+            result = predict_lines(self.config, self.task, self.model, self.device,
+                                   list(enumerate(texts, 1)))
         if result.error is not None:
             raise result.error
         if result.warning:

@@ -639,6 +639,31 @@ def ablate(
 
 @app.command()
 @clean_errors
+def explore(
+    run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
+    out: Path | None = typer.Option(None, metavar="FILE", help="HTML path (default: "
+                                    "explorer.html in the run directory; for a .pt outside "
+                                    "any run, a file beside it)."),
+    open_page: bool = typer.Option(False, "--open", help="Open the page in your browser."),
+    checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
+) -> None:
+    """Write one offline web page where the trained model runs: type inputs, watch decoding
+    and every attention map, switch heads off, scrub attention over training."""
+    from minitfm.lab.explorer import write_explorer
+
+    page = write_explorer(chosen_checkpoint(run, checkpoint), checkpoint, out)
+    console.print(f"wrote {page.path} ({page.size / 1000:,.0f} kB)", markup=False,
+                  highlight=False, soft_wrap=True)
+    if open_page:
+        import webbrowser
+
+        if not webbrowser.open(page.path.resolve().as_uri()):
+            console.print("(no browser found here: open the file above in one)", markup=False,
+                          highlight=False)
+
+
+@app.command()
+@clean_errors
 def tasks() -> None:
     """List the tasks (synthetic ones, and pairs read from your files) with an example each."""
     show(tasks_table())

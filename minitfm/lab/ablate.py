@@ -317,3 +317,51 @@ def draw_drops(subfigure, kind: str, rows: list[list[dict]]) -> None:
                   fontsize=8)
     ax.tick_params(length=0)
     subfigure.colorbar(image, ax=ax, label="drop (points)", pad=0.01)
+
+
+# --- heads switched off by name: Run.predict(heads_off=...) and `minitfm explore` ---
+
+ABLATE_SAMPLES = 500  # `minitfm ablate --samples`' default: the held-out pairs means come from
+
+
+def ablation_pairs(cfg, task: Task, samples: int = ABLATE_SAMPLES) -> list[Pair]:
+    """The held-out pairs `minitfm ablate` decodes and takes its means over (`ablate_run`)."""
+    return eval_set(task, samples, cfg.task.eval_seed, cfg.task.min_len, cfg.task.max_len)
+
+
+def check_heads(model, heads_off) -> list[tuple[str, int, int]]:
+    """`heads_off` as (kind, layer, head) triples, each naming a head the model has."""
+    n_layers, n_heads = layer_counts(model), model.config.n_heads
+    checked = []
+    for item in heads_off:
+        if not (isinstance(item, (tuple, list)) and len(item) == 3):
+            raise MinitfmError(f"heads_off item ({item!r}) must be (kind, layer, head), "
+                               f"e.g. ('cross', 0, 1)")
+        kind, layer, head = item
+        if kind not in KINDS:
+            raise MinitfmError(f"heads_off kind ({kind!r}) must be one of {', '.join(KINDS)}")
+        for name, value, count in (("layer", layer, n_layers[kind]), ("head", head, n_heads)):
+            if type(value) is not int or not 0 <= value < count:
+                raise MinitfmError(f"heads_off {name} ({value!r}) must be 0..{count - 1} "
+                                   f"for {kind}")
+        checked.append((kind, layer, head))
+    return checked
+
+
+def switched_off(model, task: Task, pairs: list[Pair], device, heads_off,
+                 mode: str = "zero") -> dict[tuple[str, int], HeadAblation]:
+    """The edits that switch `heads_off` ((kind, layer, head) triples) off, as `ablate` does
+    (zero, or the mean over `pairs`), by (kind, layer): `with edited_heads(model, edits):`."""
+    check_options(mode)
+    heads = check_heads(model, heads_off)
+    if not heads:
+        return {}
+    values = replacements(model, task, pairs, device, mode)
+    edits = {}
+    for kind, layer, head in heads:
+        value = values[(kind, layer)]  # (H, K)
+        off = edits[(kind, layer)].off.clone() if (kind, layer) in edits else \
+            torch.zeros(value.size(0), dtype=torch.bool, device=value.device)  # (H,)
+        off[head] = True
+        edits[(kind, layer)] = HeadAblation(off, value)
+    return edits

@@ -1,0 +1,287 @@
+"""`minitfm explore`: a trained run in one self-contained, offline HTML page.
+
+The page runs the model itself: `explore/model.js` is the forward pass of book/model.py in
+JavaScript, `explore/task.js` reads typed input as `minitfm predict` does, `explore/page.js`
+draws the page. This module gathers what they need from the run (the weights, the head means
+`minitfm ablate` uses, held-out examples, metrics.jsonl, attention.jsonl, the ablation
+pictures) into one JSON document and inlines it with the scripts and the style sheet.
+
+Everything from the run is data, never markup: the JSON sits in a `<script
+type="application/json">` with `<`, `>`, `&` and U+2028/9 escaped, the page shows it with
+`textContent`, and a Content-Security-Policy lets only the page's own scripts run (by their
+SHA-256) and nothing load from anywhere: no fonts, no CDN, no fetch.
+
+Shapes: L layers, H n_heads, K d_head, V vocab_size, N snapshots, T_q and T_k query and key len.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from minitfm import __version__
+from minitfm.book.metrics import predict
+from minitfm.book.model import default_device
+from minitfm.config import SPECIAL_TOKENS, TASK_SYMBOLS
+from minitfm.errors import CheckpointError, MinitfmError
+from minitfm.lab.ablate import ablation_pairs, replacements
+from minitfm.lab.evaluate import input_limit, load_model
+from minitfm.lab.plots import run_curves
+from minitfm.lab.timeline import read_timeline
+from minitfm.lab.viz import ALIGNMENT_SAMPLES, GAMMA, PALETTE, alignment_scores
+from minitfm.run.files import write_atomic
+from minitfm.run.rundir import find_run_dir, resolve_checkpoint
+from minitfm.tasks.base import Task, eval_set
+
+PAGE_NAME = "explorer.html"
+SCRIPTS = ("task.js", "model.js", "page.js")  # in this order: page.js uses the other two
+HELD_OUT_EXAMPLES = 200  # decoded live in the page when heads are switched off
+MAX_SNAPSHOTS = 60  # attention.jsonl records kept (evenly spread, the last one always)
+MAX_TRAIN_POINTS = 400  # loss curve points kept (evenly spread)
+MAX_ABLATION_PNG_BYTES = 400_000  # an ablation picture larger than this is left out
+CAP_TABLE = 8  # decoding caps tabulated for sources of 0..8 tokens, then extended linearly
+
+
+@dataclass
+class ExplorerPage:
+    """What `write_explorer` wrote: the file, its size in bytes, the seconds it took."""
+
+    path: Path
+    size: int
+    seconds: float
+
+
+def write_explorer(run, checkpoint: str = "best", out: Path | None = None) -> ExplorerPage:
+    """`minitfm explore`: write a run's page (default `<run>/explorer.html`)."""
+    start = time.perf_counter()
+    path = resolve_checkpoint(run, checkpoint)
+    run_dir = find_run_dir(path)
+    out = Path(out) if out is not None else default_path(path, run_dir)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise MinitfmError(f"--out ('{out}') must be an .html file")
+    cfg, task, model, step = load_model(path, default_device())
+    data = page_data(cfg, task, model, step, path, run_dir)
+    html = render(data).encode("utf-8")
+    try:
+        write_atomic(out, html)
+    except OSError as err:
+        raise MinitfmError(f"cannot write '{out}' ({err.strerror}): choose another --out") \
+            from None
+    return ExplorerPage(out, len(html), time.perf_counter() - start)
+
+
+def default_path(checkpoint: Path, run_dir: Path | None) -> Path:
+    """`<run>/explorer.html`; for a checkpoint outside any run, `<name>-explorer.html` beside it."""
+    if run_dir is None:
+        return checkpoint.with_name(f"{checkpoint.stem}-explorer.html")
+    return run_dir / PAGE_NAME
+
+
+# --- what the page embeds ---
+
+def page_data(cfg, task: Task, model, step: int, path: Path, run_dir: Path | None) -> dict:
+    """The one JSON document of the page (see the module docstring)."""
+    device = next(model.parameters()).device
+    pairs = ablation_pairs(cfg, task)  # means and live exact match: `minitfm ablate`'s set
+    examples = pairs[:HELD_OUT_EXAMPLES]
+    predictions = predict(model, task, [src for src, _ in examples], device)
+    held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)[:ALIGNMENT_SAMPLES]
+    return {
+        "meta": meta(cfg, path, run_dir, step),
+        "config": cfg.model_dump(mode="json"),
+        "model": model_spec(model),
+        "task": task_spec(cfg, task),
+        "means": {f"{kind}.{layer}": floats(value)  # (H, K) each
+                  for (kind, layer), value in
+                  replacements(model, task, pairs, device, "mean").items()},
+        "mean_samples": len(pairs),
+        "held_out": {"sources": [src for src, _ in examples],
+                     "targets": [tgt for _, tgt in examples],
+                     "predictions": predictions},  # PyTorch's, intact model
+        "alignment": alignment(model, task, held_out),
+        "timeline": timeline(run_dir),
+        "curves": curves(run_dir),
+        "per_length": last_eval(run_dir),
+        "ablation": ablation_pictures(run_dir),
+        "palette": list(PALETTE), "gamma": GAMMA,  # the colours of the PNG figures
+    }
+
+
+def meta(cfg, path: Path, run_dir: Path | None, step: int) -> dict:
+    """Where the page comes from: run, checkpoint, step, seed, version, dates."""
+    trained = datetime.datetime.fromtimestamp(path.stat().st_mtime).isoformat(timespec="seconds")
+    return {"run": run_dir.name if run_dir is not None else None, "checkpoint": path.name,
+            "step": step, "seed": cfg.seed, "task": cfg.task.name, "version": __version__,
+            "saved": trained,
+            "written": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def floats(tensor) -> str:
+    """A tensor as base64 of little-endian float32 (4 bytes a number, 5.3 in base64)."""
+    array = np.ascontiguousarray(tensor.detach().cpu().float().numpy(), dtype="<f4")
+    return base64.b64encode(array.tobytes()).decode("ascii")
+
+
+def model_spec(model) -> dict:
+    """The model's config, ids, weights (one base64 blob and an index) and position tables."""
+    cfg, state = model.config, model.state_dict()
+    tied = model.generator.weight is model.embedding.weight  # one matrix: embed it once
+    names = [name for name in state if not (tied and name == "generator.weight")]
+    index, offset = {}, 0
+    for name in names:
+        index[f"model.{name}"] = [offset, list(state[name].shape)]
+        offset += state[name].numel()
+    blob = torch.cat([state[name].detach().float().cpu().flatten() for name in names])
+    spec = {"config": {**cfg.model_dump(mode="json"), "vocab_size": model.vocab_size},
+            "pad_id": model.pad_id, "bos_id": 1, "eos_id": 2, "index": index,
+            "weights": floats(blob)}
+    if cfg.positional == "sinusoidal":  # θ_i as book.positions.sinusoids computes them
+        spec["inv_freq"] = torch.exp(torch.arange(0, cfg.d_model, 2)
+                                     * (-math.log(10000.0) / cfg.d_model)).tolist()
+    elif cfg.positional == "rope":
+        spec["inv_freq"] = model.positional.inv_freq.cpu().tolist()
+    elif cfg.positional == "alibi":
+        spec["slopes"] = model.positional.slopes.cpu().tolist()
+    return spec
+
+
+def task_spec(cfg, task: Task) -> dict:
+    """How task.js reads and writes the task's text: the vocabulary, the reading rule, the
+    phrases of Python's messages, the longest input and the decoding caps."""
+    if task.name == "pairs":
+        reading = task.cfg.tokenize  # "char" or "space"
+    else:
+        reading = "add" if task.name == "add" else "words"
+    reserved = (*SPECIAL_TOKENS, *TASK_SYMBOLS.get(task.name, ()))  # pairs: <unk> last
+    return {"name": task.name, "tokens": list(task.vocab.tokens), "reading": reading,
+            "compact": task.compact, "separator": task.separator,
+            "allowed": task._allowed(), "example": task._example_text(),
+            "reserved": list(reserved),
+            "unk_id": task.vocab.id(reserved[-1]) if task.name == "pairs" else None,
+            "max_tokens": input_limit(cfg, task),
+            "caps": [task.max_target_len(n) + 1 for n in range(CAP_TABLE + 1)],  # + EOS
+            "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}
+
+
+def alignment(model, task: Task, pairs) -> dict | None:
+    """Each cross-attention head's alignment score (L, H), as visualize-attention gives it."""
+    soft = alignment_scores(model, task, pairs)
+    if soft is None:
+        return None
+    hard = alignment_scores(model, task, pairs, hard=True)
+    return {"samples": len(pairs), "soft": np.round(soft.numpy(), 4).tolist(),
+            "hard": np.round(hard.numpy(), 4).tolist()}
+
+
+# --- what the run recorded ---
+
+def timeline(run_dir: Path | None) -> dict | None:
+    """attention.jsonl's snapshots (at most MAX_SNAPSHOTS), or None when it has none."""
+    if run_dir is None:
+        return None
+    try:
+        found = read_timeline(run_dir)
+    except CheckpointError:
+        return None
+    keep = spread(len(found.steps), MAX_SNAPSHOTS)
+    return {"input": found.input, "target": found.target, "source": found.source,
+            "decoder_input": found.decoder_input,
+            "steps": [found.steps[i] for i in keep],
+            "exact_match": [found.exact_match[i] for i in keep],
+            "alignment": None if found.alignment is None
+            else np.round(found.alignment[keep], 4).tolist(),
+            "cross": np.round(found.cross[keep].astype(np.float64), 3).tolist()}
+
+
+def spread(n: int, most: int) -> list[int]:
+    """At most `most` indices of range(n), evenly spread, the first and the last kept."""
+    if n <= most:
+        return list(range(n))
+    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
+
+
+def curves(run_dir: Path | None) -> dict | None:
+    """Loss and exact match against step, from metrics.jsonl (None: no metrics)."""
+    if run_dir is None:
+        return None
+    try:
+        found = run_curves(run_dir)
+    except (CheckpointError, OSError):
+        return None
+    train = [[r["step"], r["loss"]] for r in found["train"] if "loss" in r]
+    return {"train": [train[i] for i in spread(len(train), MAX_TRAIN_POINTS)],
+            "eval": [[r["step"], r.get("loss"), r.get("exact_match")] for r in found["eval"]]}
+
+
+def last_eval(run_dir: Path | None) -> dict | None:
+    """Exact match per length of the newest eval report saved in the run (`eval-A-B.json`,
+    written by `minitfm sweep`), or None."""
+    if run_dir is None:
+        return None
+    for path in sorted(run_dir.glob("eval-*-*.json"), key=lambda p: p.stat().st_mtime,
+                       reverse=True):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            rows = {str(int(n)): [float(row["exact_match"]), int(row["count"])]
+                    for n, row in report["per_length"].items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+        return {"file": path.name, "per_length": rows}
+    return None
+
+
+def ablation_pictures(run_dir: Path | None) -> list[dict]:
+    """The run's `minitfm ablate` pictures (<run>/ablate/*.png) as base64, newest first."""
+    if run_dir is None or not (run_dir / "ablate").is_dir():
+        return []
+    pictures = []
+    for path in sorted((run_dir / "ablate").glob("*.png"), key=lambda p: p.stat().st_mtime,
+                       reverse=True)[:2]:
+        data = path.read_bytes()
+        if data.startswith(b"\x89PNG") and len(data) <= MAX_ABLATION_PNG_BYTES:
+            pictures.append({"name": path.name,
+                             "png": base64.b64encode(data).decode("ascii")})
+    return pictures
+
+
+# --- the page ---
+
+def source(name: str) -> str:
+    """One of the page's files (minitfm/lab/explore/, shipped with the package)."""
+    return resources.files("minitfm.lab").joinpath("explore", name).read_text(encoding="utf-8")
+
+
+def embed_json(data) -> str:
+    """JSON that cannot end its <script> element or be read as markup: <, >, & and the line
+    separators U+2028/9 written as \\u escapes (the same strings to JSON.parse)."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
+def render(data: dict) -> str:
+    """The page: the template with its style sheet, data and scripts inlined; a
+    Content-Security-Policy allows exactly these scripts (by hash) and nothing from outside."""
+    scripts = [source(name) for name in SCRIPTS]
+    for name, script in zip(SCRIPTS, scripts):
+        assert "</" not in script, f"{name} must not hold '</' (it would end its element)"
+    hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest())
+                      .decode() + "'" for s in scripts)
+    page = source("page.html")
+    page = page.replace("/*CSP*/", f"default-src 'none'; script-src {hashes}; "
+                        "style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+                        "form-action 'none'")
+    page = page.replace("/*STYLE*/", source("page.css"))
+    page = page.replace("<!--SCRIPTS-->", "\n".join(f"<script>{s}</script>" for s in scripts))
+    return page.replace("/*DATA*/", embed_json(data))  # last: data never meets a placeholder

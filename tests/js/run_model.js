@@ -1,0 +1,34 @@
+// Runs the page's model in Node for tests/test_explore.py: node run_model.js DATA.json INPUTS.json
+// prints, per input, what the page computes: output, decoded ids, logits, attention maps.
+"use strict";
+const fs = require("fs");
+const path = require("path");
+const dir = process.env.MINITFM_EXPLORE_DIR;
+for (const name of ["task.js", "model.js"]) {
+  require(path.resolve(dir, name)); // each sets globalThis.minitfmTask / minitfmModel
+}
+const data = JSON.parse(fs.readFileSync(process.argv[2], "utf-8"));
+const inputs = JSON.parse(fs.readFileSync(process.argv[3], "utf-8"));
+const M = globalThis.minitfmModel, T = globalThis.minitfmTask;
+const model = data.model ? M.makeModel(data.model, M.loadWeights(data.model.weights, data.model.index)) : null;
+const task = T.makeTask(data.task);
+const means = Object.fromEntries(Object.entries(data.means || {}).map(([k, v]) => [k, M.decodeFloats(v)]));
+const results = inputs.map((item) => {
+  if (item.held_out) { // every embedded held-out source, decoded (EOS stripped)
+    const switches = M.switchesFor(model, means, item.heads_off || []);
+    return data.held_out.sources.map((src) => {
+      const decoded = M.greedyDecode(model, src, task.cap(src.length), switches).decoded;
+      return decoded[decoded.length - 1] === 2 ? decoded.slice(0, -1) : decoded;
+    });
+  }
+  const read = task.parseInput(item.text);
+  if (read.error || !model) return read; // {error} or, reading only, {src}
+  const switches = M.switchesFor(model, means, item.heads_off || []);
+  const run = M.greedyDecode(model, read.src, task.cap(read.src.length), switches);
+  const out = run.decoded[run.decoded.length - 1] === 2 ? run.decoded.slice(0, -1) : run.decoded;
+  return { src: read.src, decoded: run.decoded, output: task.formatLike(out, item.text),
+           logits: run.steps.map((s) => Array.from(s.logits)),
+           near_ties: run.steps.map((s) => s.nearTie),
+           maps: run.maps, cap: task.cap(read.src.length) };
+});
+process.stdout.write(JSON.stringify(results));

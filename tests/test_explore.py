@@ -1,0 +1,294 @@
+"""`minitfm explore` (issue #30): the page's JavaScript model gives PyTorch's answers, the
+page is one safe offline file, and `Run.predict(heads_off=...)` is what `minitfm ablate`
+measures.
+
+The numerics tests run the page's own scripts (minitfm/lab/explore/*.js) in Node on small
+trained runs of every positional scheme and both layer-norm placements, and compare greedy
+outputs, logits and attention weights with PyTorch. Without `node` they skip with one line.
+The browser tests are in tests/test_explore_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from minitfm.app.api import load_run
+from minitfm.config import load_config
+from minitfm.errors import MinitfmError
+from minitfm.lab.ablate import ablated, ablation_pairs, replacements
+from minitfm.lab.evaluate import load_model, predict_lines
+from minitfm.lab.explorer import embed_json, page_data, task_spec
+from minitfm.run.session import train
+from minitfm.tasks import make_task
+from minitfm.tasks.base import Task
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+NODE = shutil.which("node")
+EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore"
+RUNNER = Path(__file__).resolve().parent / "js" / "run_model.js"
+TOLERANCE = 1e-4  # the issue's bar for logits and attention weights
+needs_node = pytest.mark.skipif(NODE is None, reason="no `node` on PATH: install Node.js to "
+                                "check the page's JavaScript model against PyTorch")
+
+SHORT = [*TINY, "log.tensorboard=false", "train.steps=30", "train.warmup_steps=5",
+         "train.eval_every=30", "train.eval_samples=50", "train.target_exact_match=null"]
+# every positional scheme, both layer-norm placements, tied and untied embeddings, three
+# heads (ALiBi's slopes for a count that is no power of 2), add's two-number reading
+CASES = {
+    "sinusoidal-pre": ["model.positional=sinusoidal", "model.norm_first=true"],
+    "learned-post-untied": ["task.name=reverse", "model.positional=learned",
+                            "model.norm_first=false", "model.tie_embeddings=false",
+                            "model.max_len=12"],
+    "rope-post": ["task.name=sort", "model.positional=rope", "model.norm_first=false"],
+    "alibi-pre-3-heads": ["model.positional=alibi", "model.n_heads=3", "model.d_model=24",
+                          "model.tie_embeddings=false"],
+    "none-post": ["task.name=sort", "model.positional=none", "model.norm_first=false"],
+    "add-rope-pre": ["task.name=add", "task.max_len=3", "model.positional=rope"],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Each case trained for 30 steps: {name: run directory}."""
+    root = tmp_path_factory.mktemp("explore")
+    found = {}
+    for name, overrides in CASES.items():
+        found[name] = root / name
+        train(load_config(None, [*SHORT, *overrides]), run_dir=found[name])
+    return found
+
+
+def page_of(run_dir: Path, model_edit=None) -> tuple:
+    """(cfg, task, model, data) of a run's last checkpoint; `model_edit(model)` first."""
+    path = run_dir / "checkpoints" / "last.pt"
+    cfg, task, model, step = load_model(path)
+    if model_edit is not None:
+        model_edit(model)
+    return cfg, task, model, page_data(cfg, task, model, step, path, run_dir)
+
+
+def run_node(data: dict, items: list[dict], tmp_path: Path) -> list:
+    """What the page's scripts compute for `items` (see tests/js/run_model.js)."""
+    data_file, items_file = tmp_path / "data.json", tmp_path / "items.json"
+    data_file.write_text(embed_json(data), encoding="utf-8")
+    items_file.write_text(json.dumps(items), encoding="utf-8")
+    done = subprocess.run([NODE, str(RUNNER), str(data_file), str(items_file)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MINITFM_EXPLORE_DIR": str(EXPLORE_DIR)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def inputs_of(task: Task, sources: list[list[int]]) -> list[str]:
+    """Sources as a user types them: with spaces, and the first one without."""
+    texts = [task.format(src) for src in sources]
+    return [texts[0].replace(" ", ""), *texts[1:]] if task.compact else texts
+
+
+@torch.no_grad()
+def differences(model, result: dict) -> tuple[float, float]:
+    """Largest |logit| and |attention weight| difference between the page and PyTorch, on
+    PyTorch's teacher-forced pass over what the page decoded."""
+    src = torch.tensor([result["src"]])  # (1, S)
+    tgt_in = torch.tensor([[1, *result["decoded"][:-1]]])  # (1, T): BOS + the outputs read
+    logits, maps = model(src, tgt_in, return_attention=True)
+    logit_diff = (logits[0].double() - torch.tensor(result["logits"])).abs().max().item()
+    weight_diff = 0.0
+    for kind in ("encoder", "decoder", "cross"):
+        for layer, torch_map in enumerate(getattr(maps, kind)):  # (1, H, T_q, T_k)
+            for head, rows in enumerate(result["maps"][kind][layer]):
+                for i, row in enumerate(rows):  # decoder rows stop at the diagonal
+                    theirs = torch_map[0, head, i].double()
+                    weight_diff = max(weight_diff, (theirs[:len(row)] - torch.tensor(row))
+                                      .abs().max().item())
+                    assert not theirs[len(row):].any()  # masked in the page, 0 in PyTorch
+    return logit_diff, weight_diff
+
+
+# --- the numerics: the page's model against PyTorch ---
+
+@needs_node
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_page_model_decodes_as_pytorch_to_1e_4(runs, case, tmp_path):
+    cfg, task, model, data = page_of(runs[case])
+    texts = inputs_of(task, data["held_out"]["sources"][:6])
+    results = run_node(data, [{"text": t} for t in texts] + [{"held_out": True}], tmp_path)
+    # one input per call, as the page decodes: `predict` caps a batch at its longest input's
+    # cap, so an unfinished output (no EOS yet) depends on the other inputs of its call
+    expected = [predict_lines(cfg, task, model, "cpu", [(1, text)]).rows[0]["output"]
+                for text in texts]
+    assert [r["output"] for r in results[:-1]] == expected
+    for result in results[:-1]:
+        logit_diff, weight_diff = differences(model, result)
+        assert logit_diff < TOLERANCE and weight_diff < TOLERANCE, (logit_diff, weight_diff)
+    # all 200 embedded held-out examples: the page's greedy outputs are PyTorch's (batched
+    # there, so cut to each input's own cap)
+    sources = data["held_out"]["sources"]
+    assert results[-1] == [pred[:task.max_target_len(len(src)) + 1] for src, pred in
+                           zip(sources, data["held_out"]["predictions"], strict=True)]
+
+
+@needs_node
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path):
+    run_dir = runs["sinusoidal-pre"]
+    cfg, task, model, data = page_of(run_dir)
+    heads_off = [("cross", 0, 1), ("encoder", 0, 0)]
+    texts = inputs_of(task, data["held_out"]["sources"][:8])
+    items = [{"text": t, "heads_off": [[*h, mode] for h in heads_off]} for t in texts]
+    items.append({"held_out": True, "heads_off": [["cross", 0, 1, mode]]})
+    results = run_node(data, items, tmp_path)
+    run = load_run(run_dir, checkpoint="last")
+    assert [r["output"] for r in results[:-1]] == [
+        run.predict(text, heads_off=heads_off, mode=mode) for text in texts]
+    for result in results[:-1]:
+        assert max(differences_with_heads_off(run, result, heads_off, mode)) < TOLERANCE
+    # one head off on the held-out examples: what `minitfm ablate` measures on them
+    pairs = ablation_pairs(cfg, task)
+    values = replacements(model, task, pairs, "cpu", mode)[("cross", 0)]
+    off = torch.tensor([False, True])
+    from minitfm.book.metrics import evaluate
+    from minitfm.lab.ablate import HeadAblation
+    examples = pairs[:len(results[-1])]
+    baseline = evaluate(model, task, examples, "cpu")
+    measured = ablated(model, task, examples, "cpu", 250, baseline, "cross", 0,
+                       HeadAblation(off, values))
+    page_exact = sum(out == tgt for out, (_, tgt) in zip(results[-1], examples)) / len(examples)
+    assert page_exact == measured["exact_match"]
+
+
+def differences_with_heads_off(run, result, heads_off, mode) -> tuple[float, float]:
+    from minitfm.lab.ablate import edited_heads, switched_off
+
+    pairs = ablation_pairs(run.config, run.task) if mode == "mean" else []
+    with edited_heads(run.model, switched_off(run.model, run.task, pairs, "cpu", heads_off,
+                                              mode)):
+        return differences(run.model, result)
+
+
+@needs_node
+def test_an_exact_tie_goes_to_the_lower_id_as_torch_argmax_and_a_near_tie_is_flagged(
+        runs, tmp_path):
+    run_dir = runs["learned-post-untied"]
+    cfg, task, model, _ = page_of(run_dir)
+    src = task.parse("3 1 4")
+    with torch.no_grad():
+        memory, src_mask, _ = model.encode(torch.tensor([src]))
+        first = model.decode(torch.tensor([[1]]), memory, src_mask)[0][0, -1].argmax().item()
+    lower = task.first_data_id if first > task.first_data_id else 2  # an id below it
+
+    def tie(scale: float):
+        def edit(m):
+            with torch.no_grad():
+                m.generator.weight[lower] = m.generator.weight[first] * scale
+        return edit
+
+    for scale, chosen in ((1.0, lower), (1.0 + 3e-7, None)):
+        _, _, edited, data = page_of(run_dir, tie(scale))
+        [result] = run_node(data, [{"text": "3 1 4"}], tmp_path)
+        expected = predict_lines(cfg, task, edited, "cpu", [(1, "3 1 4")]).rows[0]["output"]
+        assert result["output"] == expected  # PyTorch's answer, tie or not
+        assert result["near_ties"][0]  # the page says the first step was (nearly) a tie
+        if chosen is not None:  # exactly equal logits: the first maximal index, as torch
+            assert result["logits"][0][lower] == result["logits"][0][first]
+            assert result["decoded"][0] == chosen
+
+
+# --- reading typed input: the rules and messages of `minitfm predict` ---
+
+TYPED = ["", "   ", "3 1 4", "314", "3x", "<eos>", "3 <bos>", "12 3", "x" * 200, "it's",
+         'a"b', "\t\n", "３", "3\x851", "1\ufeff2", "12+34", "12 + 3 4", "1++2", "+5", "12",
+         "1+2+3", "0" * 40]
+
+
+@needs_node
+@pytest.mark.parametrize("overrides", [
+    ["task.name=reverse"], ["task.name=sort", "task.n_symbols=12"], ["task.name=add"],
+    ["task.name=copy", "model.positional=learned", "model.max_len=20"],
+])
+def test_typed_input_is_read_with_predicts_rules_and_messages(overrides, tmp_path):
+    cfg = load_config(None, overrides)
+    task = make_task(cfg.task)
+    results = run_node({"task": task_spec(cfg, task)}, [{"text": t} for t in TYPED], tmp_path)
+    for text, result in zip(TYPED, results):
+        expected = predict_lines(cfg, task, None, "cpu", [(1, text)]) if not \
+            parses(cfg, task, text) else None
+        if expected is None:
+            assert result == {"src": parses(cfg, task, text)}, text
+        else:
+            assert result == {"error": str(expected.error)}, text
+
+
+def parses(cfg, task, text):
+    from minitfm.lab.evaluate import input_limit
+
+    try:
+        return task.parse(text, max_tokens=input_limit(cfg, task))
+    except MinitfmError:
+        return None
+
+
+def test_decoding_caps_extend_as_the_task_says():
+    """task.js extends the embedded caps linearly: it must give max_target_len + 1."""
+    for name in ("copy", "duplicate", "add"):
+        cfg = load_config(None, [f"task.name={name}"])
+        task = make_task(cfg.task)
+        caps = task_spec(cfg, task)["caps"]
+        last = len(caps) - 1
+        for n in (1, 2, last, 20, 300):
+            extended = caps[n] if n <= last else caps[last] + (caps[last] - caps[last - 1]) * (
+                n - last)
+            assert extended == task.max_target_len(n) + 1, (name, n)
+
+
+# --- the page: one file, data never markup, the command ---
+
+def test_explore_writes_one_offline_page_and_prints_path_and_size(runs):
+    run_dir = runs["sinusoidal-pre"]
+    result = run_cli("explore", str(run_dir))
+    assert result.exit_code == 0, result.stderr
+    page = run_dir / "explorer.html"
+    assert str(page) in result.stdout and "kB" in result.stdout
+    html = page.read_text(encoding="utf-8")
+    for outside in ("http://", "https://", "fetch(", "XMLHttpRequest", "import(", "@import",
+                    "src=\"http", "url("):
+        assert outside not in html, outside
+    assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+def test_embedded_json_cannot_end_its_script_element():
+    nasty = {"symbols": ["</script>", "<img src=x onerror=alert(1)>", "a&b", "\u2028\u2029",
+                         "javascript:alert(1)", "<!--"]}
+    text = embed_json(nasty)
+    assert not any(char in text for char in "<>&\u2028\u2029")
+    assert json.loads(text) == nasty
+
+
+def test_explore_refuses_a_missing_or_broken_run_in_one_line(tmp_path):
+    assert_clean_error(run_cli("explore", str(tmp_path / "nothing")), 2, "not found")
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    assert_clean_error(run_cli("explore", str(broken)), 2)
+    assert not list(tmp_path.glob("*.html"))
+
+
+def test_explore_out_must_be_html(runs, tmp_path):
+    assert_clean_error(run_cli("explore", str(runs["rope-post"]), "--out",
+                               str(tmp_path / "page.png")), 2, ".html")
+
+
+def test_run_predict_heads_off_refuses_bad_heads_in_one_line(runs):
+    run = load_run(runs["sinusoidal-pre"], checkpoint="last")
+    for heads_off, needle in (([("self", 0, 0)], "kind"), ([("cross", 5, 0)], "layer"),
+                              ([("cross", 0, 9)], "head"), ([("cross", 0)], "(kind, layer")):
+        with pytest.raises(MinitfmError, match=needle.replace("(", r"\(")):
+            run.predict("3 1", heads_off=heads_off)
+    with pytest.raises(MinitfmError, match="--mode"):
+        run.predict("3 1", heads_off=[("cross", 0, 0)], mode="half")

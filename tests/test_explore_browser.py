@@ -1,0 +1,125 @@
+"""`minitfm explore`'s page in a real browser: the system's Chromium driven by Playwright
+(never a browser Playwright downloads). Without Chromium or Playwright these tests skip with one
+line saying how to run them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from minitfm.app.api import load_run
+from minitfm.app.api import train_run as train  # with the attention recorder
+from minitfm.config import load_config
+from minitfm.lab.explorer import write_explorer
+from tests.helpers import TINY
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
+                                        else None)
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the machine
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None or sync_playwright is None,
+                       reason="no Chromium/Playwright: apt-get install chromium and pip install "
+                              "playwright (the dev extra) to run the explorer's browser tests"),
+]
+ARTEFACTS = Path(__file__).resolve().parent.parent / "test-artefacts"
+NASTY = ["</script>", "<img src=x onerror=alert(1)>", "javascript:alert(1)"]
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """A tiny copy run and a pairs run whose symbols are markup: {name: (run_dir, page)}."""
+    root = tmp_path_factory.mktemp("browser")
+    found = {}
+    copy = root / "copy"
+    train(load_config(None, [*TINY, "log.tensorboard=false", "train.steps=100",
+                             "train.eval_every=25", "log.attention_every=eval"]), run_dir=copy)
+    found["copy"] = (copy, write_explorer(copy, "last").path)
+    data = root / "nasty.tsv"
+    rows = [f"{a} {b}\t{b} {a}" for a in NASTY + ["x", "y"] for b in NASTY + ["x", "y"]]
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    pairs = root / "pairs"
+    train(load_config(None, [
+        "task.name=pairs", f"task.train_path={data}", f"task.eval_path={data}",
+        "task.tokenize=space", "model.d_model=16", "model.n_heads=2", "model.n_encoder_layers=1",
+        "model.n_decoder_layers=1", "model.d_ff=32", "model.max_len=8", "train.steps=20",
+        "train.batch_size=16", "train.eval_every=20", "train.eval_samples=10",
+        "log.tensorboard=false", "log.attention_every=0"]), run_dir=pairs)
+    found["pairs"] = (pairs, write_explorer(pairs, "last").path)
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+def open_page(browser, path: Path, hash_: str = ""):
+    """The page from its file:// path; every other request aborted and recorded, like every
+    page error, console error and dialog."""
+    page = browser.new_page()
+    problems = []
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+               else (problems.append(f"request {route.request.url}"), route.abort()))
+    page.on("pageerror", lambda err: problems.append(f"page error {err}"))
+    page.on("console", lambda msg: problems.append(f"console {msg.text}")
+            if msg.type == "error" else None)
+    page.on("dialog", lambda dialog: (problems.append(f"dialog {dialog.message}"),
+                                      dialog.dismiss()))
+    page.goto(path.resolve().as_uri() + hash_)
+    page.wait_for_function("window.minitfm !== undefined")
+    return page, problems
+
+
+def test_typed_inputs_and_heads_off_equal_python(pages, browser):
+    run_dir, path = pages["copy"]
+    run = load_run(run_dir, checkpoint="last")
+    page, problems = open_page(browser, path)
+    for text in ("1 2 3", "4321", "0", "3 3 1 0 2 4"):
+        assert page.evaluate("t => window.minitfm.predict(t).output", text) == run.predict(text)
+        page.fill("#input", text)
+        assert page.inner_text("#output") in (run.predict(text), "(empty)")
+    error = page.evaluate("() => window.minitfm.predict('9 x').error")
+    assert error.startswith("input 1 ('9 x'):")
+    for mode in ("zero", "mean"):
+        page.evaluate(f"() => window.minitfm.setHead('cross', 0, 1, '{mode}')")
+        for text in ("1 2 3", "4 0 2 1"):
+            assert page.evaluate("t => window.minitfm.predict(t).output", text) == \
+                run.predict(text, heads_off=[("cross", 0, 1)], mode=mode)
+    assert 0.0 <= page.evaluate("() => window.minitfm.exactMatch()") <= 1.0
+    # the state is in the address: reopened from it, the same view
+    url = page.url
+    assert "off=cross.0.1.mean" in url
+    again, more = open_page(browser, path, "#" + url.split("#", 1)[1])
+    assert again.input_value("#input") == page.input_value("#input")
+    assert again.evaluate("() => window.minitfm.state.off") == {"cross.0.1": "mean"}
+    # the training slider
+    slider = again.locator("#training-step")
+    first = again.inner_text("#training-label")
+    slider.fill("0")
+    assert again.inner_text("#training-label") != first and "step" in first
+    ARTEFACTS.mkdir(exist_ok=True)
+    again.screenshot(path=str(ARTEFACTS / "explorer.png"), full_page=True)
+    assert problems == [] and more == []
+
+
+def test_markup_in_a_pairs_runs_symbols_runs_nothing(pages, browser):
+    _, path = pages["pairs"]
+    page, problems = open_page(browser, path)
+    page.fill("#input", "</script> <img src=x onerror=alert(1)>")
+    assert page.locator("img[src=x]").count() == 0
+    result = page.evaluate("() => window.minitfm.predict('javascript:alert(1) x')")
+    assert result["error"] is None
+    assert page.evaluate("() => document.querySelectorAll('script').length") == 4
+    assert "</script>" in page.evaluate(
+        "() => JSON.stringify(window.minitfm.data.task.tokens)")
+    assert problems == []

@@ -327,9 +327,15 @@ def test_cli_run_without_checkpoints(tmp_path):
 
 
 def test_help_documents_the_terminal_default():
+    import re
+
     result = run_cli("visualize-attention", "--help")
     assert result.exit_code == 0
-    assert "cross-attention" in " ".join(result.stdout.split())
+    text = re.sub(r"[\s│]+", " ", result.stdout)  # the help panel's lines joined again
+    assert ("--terminal --no-terminal Also draw the heatmaps in the terminal; a bare --kind all "
+            "draws only cross-attention there (the PNG has all kinds).") in text
+    assert "--force Replace the --out (and --gif) file even if it is not a picture minitfm " \
+        "wrote." in text
 
 
 def test_viz_imports_matplotlib_only_inside_functions():

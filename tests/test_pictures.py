@@ -172,7 +172,8 @@ def test_control_and_unassigned_characters_are_labelled_by_code_point(tmp_path):
     assert [letters.token(t) for t in tokens] == ["a", "U+001B", "U+0378", "x[U+0009]y"]
     assert letters.text("title\nline two \x1b") == "title\nline two [U+001B]"
     assert letters.note() == ("the picture labels 3 symbols by code point (U+0009, U+001B, "
-                              "U+0378): control characters have no glyph")
+                              "U+0378): they are not printable (control or unassigned "
+                              "characters)")
     block = MapBlock("cross", [0], [0], np.full((1, 1, 4, 4), 0.25), tokens, tokens)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a "Glyph ... missing" warning fails the test

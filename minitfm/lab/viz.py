@@ -283,8 +283,9 @@ class MapGrid:
         from PIL import Image, ImageDraw, ImageFont
 
         # Pillow draws with one font: what it lacks is written as its code point
-        self.letters = lettering([header, *block.queries, *block.keys], font_path(), ())
-        block, header = self.letters.block(block), self.letters.text(header)
+        self.glyphs = glyphs(font_path())
+        letters = lettering([header, *block.queries, *block.keys], self.glyphs, ())
+        block, header = letters.block(block), letters.text(header)
         self.font = ImageFont.truetype(font_path(), size)
         self.title_font = ImageFont.truetype(font_path(), size + 2)
         self.layout = GridLayout(self.font, self.title_font, block)
@@ -313,7 +314,8 @@ class MapGrid:
             canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
                 cells.repeat(cell, axis=0).repeat(cell, axis=1)
         image = Image.fromarray(canvas)
-        self.write(ImageDraw.Draw(image), self.wrap(self.letters.text(caption)), self.caption_y)
+        caption = lettering([caption], self.glyphs, ()).text(caption)  # the model's output
+        self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
         return np.asarray(image)
 
     def wrap(self, text: str) -> list[str]:
@@ -439,9 +441,10 @@ class Lettering:
         if not shown:
             return None
         controls = sum(map(is_control, shown))
-        reason = ("control characters have no glyph" if controls == len(shown) else
-                  "no installed font has a glyph for them" if not controls else
-                  "no installed font has a glyph for them, or they are control characters")
+        reason = ("they are not printable (control or unassigned characters)"
+                  if controls == len(shown) else "no installed font has a glyph for them"
+                  if not controls else "no installed font has a glyph for them, or they are not "
+                  "printable")
         more = ", …" if len(shown) > 3 else ""
         return (f"the picture labels {len(shown)} symbol{'s' * (len(shown) > 1)} by code point "
                 f"({', '.join(map(code_point, shown[:3]))}{more}): {reason}")
@@ -453,16 +456,19 @@ def is_control(ch: str) -> bool:
 
 
 def code_point(ch: str) -> str:
+    """`한` -> `U+D55C`."""
     return f"U+{ord(ch):04X}"
 
 
-def lettering(texts: Iterable[str], font: str | None = None,
+def lettering(texts: Iterable[str], has: dict[int, int] | None = None,
               fallbacks: tuple[str, ...] | None = None) -> Lettering:
-    """The Lettering of `texts`: `font` (default: the file matplotlib draws FONT from), and
-    the installed families (default: looked up when `font` lacks a glyph) that have the rest."""
+    """The Lettering of `texts`: the glyphs of the font drawn in (`has`; default FONT's, as
+    matplotlib draws it), and the installed families that have the rest (default: looked up
+    when that font lacks one)."""
     chars = set("".join(texts))
     control = set(filter(is_control, chars))  # ESC, unassigned, …
-    lacking = {ch for ch in chars - control if ord(ch) not in glyphs(font or font_file(FONT))}
+    has = glyphs(font_file(FONT)) if has is None else has
+    lacking = {ch for ch in chars - control if ord(ch) not in has}
     if fallbacks is None:
         fallbacks, lacking = fallback_fonts(lacking)
     return Lettering(tuple(fallbacks), frozenset(control | lacking))

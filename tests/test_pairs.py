@@ -16,7 +16,7 @@ from minitfm.config import load_config, vocab_size
 from minitfm.errors import CheckpointError
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
-from minitfm.tasks.pairs import MAX_PAIRS, UNK_ID
+from minitfm.tasks.pairs import MAX_PAIRS, UNK_ID, PairArray
 from tests.helpers import assert_clean_error, run_cli
 
 PAIRS = [
@@ -135,6 +135,74 @@ def test_task_max_len_selects_the_sources_trained_on(many):
     assert {len(src) for src, _ in task.train} == {3, 4}
     assert {len(src) for src, _ in task.held_out} == set(range(2, 7))  # all are kept
     assert load_config(None, [*PAIRS, f"task.train_path={many}"]).task.max_len == 16
+
+
+# --- memory: pairs held as token arrays, counted before the files are read (M9) ---
+
+def test_training_pairs_are_one_flat_array_of_two_byte_ids(many, tmp_path):
+    task = pairs_task(many)
+    assert isinstance(task.train, PairArray) and task.train.ids.itemsize == 2
+    lines = [line.split("\t") for line in open(many, encoding="utf-8").read().splitlines()]
+    trained = [(s, t) for s, t in lines if not task.is_held_out(task.parse(s))]
+    assert [(task.format(s), task.format(t)) for s, t in task.train] == trained  # file order
+    assert len(task.train.ids) == sum(len(s) + len(t) for s, t in trained)  # nothing else
+    assert task.train.ids.itemsize * len(task.train.ids) < 3 * (tmp_path / "many.tsv").stat(
+    ).st_size
+
+
+def test_batches_are_drawn_as_from_lists(many):
+    """The same generator draws pick the same pairs in the same order as a plain list would."""
+    task = pairs_task(many, "task.min_len=3", "task.max_len=5")
+    pool = [(list(s), list(t)) for s, t in task.train]
+    assert all(3 <= len(s) <= 5 for s, _ in pool)
+    picks = torch.randint(len(pool), (300,), generator=torch.Generator().manual_seed(7))
+    drawn = task.sample(300, torch.Generator().manual_seed(7))
+    assert drawn == [pool[i] for i in picks.tolist()]
+
+
+def test_more_than_65536_tokens_take_four_bytes_an_id(tmp_path):
+    path = tmp_path / "wide.tsv"
+    path.write_bytes(new_symbols(7_000))  # 70,000 symbols
+    task = pairs_task(path, f"task.eval_path={path}", "model.max_len=16")
+    assert len(task.vocab) == 70_004 and task.train.ids.itemsize == 4
+    last = path.read_text(encoding="utf-8").splitlines()[-1].split("\t")
+    assert [task.format(side) for side in task.train[-1]] == last
+    assert task.target(task.parse(last[0])) == task.parse(last[1])
+
+
+def test_pair_array_reads_back_what_it_holds():
+    pairs = [([4, 5], [6]), ([7], [70_000, 4]), ([4, 5], [9])]
+    packed = PairArray.of(pairs, 70_001)
+    assert list(packed) == pairs and packed[1:] == pairs[1:] and packed[-1] == pairs[-1]
+    assert packed.find([4, 5]) == 0 and packed.find([5]) is None and packed.find([-1]) is None
+    assert list(packed.lengths(0)) == [2, 1, 2] and list(packed.lengths(1)) == [1, 2, 1]
+    with pytest.raises(IndexError):
+        packed[3]
+
+
+def test_the_memory_check_counts_the_data_and_names_the_file(tmp_path, monkeypatch):
+    from minitfm.run import limits
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "big.tsv"
+    with open(data, "wb") as f:
+        f.truncate(10**7)  # sparse: refused before a byte is read
+    overrides = [*PAIRS, f"task.train_path={data}"]
+    parts = limits.training_parts(load_config(None, overrides))
+    (key, value, size), others = parts[-1], sum(size for *_, size in parts[:-1])
+    assert (key, value) == ("task.train_path", f"'{data}'")
+    assert size == limits.PAIRS_BYTES_PER_FILE_BYTE * (tmp_path / "big.tsv").stat().st_size
+    monkeypatch.setattr(limits, "available_bytes", lambda: others + size // 2)
+    result = run_cli("train", *overrides)
+    check_refused(tmp_path, result, ["task.train_path ('", "big.tsv') needs ~",
+                                     "available: use a part of the file"])
+
+
+def test_an_escaped_pair_of_surrogates_is_one_character(tmp_path):
+    path = tmp_path / "emoji.jsonl"
+    path.write_text('{"source": "a\\ud83d\\ude00", "target": "b"}\n', encoding="utf-8")
+    task = pairs_task(path, f"task.eval_path={path}")
+    assert task.vocab.tokens[4:] == ("a", "b", "\U0001f600")
 
 
 # --- checkpoints: resume, deletion of the files, hostile contents ---
@@ -345,6 +413,10 @@ BAD_FILES = [  # (file name, content, extra overrides, what the error says)
      ["symbols.tsv' line 10,001", "more than 100,000 distinct symbols"]),
     ("word.tsv", b"a" * 1001 + b" b\tc\n", ["task.tokenize=space"],
      ["word.tsv' line 1", "1,001 characters"]),
+    ("half.jsonl", b'{"source": "ab", "target": "AB"}\n{"source": "x\\ud800y", "target": "z"}\n',
+     [], ["half.jsonl' line 2", "'source' holds an unpaired surrogate (\\ud800) at character 2"]),
+    ("low.jsonl", b'{"source": "ab", "target": "\\udc00"}\n', [],
+     ["low.jsonl' line 1", "'target' holds an unpaired surrogate (\\udc00)"]),
 ]
 
 

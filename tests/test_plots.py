@@ -12,7 +12,7 @@ from minitfm.lab.plots import (
     BEYOND,
     TRAINED,
     curves_figure,
-    is_minitfm_png,
+    is_minitfm_picture,
     length_figure,
     run_curves,
     run_labels,
@@ -83,19 +83,19 @@ def test_cli_plots_one_run_into_its_directory(runs):
     assert result.exit_code == 0, result.stderr
     png = runs / "a" / "plot.png"
     assert result.stdout.strip() == f"wrote {png}"
-    assert is_minitfm_png(png) and png_size(png) == (1100, 450)
-    os.utime(png, (0, 0))  # dated 1970: a rewritten file bears a later date
+    assert is_minitfm_picture(png) and png_size(png) == (1100, 450)
+    os.utime(png, ns=(0, 0))  # dated 1970: a rewritten file bears a later date
     again = run_cli("plot", runs / "a" / "checkpoints" / "last.pt")  # a checkpoint: its run
     assert again.exit_code == 0, again.stderr  # its own earlier plot is replaced unasked
     assert again.stdout.strip() == f"wrote {png}"
-    assert png.stat().st_mtime > 0 and is_minitfm_png(png) and png_size(png) == (1100, 450)
+    assert png.stat().st_mtime_ns != 0 and is_minitfm_picture(png) and png_size(png) == (1100, 450)
 
 
 def test_cli_overlays_several_runs_into_the_current_directory(runs, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = run_cli("plot", runs / "a", runs / "b")
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.strip() == "wrote plot.png" and is_minitfm_png(tmp_path / "plot.png")
+    assert result.stdout.strip() == "wrote plot.png" and is_minitfm_picture(tmp_path / "plot.png")
 
 
 def test_cli_never_replaces_a_file_it_did_not_write_unless_forced(runs, tmp_path):
@@ -107,7 +107,7 @@ def test_cli_never_replaces_a_file_it_did_not_write_unless_forced(runs, tmp_path
     assert mine.read_bytes() == PNG_MAGIC + b"a user's picture"
     forced = run_cli("plot", runs / "a", "--out", mine, "--force")
     assert forced.exit_code == 0, forced.stderr
-    assert is_minitfm_png(mine)
+    assert is_minitfm_picture(mine)
 
 
 @pytest.mark.parametrize("make,args,needles", [
@@ -151,7 +151,7 @@ def test_eval_plot_writes_the_chart_and_keeps_json_on_stdout(runs, tmp_path):
                      "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["trained_lengths"] == [1, 6]
-    assert result.stderr.strip() == f"wrote {png}" and is_minitfm_png(png)
+    assert result.stderr.strip() == f"wrote {png}" and is_minitfm_picture(png)
 
 
 def test_eval_plot_refuses_a_users_file_before_decoding(runs, tmp_path):

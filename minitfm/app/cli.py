@@ -487,9 +487,12 @@ def visualize_attention(
     over_training: bool = typer.Option(
         False, "--over-training", help="Draw the cross-attention recorded at each evaluation "
         "of training (the run's attention.jsonl) as one PNG strip: a column per step, a row "
-        "per head of the best aligned layer (or --layer); takes RUN, --layer, --out, --gif."),
+        "per head of the best aligned layer (or --layer); takes RUN, --layer, --out, --gif, "
+        "--force."),
     gif: Path | None = typer.Option(None, metavar="FILE", help="With --over-training, also an "
                                     "animated GIF: a frame per recorded step."),
+    force: bool = typer.Option(False, "--force", help="Replace the --out (and --gif) file "
+                               "even if it is not a picture minitfm wrote."),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
                                   help="Also draw the heatmaps in the terminal; a bare --kind "
                                        "all draws only cross-attention there (the PNG has "
@@ -502,13 +505,15 @@ def visualize_attention(
         check_over_training(over_training, {"--input": input_text, "--kind": kind,
                                             "--head": head, "--no-terminal": terminal,
                                             "--checkpoint": checkpoint, "--threads": threads})
-        return show_over_training(run, layer, out, gif)
+        return show_over_training(run, layer, out, gif, force)
     with claim_threads(threads) as claim:
         from minitfm.lab.viz import visualize
 
         claim.apply()
         report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind,
-                           layer, head, out)
+                           layer, head, out, force)
+    if report.note:
+        err_console.print(f"note: {report.note}", markup=False)
     fmt, plain = report.task.format, {"markup": False, "highlight": False}
     verdict = "correct" if report.probe.prediction == report.target else "wrong"
     heading = f"{report.task.name} · {report.checkpoint} · step {report.step}"
@@ -554,15 +559,17 @@ def check_over_training(over_training: bool, given: dict) -> None:
     if unused:
         raise MinitfmError(f"--over-training cannot be combined with {', '.join(unused)}: it "
                            f"draws the cross-attention recorded during training (it takes RUN, "
-                           f"--layer, --out and --gif)")
+                           f"--layer, --out, --gif and --force)")
 
 
 def show_over_training(run: Path | None, layer: int | None, out: Path | None,
-                       gif: Path | None) -> None:
+                       gif: Path | None, force: bool = False) -> None:
     """`visualize-attention --over-training`: a table of the heads' scores per step, the files."""
     from minitfm.lab.timeline import over_training
 
-    report = over_training(run, layer, out, gif)
+    report = over_training(run, layer, out, gif, force)
+    if report.note:
+        err_console.print(f"note: {report.note}", markup=False)
     plain = {"markup": False, "highlight": False, "soft_wrap": True}
     console.print(f"{printable(str(report.timeline.run_dir))} · cross-attention over training",
                   **plain)
@@ -616,6 +623,8 @@ def ablate(
     out: Path | None = typer.Option(None, metavar="FILE", help="PNG path (default: a file in "
                                     "<run>/ablate/ named after the checkpoint, step and mode; "
                                     "for a .pt outside any run, a file beside it)."),
+    force: bool = typer.Option(False, "--force", help="Replace --out even if it is not a "
+                               "picture minitfm wrote."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
     threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
@@ -625,9 +634,9 @@ def ablate(
         from minitfm.lab.ablate import ablate_run, check_options
 
         claim.apply()
-        check_options(mode, out)  # before RUN is looked for
+        check_options(mode, out, force)  # before RUN is looked for
         report = ablate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, mode,
-                            batch_size, out)
+                            batch_size, out, force)
     if as_json:
         print(json.dumps(report.as_dict()))
         return

@@ -45,7 +45,7 @@ from minitfm.book.metrics import (
 from minitfm.book.model import default_device, eval_mode
 from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import load_model
-from minitfm.lab.plots import check_picture_path, save_png
+from minitfm.lab.plots import check_output, save_png
 from minitfm.lab.viz import KIND_TITLES, KINDS
 from minitfm.run.limits import check_fits, decoding_parts
 from minitfm.run.rundir import find_run_dir, resolve_checkpoint
@@ -235,27 +235,32 @@ def ablate_model(model, task: Task, pairs: list[Pair], device, mode: str = "zero
     return baseline, *ablate_all(model, task, pairs, device, batch_size, baseline, values)
 
 
-def check_options(mode: str, out: Path | None = None) -> None:
-    """`--mode` and `--out`, refused before seconds of decoding rather than after."""
+def check_options(mode: str, out: Path | None = None, force: bool = False) -> None:
+    """`--mode` and `--out` (the picture rule, `plots.check_output`), refused before seconds of
+    decoding rather than after."""
     if mode not in MODES:
         raise MinitfmError(f"--mode ({mode!r}) must be one of {', '.join(MODES)}")
     if out is not None:
-        check_picture_path(out, "--out")
+        check_output(out, "--out", force)
 
 
 def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "zero",
-               batch_size: int = EVAL_BATCH_SIZE, out: Path | None = None) -> AblationReport:
-    """`minitfm ablate`: ablate every head and layer of a run's checkpoint; write the PNG."""
-    check_options(mode, out)
+               batch_size: int = EVAL_BATCH_SIZE, out: Path | None = None,
+               force: bool = False) -> AblationReport:
+    """`minitfm ablate`: ablate every head and layer of a run's checkpoint; write the PNG (an
+    existing one only if minitfm wrote it, or with `force`)."""
+    check_options(mode, out, force)
     path = resolve_checkpoint(run, checkpoint)
     device = default_device()
     cfg, task, model, step = load_model(path, device)
     check_fits(decoding_parts(cfg, samples, cfg.task.max_len, batch_size), "evaluation")
+    png = out if out is not None else default_png(path, step, mode)
+    check_output(png, "--out", force)  # the default path too, before the decoding
     pairs = eval_set(task, samples, cfg.task.eval_seed, cfg.task.min_len, cfg.task.max_len)
     report = AblationReport(cfg.task.name, path, step, mode,
                             *ablate_model(model, task, pairs, device, mode, batch_size))
-    report.png = out if out is not None else default_png(path, step, mode)
-    save_png(ablation_figure(report), report.png, "--out", force=True)  # as visualize-attention
+    report.png = png
+    save_png(ablation_figure(report), report.png, "--out", force)
     return report
 
 

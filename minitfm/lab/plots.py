@@ -1,6 +1,12 @@
 """Pictures without TensorBoard: training curves (`minitfm plot`) and exact match per input
 length (`minitfm eval --plot`), and what every minitfm picture shares: titles wrapped to the
-figure's width, and PNG files marked as minitfm's, so that only those are replaced unasked.
+figure's width, and one rule for writing a picture file (`check_output`, `write_picture`).
+
+The rule, for every picture (plot, eval --plot, visualize-attention's PNG, its --over-training
+strip and GIF, ablate's PNG): its name has the right suffix, its folder can take it (checked
+before anything is drawn), and an existing file is replaced only if minitfm wrote it (a PNG's
+`Software` text, a GIF's comment, say "minitfm") or the user passes --force. A failed write
+names the picture, exits 2 and leaves the old file whole.
 
 Each run's curves come from its `metrics.jsonl`; several runs are overlaid and labelled by the
 config keys whose values differ between them. matplotlib is imported inside functions, and
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +27,7 @@ from minitfm.lab.runs import HIDDEN_KEYS, scan_metrics, skipped
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_config
 
-SOFTWARE = "minitfm"  # the PNG `Software` text of every picture minitfm writes
+SOFTWARE = "minitfm"  # a PNG's `Software` text and a GIF's comment: minitfm wrote it
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
 PLOT_NAME = "plot.png"
 TRAINED, BEYOND = "tab:blue", "tab:orange"  # eval --plot: lengths trained on, and beyond
@@ -68,37 +75,48 @@ def wrap_words(text: str, fits) -> list[str]:
     return [*lines, line]
 
 
-def is_minitfm_png(path: Path) -> bool:
-    """Whether `path` is a PNG file that minitfm wrote (its `Software` text says so)."""
+def is_minitfm_picture(path: Path) -> bool:
+    """Whether `path` is a PNG or GIF file that minitfm wrote (its `Software` text or its
+    comment says so)."""
     from PIL import Image
 
     if not path.is_file():  # a FIFO would block the read
         return False
     try:
         with Image.open(path) as image:
-            return image.format == "PNG" and image.info.get("Software") == SOFTWARE
+            mark = {"PNG": image.info.get("Software"), "GIF": image.info.get("comment")}
+            return mark.get(image.format) in (SOFTWARE, SOFTWARE.encode())
     except (OSError, ValueError, Image.DecompressionBombError):  # not an image, or not ours
         return False
 
 
 def check_picture_path(path: Path, option: str, suffix: str = ".png") -> None:
-    """`option` names a file with `suffix` (.png, .gif), not a directory."""
+    """`option` names a file with `suffix` (.png, .gif), not a directory, in a folder that
+    exists or can be made, and can be written to."""
     if path.suffix.lower() != suffix:
         raise MinitfmError(f"{option} ('{path}') must be a {suffix} file")
     if path.is_dir():
         raise MinitfmError(f"{option} ('{path}') is a directory: give a {suffix} file in it")
+    folder = next(folder for folder in path.absolute().parents if folder.exists())
+    if not folder.is_dir():
+        raise MinitfmError(f"cannot write '{path}' ('{folder}' is a file, not a folder): "
+                           f"choose another {option}")
+    if not os.access(folder, os.W_OK):  # a read-only file system too, even for root
+        raise MinitfmError(f"cannot write '{path}' (its folder '{folder}' is read-only): "
+                           f"choose another {option}")
 
 
-def check_output(path: Path, option: str, force: bool) -> None:
-    """`option`'s PNG path may be written: a .png name, and (unless `force`) new or minitfm's."""
-    check_picture_path(path, option)
-    if path.exists() and not force and not is_minitfm_png(path):
+def check_output(path: Path, option: str, force: bool, suffix: str = ".png") -> None:
+    """The picture rule (module docstring): `option`'s path may be written, and an existing
+    file is minitfm's picture, or `force`."""
+    check_picture_path(path, option, suffix)
+    if path.exists() and not force and not is_minitfm_picture(path):
         raise MinitfmError(f"{option} ('{path}') exists and is not a picture minitfm wrote: "
                            f"choose another {option}, or pass --force to replace it")
 
 
 def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> None:
-    """Write `fig` as a PNG marked as minitfm's, atomically (a temp file, then a rename)."""
+    """Write `fig` as a PNG marked as minitfm's, by the picture rule (`check_output`)."""
     check_output(path, option, force)
     write_picture(path, option,
                   lambda buffer: fig.savefig(buffer, format="png", metadata={"Software": SOFTWARE}))
@@ -106,13 +124,13 @@ def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> Non
 
 def write_picture(path: Path, option: str, write) -> None:
     """`write(buffer)` a picture into memory, then onto `path` atomically (see
-    `files.write_atomic`). An unwritable path is one line naming `option`."""
+    `files.write_atomic`). An unwritable path is one line naming the picture and `option`."""
     buffer = io.BytesIO()
     write(buffer)
     try:
         write_atomic(path, buffer.getbuffer())
     except OSError as err:
-        raise MinitfmError(f"cannot write '{path}' ({err.strerror}): choose another "
+        raise MinitfmError(f"cannot write '{path}' ({err.strerror or err}): choose another "
                            f"{option}") from None
 
 

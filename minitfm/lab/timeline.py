@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
-from minitfm.lab.plots import check_picture_path, write_picture
+from minitfm.lab.plots import SOFTWARE, check_output, write_picture
 from minitfm.lab.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
@@ -252,12 +252,15 @@ class OverTrainingReport:
     why: str
     png: Path
     gif: Path | None
+    note: str | None = None  # symbols the strip labels by code point (`viz.Lettering.note`)
 
 
 def over_training(run: Path | None, layer: int | None = None, out: Path | None = None,
-                  gif: Path | None = None) -> OverTrainingReport:
-    """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF)."""
-    from minitfm.lab.plots import check_output, run_directory, save_png
+                  gif: Path | None = None, force: bool = False) -> OverTrainingReport:
+    """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF). An
+    existing file is replaced if minitfm wrote it, or with `force` (`plots.check_output`)."""
+    from minitfm.lab.plots import run_directory, save_png
+    from minitfm.lab.viz import lettering
     from minitfm.run.rundir import latest_run
 
     run_dir = latest_run() if run is None else \
@@ -265,13 +268,16 @@ def over_training(run: Path | None, layer: int | None = None, out: Path | None =
     timeline = read_timeline(run_dir)
     layer, why = pick_layer(timeline, layer)
     png = out if out is not None else run_dir / "attention" / f"over-training-layer{layer}.png"
-    check_output(png, "--out", force=True)  # as visualize-attention's --out: replaced
+    check_output(png, "--out", force)
     if gif is not None:
-        check_gif(gif)
-    save_png(strip_figure(timeline, layer, why), png, "--out", force=True)
+        check_gif(gif, force)  # both, before anything is drawn
+    title = strip_title(timeline, why, shown_columns(len(timeline.steps)))
+    letters = lettering([title, *timeline.source, *timeline.decoder_input])
+    with letters.fonts():
+        save_png(strip_figure(timeline, layer, why, letters), png, "--out", force)
     if gif is not None:
-        write_gif(timeline, gif)
-    return OverTrainingReport(timeline, layer, why, png, gif)
+        write_gif(timeline, gif, force)
+    return OverTrainingReport(timeline, layer, why, png, gif, letters.note())
 
 
 def pick_layer(timeline: Timeline, layer: int | None) -> tuple[int, str]:
@@ -333,21 +339,30 @@ def run_title(timeline: Timeline) -> str:
     return f"{task} · {timeline.run_dir.name}"
 
 
-def strip_figure(timeline: Timeline, layer: int, why: str):
+def strip_figure(timeline: Timeline, layer: int, why: str, letters=None):
     """A matplotlib Figure: a column per recorded step (step and exact match on top), a row per
-    head of `layer`, tokens on the outer axes, one colour bar."""
+    head of `layer`, tokens on the outer axes, one colour bar; symbols as `letters` (a
+    `viz.Lettering`) writes them."""
     from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
 
     from minitfm.lab.plots import wrap_to_width
-    from minitfm.lab.viz import COLOUR_BAR_LABEL, GAMMA, TITLE_MARGIN, TITLE_SIZES, text_height
+    from minitfm.lab.viz import (
+        COLOUR_BAR_LABEL,
+        GAMMA,
+        TITLE_MARGIN,
+        TITLE_SIZES,
+        Lettering,
+        text_height,
+    )
 
+    letters = letters or Lettering()
     columns, n_heads = shown_columns(len(timeline.steps)), timeline.cross.shape[2]
     tokens = max(len(timeline.source), len(timeline.decoder_input))
     panel = max(1.5, 0.5 + 0.08 * tokens)  # inches: room for a label per token, and the scores
     width = len(columns) * panel + 1.2
-    title = wrap_to_width(strip_title(timeline, why, columns), width - TITLE_MARGIN,
-                          TITLE_SIZES[0])
+    title = wrap_to_width(letters.text(strip_title(timeline, why, columns)),
+                          width - TITLE_MARGIN, TITLE_SIZES[0])
     fig = Figure(figsize=(width, n_heads * (panel + 0.3) + 0.5 + text_height(title, 11)),
                  dpi=100, layout="constrained")
     fig.suptitle(title, fontsize=TITLE_SIZES[0])
@@ -361,30 +376,30 @@ def strip_figure(timeline: Timeline, layer: int, why: str):
             scores = head_text(timeline, n, layer, head)
             top = f"step {timeline.steps[n]}\n{exact_match_text(timeline.exact_match[n])}\n"
             ax.set_title((top if head == 0 else "") + scores, fontsize=8)
-            label_axes(ax, timeline, bottom=head == n_heads - 1, left=c == 0)
+            label_axes(ax, timeline, bottom=head == n_heads - 1, left=c == 0, letters=letters)
             if c == 0:
                 ax.set_ylabel(f"head {head}", fontsize=9)
     fig.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
     return fig
 
 
-def label_axes(ax, timeline: Timeline, bottom: bool, left: bool) -> None:
+def label_axes(ax, timeline: Timeline, bottom: bool, left: bool, letters=None) -> None:
     """The probe's tokens: source under the bottom row, decoder input left of the first column."""
-    from minitfm.lab.viz import MapBlock, label_tokens
+    from minitfm.lab.viz import Lettering, MapBlock, label_tokens
 
     axes = MapBlock("cross", [], [], np.empty(0), timeline.decoder_input, timeline.source)
-    label_tokens(ax, axes, bottom, left)
+    label_tokens(ax, (letters or Lettering()).block(axes), bottom, left)
 
 
-def check_gif(path: Path) -> None:
-    """--gif must name a .gif file (not a directory)."""
-    check_picture_path(path, "--gif", ".gif")
+def check_gif(path: Path, force: bool = False) -> None:
+    """--gif must name a .gif file (not a directory) that may be written (the picture rule)."""
+    check_output(path, "--gif", force, ".gif")
 
 
-def write_gif(timeline: Timeline, path: Path) -> None:
+def write_gif(timeline: Timeline, path: Path, force: bool = False) -> None:
     """An animated GIF, a frame per recorded step: every layer and head of cross-attention
     (TensorBoard's picture), captioned with the step, its exact match and the best alignment.
-    Written atomically, as the PNGs."""
+    Written atomically, as the PNGs, and marked as minitfm's by its comment."""
     from PIL import Image
 
     from minitfm.lab.viz import KIND_TITLES, MapBlock, MapGrid
@@ -400,8 +415,10 @@ def write_gif(timeline: Timeline, path: Path) -> None:
     frames = [Image.fromarray(grid.frame(replace(block, weights=timeline.cross[n]), caption))
               for n, caption in enumerate(captions)]
     durations = [GIF_FRAME_MS] * (len(frames) - 1) + [GIF_LAST_MS]
-    write_picture(path, "--gif", lambda tmp: frames[0].save(
-        tmp, format="GIF", save_all=True, append_images=frames[1:], duration=durations, loop=0))
+    check_gif(path, force)
+    write_picture(path, "--gif", lambda buffer: frames[0].save(
+        buffer, format="GIF", save_all=True, append_images=frames[1:], duration=durations,
+        loop=0, comment=SOFTWARE))
 
 
 def gif_caption(timeline: Timeline, n: int) -> str:

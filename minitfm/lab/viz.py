@@ -14,6 +14,9 @@ for uniform attention over S keys, 0 for a single key (`head_scores` gives both)
 
 The PNG figures are drawn with matplotlib; TensorBoard's pictures, one per kind at every
 evaluation, with numpy and Pillow (`MapGrid`), milliseconds each instead of about a second.
+Both write in DejaVu Sans; a symbol it has no glyph for (Korean, say) is drawn from another
+installed font that has one, else written as its code point (U+D55C), as is a control
+character (`Lettering`): never an empty box, never a warning per glyph.
 
 Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
 query and key len (as in book/attention.py, where K is the head width).
@@ -23,7 +26,10 @@ matplotlib and Pillow are imported inside functions, so `minitfm --help` does no
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import unicodedata
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +61,7 @@ GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, th
 COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA
 TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
 TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
+FONT = "DejaVu Sans"  # matplotlib's own font, and MapGrid's (`font_path`)
 
 
 @dataclass
@@ -275,6 +282,10 @@ class MapGrid:
     def __init__(self, block: MapBlock, header: str, longest_caption: str, size: int = 11):
         from PIL import Image, ImageDraw, ImageFont
 
+        # Pillow draws with one font: what it lacks is written as its code point
+        self.glyphs = glyphs(font_path())
+        letters = lettering([header, *block.queries, *block.keys], self.glyphs, ())
+        block, header = letters.block(block), letters.text(header)
         self.font = ImageFont.truetype(font_path(), size)
         self.title_font = ImageFont.truetype(font_path(), size + 2)
         self.layout = GridLayout(self.font, self.title_font, block)
@@ -303,6 +314,7 @@ class MapGrid:
             canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
                 cells.repeat(cell, axis=0).repeat(cell, axis=1)
         image = Image.fromarray(canvas)
+        caption = lettering([caption], self.glyphs, ()).text(caption)  # the model's output
         self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
         return np.asarray(image)
 
@@ -386,6 +398,121 @@ def font_path() -> str:
     return str(package / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf")
 
 
+# --- symbols the font has no glyph for ---
+
+@dataclass(frozen=True)
+class Lettering:
+    """How a picture writes its symbols: in FONT, then in `fallbacks` (installed font families
+    that have glyphs FONT lacks); a character that none has, or a control character, is
+    written as its code point."""
+
+    fallbacks: tuple[str, ...] = ()
+    by_code_point: frozenset[str] = field(default_factory=frozenset)
+
+    def text(self, text: str) -> str:
+        """`text` as drawn: `a한b` -> `a[U+D55C]b` where no font has `한` (line breaks kept)."""
+        if not self.by_code_point:
+            return text
+        return "".join(f"[{code_point(ch)}]" if ch in self.by_code_point and ch != "\n" else ch
+                       for ch in text)
+
+    def token(self, token: str) -> str:
+        """An axis label: `한` -> `U+D55C`; in a longer token, as in `text` (line breaks too)."""
+        if len(token) == 1 and token in self.by_code_point:
+            return code_point(token)
+        return self.text(token).replace("\n", f"[{code_point(chr(10))}]")
+
+    def block(self, block: MapBlock) -> MapBlock:
+        """`block` with its tokens as drawn."""
+        return replace(block, queries=list(map(self.token, block.queries)),
+                       keys=list(map(self.token, block.keys)))
+
+    def fonts(self):
+        """While drawing a matplotlib figure: its fonts, FONT then the fallbacks, glyph by glyph."""
+        if not self.fallbacks:
+            return nullcontext()
+        from matplotlib import rc_context
+
+        return rc_context({"font.family": [FONT, *self.fallbacks]})
+
+    def note(self) -> str | None:
+        """One line for the user when some symbols are written as code points."""
+        shown = sorted(self.by_code_point - {"\n"})
+        if not shown:
+            return None
+        controls = sum(map(is_control, shown))
+        reason = ("they are not printable (control or unassigned characters)"
+                  if controls == len(shown) else "no installed font has a glyph for them"
+                  if not controls else "no installed font has a glyph for them, or they are not "
+                  "printable")
+        more = ", …" if len(shown) > 3 else ""
+        return (f"the picture labels {len(shown)} symbol{'s' * (len(shown) > 1)} by code point "
+                f"({', '.join(map(code_point, shown[:3]))}{more}): {reason}")
+
+
+def is_control(ch: str) -> bool:
+    """A control, format, unassigned or private character: nothing a font should draw."""
+    return unicodedata.category(ch)[0] == "C"
+
+
+def code_point(ch: str) -> str:
+    """`한` -> `U+D55C`."""
+    return f"U+{ord(ch):04X}"
+
+
+def lettering(texts: Iterable[str], has: dict[int, int] | None = None,
+              fallbacks: tuple[str, ...] | None = None) -> Lettering:
+    """The Lettering of `texts`: the glyphs of the font drawn in (`has`; default FONT's, as
+    matplotlib draws it), and the installed families that have the rest (default: looked up
+    when that font lacks one)."""
+    chars = set("".join(texts))
+    control = set(filter(is_control, chars))  # ESC, unassigned, …
+    has = glyphs(font_file(FONT)) if has is None else has
+    lacking = {ch for ch in chars - control if ord(ch) not in has}
+    if fallbacks is None:
+        fallbacks, lacking = fallback_fonts(lacking)
+    return Lettering(tuple(fallbacks), frozenset(control | lacking))
+
+
+def glyphs(path: str) -> dict[int, int]:
+    """The code points a font file has a glyph for (its character map)."""
+    from matplotlib.ft2font import FT2Font
+
+    return FT2Font(path).get_charmap()
+
+
+def font_file(family: str) -> str:
+    """The file matplotlib draws `family` from (regular weight)."""
+    from matplotlib.font_manager import FontProperties, findfont
+
+    return findfont(FontProperties(family=family), fallback_to_default=False)
+
+
+def fallback_fonts(chars: set[str]) -> tuple[list[str], set[str]]:
+    """Installed families that have glyphs for some of `chars` (each adding some), and the
+    characters none has. Only asked when FONT lacks one: it reads the families' maps."""
+    from matplotlib.font_manager import fontManager
+
+    found: list[str] = []
+    # Only families with a regular face: for another, matplotlib logs a complaint per figure.
+    regular = {font.name: font.fname for font in reversed(fontManager.ttflist)
+               if font.style == "normal" and font.weight in (400, "normal", "regular")}
+    for name, path in sorted(regular.items()):
+        if not chars:
+            break
+        if name == FONT or name.startswith("Last Resort"):  # its "glyphs" are placeholder boxes
+            continue
+        try:
+            has = glyphs(path)
+        except (OSError, RuntimeError, ValueError):  # a broken or vanished font file
+            continue
+        covered = {ch for ch in chars if ord(ch) in has}
+        if covered:
+            found.append(name)
+            chars = chars - covered
+    return found, chars
+
+
 # --- terminal (the heatmaps are drawn by app/tables.py) ---
 
 def level(weight: float) -> int:
@@ -412,36 +539,51 @@ class AttentionReport:
     held_out_scores: Tensor | None  # (L, H) on ALIGNMENT_SAMPLES held-out pairs
     held_out_hits: Tensor | None  # (L, H) the same with each row's argmax (hard=True)
     terminal_blocks: list[MapBlock]  # what the terminal shows (see `terminal_selection`)
+    note: str | None = None  # symbols the PNG labels by code point (`Lettering.note`)
 
 
 def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind: str = "all",
               layer: int | None = None, head: int | None = None,
-              out: Path | None = None) -> AttentionReport:
-    """Run one input through a checkpoint, write its attention maps as a PNG, score alignment."""
+              out: Path | None = None, force: bool = False) -> AttentionReport:
+    """Run one input through a checkpoint, write its attention maps as a PNG, score alignment.
+    An existing PNG is replaced if minitfm wrote it, or with `force` (`plots.check_output`)."""
     from minitfm.lab.evaluate import load_model
+    from minitfm.lab.plots import check_output
     from minitfm.run.rundir import resolve_checkpoint
     from minitfm.tasks.base import eval_set
 
     kinds = parse_kind(kind)
+    if out is not None:
+        check_output(out, "--out", force)  # before the checkpoint is read
     path = resolve_checkpoint(run, checkpoint)
     cfg, task, model, step = load_model(path, default_device())
     check_selection(cfg, kinds, layer, head)
+    png = out if out is not None else default_png(path, step, kind, layer, head)
+    check_output(png, "--out", force)  # before anything is drawn
     held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)  # as in training
     src = read_input(cfg, task, input_text, held_out)
     probe = run_probe(model, task, src)
     target = task.target(src)
     blocks = map_blocks(probe, task, kinds, None if layer is None else [layer],
                         None if head is None else [head])
-    png = out if out is not None else default_png(path, step, kind, layer, head)
-    fig = attention_figure(blocks, figure_title(task, path, step, probe, target))
-    save_png(fig, png, "--out", force=True)  # as before: --out is replaced
+    note = draw_attention(blocks, figure_title(task, path, step, probe, target), png, force)
     shown = terminal_selection(kind, layer, head)
     pairs = held_out[:ALIGNMENT_SAMPLES]
     return AttentionReport(task, path, step, probe, target, blocks, png,
                            alignment_scores(model, task, [(src, target)]),
                            alignment_scores(model, task, pairs),
                            alignment_scores(model, task, pairs, hard=True),
-                           [b for b in blocks if b.kind in shown])
+                           [b for b in blocks if b.kind in shown], note)
+
+
+def draw_attention(blocks: list[MapBlock], title: str, png: Path, force: bool) -> str | None:
+    """Write `attention_figure` to `png`, each symbol in a font that has it; the note for the
+    user if some are labelled by code point (`Lettering`)."""
+    letters = lettering([title, *(token for b in blocks for token in (*b.queries, *b.keys))])
+    with letters.fonts():
+        fig = attention_figure([letters.block(b) for b in blocks], letters.text(title))
+        save_png(fig, png, "--out", force)
+    return letters.note()
 
 
 def parse_kind(kind: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ one, never half of it. No torch here.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -31,7 +32,8 @@ def write_atomic(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: the first error is the one to tell
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

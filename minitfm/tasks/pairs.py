@@ -21,6 +21,12 @@ model.max_len), from the data generator that checkpoints save, so a resume stays
 Evaluation takes the held-out pairs in file order: the first n, then those in the length range
 asked for (`eval --min-len/--max-len`); its seed plays no part.
 
+Memory. The files are read a line at a time and never held whole: the training pairs are kept
+as token ids in one flat array (`PairArray`: 2 bytes a symbol, 4 with more than 65,536 tokens),
+the held-out ones as text, every pair's lengths for `check_positions`. That is at most about
+three times the files' size (`run.limits` counts it before they are read); Python lists of ints
+took about twenty.
+
 Checkpoints keep what eval, predict and visualize-attention need without the files: the
 vocabulary, the first MAX_HELD_OUT held-out pairs (as text), the longest source and target, and
 the SHA-256 of the training file (a resume on changed data is refused).
@@ -32,6 +38,8 @@ import hashlib
 import json
 import os
 import zlib
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -53,6 +61,8 @@ MAX_SYMBOLS = 100_000  # distinct symbols of the pairs trained on
 MAX_SYMBOL_CHARS = 1_000  # with task.tokenize space, the longest word
 MAX_HELD_OUT = 100_000  # held-out pairs kept (and stored in checkpoints): train.eval_samples' max
 JOINERS = {"char": "", "space": " "}
+ID_TYPES = {"H": torch.uint16, "i": torch.int32}  # array typecode -> the same bytes in torch
+RENUMBER_CHUNK = 1 << 20  # ids renumbered at once: a few MB of temporaries, never a copy of all
 
 
 class TextPair(NamedTuple):
@@ -75,12 +85,13 @@ def hashed_out(source: str, fraction: float) -> bool:
 
 # --- reading files ---
 
-def read_pairs(path: Path, key: str, tokenize: str) -> tuple[list[TextPair], str]:
-    """Every pair of a .tsv or .jsonl file and the file's SHA-256; a mistake is a DataError."""
+def read_pairs(path: Path, key: str, tokenize: str, take: Callable[[TextPair], None]) -> str:
+    """Pass every pair of a .tsv or .jsonl file to `take`, a line at a time; the file's SHA-256.
+    A mistake is a DataError."""
     shown = named(key, str(path))
     check_file(path, shown)
     split = parse_jsonl if path.suffix.lower() == ".jsonl" else parse_tsv
-    pairs, digest = [], hashlib.sha256()
+    count, digest = 0, hashlib.sha256()
     try:
         with open(path, "rb") as f:
             for number, raw in enumerate(iter(partial(f.readline, MAX_LINE_BYTES + 2), b""), 1):
@@ -89,18 +100,19 @@ def read_pairs(path: Path, key: str, tokenize: str) -> tuple[list[TextPair], str
                 text = decode_line(raw, where, first=number == 1)
                 if not text:
                     continue
-                if len(pairs) == MAX_PAIRS:
+                if count == MAX_PAIRS:
                     raise DataError(f"{where}: more than {MAX_PAIRS:,} pairs, the limit per "
                                     f"file: use a part of the file")
                 source, target = split(text, where)
-                pairs.append(TextPair(side(source, "source", where, tokenize),
-                                      side(target, "target", where, tokenize), number))
+                take(TextPair(side(source, "source", where, tokenize),
+                              side(target, "target", where, tokenize), number))
+                count += 1
     except OSError as err:
         raise DataError(f"cannot read {shown} ({err.strerror or err})") from None
-    if not pairs:
+    if not count:
         raise DataError(f"{shown} has no pairs: write one pair a line, " + (
             'as {"source": ..., "target": ...}' if split is parse_jsonl else "source<TAB>target"))
-    return pairs, digest.hexdigest()
+    return digest.hexdigest()
 
 
 def check_file(path: Path, shown: str) -> None:
@@ -163,7 +175,19 @@ def parse_jsonl(text: str, where: str) -> tuple[str, str]:
                             f'{{"source": ..., "target": ...}}')
         if not isinstance(record[key], str):
             raise DataError(f"{where}: {key!r} must be a string, not {quote(record[key], 40)}")
+        check_encodable(record[key], key, where)
     return record["source"], record["target"]
+
+
+def check_encodable(text: str, key: str, where: str) -> None:
+    """JSON may escape half of a character (`"\\ud800"`, as a tool that cut an emoji in two
+    writes it); such text has no UTF-8, so no symbol, hash or checkpoint can hold it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise DataError(f"{where}: {key!r} holds an unpaired surrogate "
+                        f"({ascii(text[err.start])[1:-1]}) at character {err.start + 1}: write "
+                        f"the whole character (both halves of its pair) or remove it") from None
 
 
 def side(text: str, name: str, where: str, tokenize: str) -> str:
@@ -184,35 +208,134 @@ def side(text: str, name: str, where: str, tokenize: str) -> str:
     return JOINERS[tokenize].join(symbols)
 
 
+class PairArray(Sequence):
+    """Pairs of token ids held compactly: every id in one flat array (2 bytes each, 4 with more
+    than 65,536 tokens) and where each side starts, instead of a Python list per side (8 bytes
+    an id, and some 60 a list). Reading pair i gives the usual `(source, target)` lists."""
+
+    def __init__(self, n_tokens: int = 2**16) -> None:
+        self.ids = array(id_typecode(n_tokens))
+        self.bounds = array("q", [0])  # pair i: source ids[bounds[2i]:bounds[2i + 1]], then target
+        self._first: dict[bytes, int] | None = None  # a source's first pair, made by `find`
+
+    @classmethod
+    def of(cls, pairs: Iterable[Pair], n_tokens: int) -> PairArray:
+        """`pairs` (lists of ids below `n_tokens`) in a PairArray."""
+        packed = cls(n_tokens)
+        for src, tgt in pairs:
+            packed.append(src, tgt)
+        return packed
+
+    def append(self, src: Iterable[int], tgt: Iterable[int]) -> None:
+        self.ids.extend(src)
+        self.bounds.append(len(self.ids))
+        self.ids.extend(tgt)
+        self.bounds.append(len(self.ids))
+
+    def widen(self) -> None:
+        """4 bytes an id from now on: ids of 65,536 and beyond."""
+        self.ids = array("i", self.ids)
+
+    def __len__(self) -> int:
+        return len(self.bounds) // 2
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pair {i} of {len(self)}")
+        bounds, k = self.bounds, 2 * (i % len(self))
+        return self.ids[bounds[k]:bounds[k + 1]].tolist(), \
+            self.ids[bounds[k + 1]:bounds[k + 2]].tolist()
+
+    def __iter__(self) -> Iterator[Pair]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PairArray) and (self.bounds, self.ids) == (other.bounds,
+                                                                            other.ids)
+
+    __hash__ = None  # mutable, as a list
+
+    def find(self, src: list[int]) -> int | None:
+        """The first pair whose source is `src` (None: none is). The index is made on first use:
+        training never asks."""
+        if self._first is None:
+            self._first = {}
+            for i in range(len(self)):
+                self._first.setdefault(self.ids[self.bounds[2 * i]:self.bounds[2 * i + 1]]
+                                       .tobytes(), i)
+        try:
+            return self._first.get(array(self.ids.typecode, src).tobytes())
+        except OverflowError:  # an id no pair can hold
+            return None
+
+    def lengths(self, side: int) -> array:
+        """The length of every pair's source (side 0) or target (side 1)."""
+        ends, starts = self.bounds[side + 1::2], self.bounds[side:-1:2]
+        return array("q", map(int.__sub__, ends, starts))
+
+    def renumber(self, table: list[int]) -> None:
+        """Replace every id i with table[i], in place, a chunk at a time (torch does the lookup)."""
+        if not self.ids:
+            return
+        lookup = torch.tensor(table, dtype=torch.int64)
+        flat = torch.frombuffer(self.ids, dtype=ID_TYPES[self.ids.typecode])  # shares memory
+        for start in range(0, len(flat), RENUMBER_CHUNK):
+            part = flat[start:start + RENUMBER_CHUNK]
+            part.copy_(lookup[part.long()])
+
+
+def id_typecode(n_tokens: int) -> str:
+    """The array type that holds ids below `n_tokens`: unsigned 16 bits, else 32."""
+    return "H" if n_tokens <= 2**16 else "i"
+
+
+class PairLengths:
+    """Every pair of one file as its line and its two lengths in symbols (`check_positions`)."""
+
+    def __init__(self) -> None:
+        self.lines, self.sources, self.targets = array("q"), array("q"), array("q")
+
+    def add(self, line: int, source: int, target: int) -> None:
+        self.lines.append(line)
+        self.sources.append(source)
+        self.targets.append(target)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return zip(self.lines, self.sources, self.targets)
+
+
 @dataclass
 class PairsData:
     """What a pairs task is made of."""
 
     symbols: list[str]
-    train: list[TextPair]  # the pairs trained on (empty when read from a checkpoint)
+    train: PairArray  # the pairs trained on, as ids (empty when read from a checkpoint)
     held_out: list[TextPair]
     train_sha256: str
-    files: list[tuple[str, list[TextPair]]] = field(default_factory=list)  # (name, as read)
+    files: list[tuple[str, PairLengths]] = field(default_factory=list)  # (name, every pair)
     longest: list[int] | None = None  # [source, target] of every pair (None: of those here)
 
 
 def load_data(cfg: TaskConfig) -> PairsData:
     """Read, check and split the files of `cfg`; every mistake is one DataError."""
-    files = [(named("task.train_path", cfg.train_path),
-              *read_pairs(Path(cfg.train_path), "task.train_path", cfg.tokenize))]
+    where = named("task.train_path", cfg.train_path)
+    reading = Reading(cfg)
+    digest = reading.read(Path(cfg.train_path), "task.train_path", reading.take_training)
     if cfg.eval_path is not None:
-        files.append((named("task.eval_path", cfg.eval_path),
-                      *read_pairs(Path(cfg.eval_path), "task.eval_path", cfg.tokenize)))
-    (where, lines, digest), *given = files
-    train, held_out = (lines, given[0][1]) if given else split_held_out(cfg, lines, where)
-    in_range = [p for p in train
-                if cfg.min_len <= len(symbols_of(p.source, cfg.tokenize)) <= cfg.max_len]
-    if not in_range:
+        reading.read(Path(cfg.eval_path), "task.eval_path", reading.take_held_out)
+    else:
+        reading.check_split(where)
+    if not reading.in_range:
         raise DataError(f"{where}: no training pair has a source of task.min_len..task.max_len "
                         f"({cfg.min_len}..{cfg.max_len}) symbols (task.max_len defaults to "
                         f"model.max_len)")
-    return PairsData(collect_symbols(in_range, cfg.tokenize, where), in_range,
-                     held_out[:MAX_HELD_OUT], digest, [(name, pairs) for name, pairs, _ in files])
+    if reading.over_limit is not None:
+        raise DataError(f"{where} line {reading.over_limit:,}: more than {MAX_SYMBOLS:,} "
+                        f"distinct symbols, the limit (task.tokenize {cfg.tokenize})")
+    return PairsData(reading.sorted_symbols(), reading.train, reading.held_out, digest,
+                     reading.files)
 
 
 def named(key: str, path: str) -> str:
@@ -220,28 +343,79 @@ def named(key: str, path: str) -> str:
     return f"{key} {quote(path)}"
 
 
-def split_held_out(cfg: TaskConfig, lines: list[TextPair],
-                   where: str) -> tuple[list[TextPair], list[TextPair]]:
-    """(training, held-out) pairs of one file by the hash of the source (module docstring)."""
-    held = [hashed_out(pair.source, cfg.eval_fraction) for pair in lines]
-    train = [pair for pair, out in zip(lines, held) if not out]
-    held_out = [pair for pair, out in zip(lines, held) if out]
-    if not held_out or not train:
-        share = "no pair" if not held_out else "every pair"
-        raise DataError(f"{where}: task.eval_fraction ({cfg.eval_fraction}) holds out {share} "
-                        f"of its {len(lines):,}: change it or give task.eval_path")
-    return train, held_out
+class Reading:
+    """What `load_data` keeps of the pairs as they are read (see Memory, above): the training
+    pairs in range as ids, numbered in the order their symbols are met (sorted at the end), the
+    first MAX_HELD_OUT held-out pairs as text, and every pair's lengths."""
 
+    def __init__(self, cfg: TaskConfig) -> None:
+        self.cfg = cfg
+        self.symbols: dict[str, int] = {}  # each training symbol's number, as first met
+        self.train = PairArray()
+        self.held_out: list[TextPair] = []
+        self.files: list[tuple[str, PairLengths]] = []
+        self.sides = {"train": 0, "held out": 0}  # pairs of the training file on each side
+        self.in_range = 0  # training pairs with a source in task.min_len..task.max_len
+        self.over_limit: int | None = None  # the line where symbols passed MAX_SYMBOLS
 
-def collect_symbols(pairs: list[TextPair], tokenize: str, where: str) -> list[str]:
-    """The sorted symbols of `pairs`, at most MAX_SYMBOLS of them."""
-    seen: set[str] = set()
-    for pair in pairs:
-        seen.update(symbols_of(pair.source, tokenize), symbols_of(pair.target, tokenize))
-        if len(seen) > MAX_SYMBOLS:
-            raise DataError(f"{where} line {pair.line:,}: more than {MAX_SYMBOLS:,} distinct "
-                            f"symbols, the limit (task.tokenize {tokenize})")
-    return sorted(seen)
+    def read(self, path: Path, key: str, take: Callable[[TextPair, list[str], list[str]], None]
+             ) -> str:
+        """Read one file into this; its SHA-256."""
+        lengths = PairLengths()
+        self.files.append((named(key, str(path)), lengths))
+
+        def measured(pair: TextPair) -> None:
+            source, target = (symbols_of(text, self.cfg.tokenize)
+                              for text in (pair.source, pair.target))
+            lengths.add(pair.line, len(source), len(target))
+            take(pair, source, target)
+
+        return read_pairs(path, key, self.cfg.tokenize, measured)
+
+    def take_training(self, pair: TextPair, source: list[str], target: list[str]) -> None:
+        """A pair of the training file: held out by its hash (without task.eval_path), else
+        trained on when its source is in range."""
+        if self.cfg.eval_path is None and hashed_out(pair.source, self.cfg.eval_fraction):
+            self.sides["held out"] += 1
+            self.take_held_out(pair, source, target)
+            return
+        self.sides["train"] += 1
+        if self.cfg.min_len <= len(source) <= self.cfg.max_len:
+            self.in_range += 1
+            if self.over_limit is None:  # past the limit, only reading on for the files' errors
+                self.add(source, target, pair.line)
+
+    def take_held_out(self, pair: TextPair, source: list[str], target: list[str]) -> None:
+        if len(self.held_out) < MAX_HELD_OUT:
+            self.held_out.append(pair)
+
+    def add(self, source: list[str], target: list[str], line: int) -> None:
+        """A training pair as ids; a new symbol gets the next number."""
+        new = set(source).union(target).difference(self.symbols)
+        if len(self.symbols) + len(new) > MAX_SYMBOLS:
+            self.over_limit = line
+            return
+        for symbol in new:  # numbered in any order: `sorted_symbols` renumbers
+            self.symbols[symbol] = len(self.symbols)
+        if id_typecode(len(RESERVED) + len(self.symbols)) != self.train.ids.typecode:
+            self.train.widen()
+        number = self.symbols.__getitem__
+        self.train.append(map(number, source), map(number, target))
+
+    def check_split(self, where: str) -> None:
+        """Without task.eval_path, both sides of the hash split must have pairs."""
+        if not self.sides["held out"] or not self.sides["train"]:
+            share = "no pair" if not self.sides["held out"] else "every pair"
+            raise DataError(f"{where}: task.eval_fraction ({self.cfg.eval_fraction}) holds out "
+                            f"{share} of its {sum(self.sides.values()):,}: change it or give "
+                            f"task.eval_path")
+
+    def sorted_symbols(self) -> list[str]:
+        """The symbols in vocabulary order (sorted), the training ids renumbered to match."""
+        symbols = sorted(self.symbols)
+        rank = {symbol: len(RESERVED) + i for i, symbol in enumerate(symbols)}
+        self.train.renumber([rank[symbol] for symbol in self.symbols])  # dicts keep their order
+        return symbols
 
 
 # --- the task ---
@@ -261,19 +435,18 @@ class PairsTask(Task):
         self.first_data_id = len(RESERVED)
         self.compact = cfg.tokenize == "char"
         self.separator = JOINERS[cfg.tokenize]  # text joined as the files are: format, example
-        self.train = [self._ids(p) for p in self.data.train]
-        self.held_out = [self._ids(p) for p in self.data.held_out]
-        known = [*self.held_out, *self.train]  # a held-out source's target first
-        self.targets = {tuple(src): tgt for src, tgt in reversed(known)}
-        self.longest = self.data.longest or [max(len(s) for s, _ in known),
-                                             max(len(t) for _, t in known)]
+        self.train = self.data.train
+        self.held_out = PairArray.of(map(self._ids, self.data.held_out), len(self.vocab))
+        self.longest = self.data.longest or [
+            max(max(pairs.lengths(side), default=0) for pairs in (self.held_out, self.train))
+            for side in (0, 1)]
 
     @classmethod
     def from_checkpoint(cls, cfg: TaskConfig, state: dict[str, Any]) -> PairsTask:
         """The task as trained, from a checkpoint alone (checked by `saved_problem`)."""
         saved = state["pairs"]
         held_out = [TextPair(source, target, 0) for source, target in saved["held_out"]]
-        return cls(cfg, PairsData(list(state["vocab"][len(RESERVED):]), [], held_out,
+        return cls(cfg, PairsData(list(state["vocab"][len(RESERVED):]), PairArray(), held_out,
                                   saved["train_sha256"], longest=list(saved["longest"])))
 
     @classmethod
@@ -311,28 +484,31 @@ class PairsTask(Task):
     # --- the rule: whatever the data says ---
 
     def target(self, src: list[int]) -> list[int] | None:
-        """The target the data gives `src` (None: a source not in the data)."""
-        return self.targets.get(tuple(src))
+        """The target the data gives `src` (None: a source not in the data); a held-out
+        source's first, then a training source's first."""
+        for pairs in (self.held_out, self.train):
+            found = pairs.find(src)
+            if found is not None:
+                return pairs[found][1]
+        return None
 
     def max_target_len(self, src_len: int) -> int:
         return self.longest[1]  # decoding never needs more than the longest target
 
     def check_positions(self, max_len: int) -> None:
         """Every pair of the files must fit model.max_len: the source, and BOS + the target."""
-        for where, pairs in self.data.files:
-            for pair in pairs:
-                src, tgt = (len(symbols_of(text, self.cfg.tokenize))
-                            for text in (pair.source, pair.target))
+        for where, lengths in self.data.files:
+            for line, src, tgt in lengths:
                 if max(src, tgt + 1) > max_len:
                     raise DataError(
-                        f"{where} line {pair.line:,}: the pair needs {max(src, tgt + 1)} "
+                        f"{where} line {line:,}: the pair needs {max(src, tgt + 1)} "
                         f"positions (source {src} symbols, <bos> + target {tgt + 1}), more "
                         f"than model.max_len ({max_len}): raise model.max_len or shorten it")
 
     def is_held_out(self, src: list[int]) -> bool:
         """In the eval file, or (without one) held out by the hash of its text."""
         if self.cfg.eval_path is not None:
-            return any(src == held for held, _ in self.held_out)
+            return self.held_out.find(src) is not None
         return hashed_out(self.format(src), self.cfg.eval_fraction)
 
     # --- sampling ---
@@ -400,7 +576,7 @@ class PairsTask(Task):
         return "2026-11-22", "22 November 2026"
 
     def describe(self) -> str:
-        lengths = sorted(len(src) for src, _ in self.train)
+        lengths = self.train.lengths(0)
         return (f"{len(self.train):,} training pairs, {len(self.held_out):,} held out, "
                 f"{self.n_symbols:,} symbols ({self.cfg.tokenize}), sources of "
-                f"{lengths[0]}..{lengths[-1]} symbols")
+                f"{min(lengths)}..{max(lengths)} symbols")

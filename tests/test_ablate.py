@@ -190,6 +190,8 @@ def test_ablate_table_marks_the_heads_that_matter(solved):
     assert "cross-attention" in out and "encoder self-attention" in out and "all heads" in out
     assert " * " in out and "* = a drop of more than 10 points" in out
     assert f"wrote {solved / 'ablate' / 'best-step200-zero.png'}" in out
+    first, second = result.stdout.splitlines()[:2]  # the headline: two lines, not an escaped \n
+    assert first.endswith("held-out sequences") and second.startswith("intact: exact match")
 
 
 # --- the command ---

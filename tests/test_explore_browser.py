@@ -112,6 +112,31 @@ def test_typed_inputs_and_heads_off_equal_python(pages, browser):
     assert problems == [] and more == []
 
 
+def test_the_page_says_what_it_knows_beside_the_output(pages, browser):
+    """A held-out input gets right or wrong, switched-off heads say what the intact model writes,
+    and a bad input leaves no other input's map under "this input"."""
+    run_dir, path = pages["copy"]
+    run = load_run(run_dir, checkpoint="last")
+    page, problems = open_page(browser, path)
+    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
+    held = page.evaluate("() => window.minitfm.data.held_out")
+    for src, tgt in list(zip(held["sources"], held["targets"], strict=True))[:5]:
+        text, target = (" ".join(tokens[i] for i in ids) for ids in (src, tgt))
+        page.fill("#input", text)
+        right = run.predict(text) == target
+        assert page.inner_text("#verdict") == (
+            "✓ the held-out target" if right else f"✗ the held-out target is {target}")
+    page.evaluate("() => window.minitfm.setHead('cross', 0, 1, 'zero')")
+    page.fill("#input", "4 0 2 1 3")
+    verdict = page.inner_text("#verdict")
+    assert "1 head(s) switched off" in verdict
+    assert verdict.endswith(f"with every head on: {run.predict('4 0 2 1 3')}")
+    page.fill("#input", "9 x")
+    assert page.inner_text("#zoom-title") == "fix the input above to see its attention maps"
+    assert page.inner_text("#readout") == "" and page.inner_text("#verdict") == ""
+    assert problems == []
+
+
 def test_markup_in_a_pairs_runs_symbols_runs_nothing(pages, browser):
     _, path = pages["pairs"]
     page, problems = open_page(browser, path)

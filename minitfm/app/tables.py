@@ -182,7 +182,8 @@ def ablation_tables(report: AblationReport) -> list:
     from minitfm.lab.ablate import MARKED_DROP, grid, headline
     from minitfm.lab.viz import KIND_TITLES, KINDS
 
-    out: list = [Text(printable(headline(report, str(report.checkpoint))))]
+    lines = headline(report, str(report.checkpoint)).split("\n")  # each escaped, not the break
+    out: list = [Text("\n".join(printable(line) for line in lines))]
     for kind in KINDS:
         rows = grid(report, kind)
         table = Table(title=KIND_TITLES[kind])

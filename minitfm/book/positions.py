@@ -235,7 +235,8 @@ def sample_positions(lengths: Tensor, width: int, limit: int) -> Tensor:
     [0, span) where the span itself is uniform in [n, limit]: span n gives exactly 0..n-1, the
     positions of evaluation, span `limit` the paper's draw from the whole range. (The paper
     draws from the whole range only, and at test time too; evaluated at 0..n-1 instead, such
-    models did worse on the trained lengths, as 0..n-1 never came up in training; see README.)
+    models did worse on the trained lengths, as 0..n-1 never came up in training; see
+    docs/experiments.md, "Length generalisation".)
     Padding slots get limit - 1 (never attended to). Drawn from torch's global RNG, which
     checkpoints save, so a resumed run draws what a straight run would. Returns (B, width).
     """

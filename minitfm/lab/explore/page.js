@@ -68,6 +68,11 @@
     const run = M.greedyDecode(model, read.src, task.cap(read.src.length),
                                M.switchesFor(model, MEANS, offList()));
     const written = run.decoded[run.decoded.length - 1] === EOS ? run.decoded.slice(0, -1) : run.decoded;
+    let intact = null; // what the model writes with every head on, when some are off
+    if (offList().length) {
+      const all = M.greedyDecode(model, read.src, task.cap(read.src.length), M.switchesFor(model, MEANS, [])).decoded;
+      intact = task.formatLike(all[all.length - 1] === EOS ? all.slice(0, -1) : all, text);
+    }
     const steps = run.steps.map((step) => {
       const probs = M.softmax(Array.from(step.logits));
       const order = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a] || a - b);
@@ -77,7 +82,7 @@
                  .map((i) => ({ token: task.token(i), probability: probs[i] })),
                logits: Array.from(step.logits) };
     });
-    return { output: task.formatLike(written, text), error: null, src: read.src, decoded: run.decoded,
+    return { output: task.formatLike(written, text), intact, error: null, src: read.src, decoded: run.decoded,
              source: read.src.map(task.token),
              decoderInput: [BOS, ...run.decoded.slice(0, -1)].map(task.token),
              steps, attention: run.maps, warning: lengthWarning(read.src),
@@ -128,6 +133,7 @@
     if (p.nearTies) notes.push(`note: ${p.nearTies} step(s) had a near-tie (two logits within ${M.NEAR_TIE}): PyTorch's float32 sums could pick the other token there`);
     $("warning").textContent = notes.join("\n");
     $("output").textContent = p.error ? "" : (p.output === "" ? "(empty)" : p.output);
+    $("verdict").textContent = p.error ? "" : verdict(p);
     const body = $("steps").tBodies[0];
     body.replaceChildren();
     for (const [t, s] of (p.steps || []).entries()) {
@@ -139,12 +145,31 @@
     }
   }
 
+  /** What to say beside the output: right or wrong when the input is a held-out example (the
+   * page knows no task's rule, only those examples' targets), and what switched-off heads change. */
+  function verdict(p) {
+    const parts = [];
+    const i = DATA.held_out.sources.findIndex((s) => s.length === p.src.length && s.every((t, k) => t === p.src[k]));
+    if (i >= 0) {
+      const target = task.formatLike(DATA.held_out.targets[i], state.input);
+      parts.push(target === p.output ? "✓ the held-out target" : `✗ the held-out target is ${target}`);
+    }
+    const off = offList().length;
+    if (off) parts.push(`${off} head(s) switched off (section 3); with every head on: ${p.intact === "" ? "(empty)" : p.intact}`);
+    return parts.join(" · ");
+  }
+
   // --- section 2: attention maps ---
 
   function showMaps(p) {
     const box = $("kinds");
     box.replaceChildren();
-    if (p.error) return;
+    if (p.error) { // no maps of another input under "this input"
+      $("zoom-title").textContent = "fix the input above to see its attention maps";
+      $("zoom-canvas").width = 0; $("zoom-canvas").height = 0;
+      $("readout").textContent = "";
+      return;
+    }
     for (const kind of KINDS) {
       box.append(el("h3", KIND_TITLES[kind]));
       const grid = el("div", null, "grid");

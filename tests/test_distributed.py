@@ -231,6 +231,24 @@ def test_a_signal_on_one_rank_stops_every_rank_after_the_same_step(worker_out):
     assert load_checkpoint(worker_out / "signal" / "checkpoints" / "last.pt")["step"] == 5
 
 
+def test_a_ddp_checkpoint_resumes_in_one_process(worker_out, tmp_path):
+    """Another process count on resume (2 -> 1): the run goes on from the step it stopped at,
+    with rank 0's random streams, and finishes in the same run directory."""
+    import shutil
+
+    run_dir = tmp_path / "signal"
+    shutil.copytree(worker_out / "signal", run_dir)  # the module's run stays as the others read it
+    assert len(load_checkpoint(run_dir / "checkpoints" / "last.pt")["rng"]["ranks"]) == NPROC
+    summary = train(None, resume=run_dir / "checkpoints" / "last.pt",
+                    overrides=["train.steps=30"])
+    assert summary["status"] == "finished" and summary["step"] == 30, summary
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["step"] == 30 and "ranks" not in state["rng"]  # a one-process checkpoint now
+    losses = [r["loss"] for r in metrics(run_dir, "train")]
+    assert [r["step"] for r in metrics(run_dir, "train")][-2:] == [20, 30]
+    assert all(map(torch.isfinite, torch.tensor(losses)))
+
+
 def record(out: Path, name: str, rank: int, fn) -> None:
     """Run `fn` and write what happened on this rank: a summary or the error."""
     try:

@@ -10,7 +10,7 @@ import torch
 from matplotlib.text import Text
 from rich.console import Console
 
-from minitfm.app.tables import attention_heatmaps
+from minitfm.app.tables import attention_heatmaps, heatmap_legend
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.lab.viz import (
@@ -296,6 +296,18 @@ def test_terminal_heatmap_shows_tokens_within_80_columns():
     assert max(len(line) for line in text.splitlines()) <= 80
 
 
+def test_rows_say_what_each_step_read_and_wrote_and_the_legend_only_shortens_what_shows():
+    model, task = untrained(1, 1)
+    probe = run_probe(model, task, task.parse("3 1"))
+    cross, decoder = map_blocks(probe, task, ("cross", "decoder"), written=True)
+    out = [task.vocab.token(i) for i in probe.decoded]
+    assert cross.queries[0] == f"<bos>→{out[0]}"  # row 0 reads <bos> and writes output 0
+    assert cross.queries == decoder.queries and len(cross.queries) == len(out)
+    assert "^ = <bos>" not in heatmap_legend([cross]).plain  # source tokens only
+    assert "^ = <bos>" in heatmap_legend([decoder]).plain  # its columns start with ^
+    assert map_blocks(probe, task, ("cross",))[0].queries[0] == "<bos>"  # TensorBoard's rows
+
+
 def test_terminal_cells_carry_colour_when_the_console_has_it():
     model, task = untrained(1, 1)
     probe = run_probe(model, task, task.parse("3 1"))
@@ -313,11 +325,30 @@ def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
     png = quick_run / "attention" / "best-step50.png"
     assert f"wrote {png}" in result.stdout and png_size(png)[0] > 300
     for needle in ("input:", "prediction:", "expected:", "cross-attention", "head 1",
-                   "alignment score", "← best", "^ = <bos>", "held-out argmax"):
+                   "alignment score", "← best", "held-out argmax",
+                   "rows: query tokens (decoder: token read → token written)"):
         assert needle in result.stdout, needle
     caption = " ".join(result.stdout.split())  # the caption wraps to the table's width
     assert "held-out argmax: share of the target positions of the same 200 held-out" in caption
     assert "encoder self-attention" not in result.stdout  # a bare --kind all: cross only
+    assert "^ = <bos>" not in result.stdout  # no column of cross-attention is <bos>
+
+
+def test_the_png_gives_each_cross_attention_head_its_alignment_scores(quick_run, tmp_path):
+    from minitfm.lab.viz import visualize
+
+    report = visualize(quick_run, out=tmp_path / "maps.png")
+    cross = next(b for b in report.blocks if b.kind == "cross")
+    held_out, here = report.held_out_scores, report.scores
+    assert cross.head_notes.shape == tuple(held_out.shape)
+    assert cross.head_notes[0, 1].startswith(
+        f"alignment {held_out[0, 1]:.2f} · here {here[0, 1]:.2f}")
+    best = divmod(int(held_out.argmax()), held_out.size(1))
+    assert [(0, h) for h in range(2) if cross.head_notes[0, h].endswith("← best")] == [best]
+    fig = attention_figure(report.blocks, "title")
+    titles = {ax.get_title() for ax in fig.get_axes()}
+    assert f"layer 0 · head 1\n{cross.head_notes[0, 1]}" in titles
+    assert texts_outside(fig) == []
 
 
 def test_cli_honours_out_input_and_selection(quick_run, tmp_path):

@@ -535,7 +535,7 @@ def visualize_attention(
     elif terminal:
         for renderable in maps:
             console.print(renderable)
-        console.print(heatmap_legend())
+        console.print(heatmap_legend(report.terminal_blocks))
         if len(report.terminal_blocks) < len(report.blocks):
             console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
                           "--head for the others, all of them are in the PNG)", **plain)

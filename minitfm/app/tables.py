@@ -103,12 +103,20 @@ def heatmap(weights: np.ndarray, queries: list[str], keys: list[str], title: str
     return text
 
 
-def heatmap_legend() -> Text:
-    """The palette from weight 0 to 1, and how to read the maps."""
+def heatmap_legend(blocks: list[MapBlock]) -> Text:
+    """The palette from weight 0 to 1, and how to read the maps: the rows, the columns, and
+    the short names of the column tokens that appear in them (`^ = <bos>`)."""
+    from minitfm.lab.viz import SHORT_TOKENS
+
     text = Text("weight 0 ")
     for cell in palette_cells():
         text.append(*cell)
-    text.append(" 1  (colour ∝ √weight)\nrows: query tokens, columns: key tokens, ^ = <bos>")
+    shown = {key for block in blocks for key in block.keys}
+    short = [f"{SHORT_TOKENS[token]} = {token}" for token in SHORT_TOKENS if token in shown]
+    rows = "query tokens" if all(b.kind == "encoder" or b.note is None for b in blocks) \
+        else "query tokens (decoder: token read → token written)"
+    text.append(f" 1  (colour ∝ √weight)\nrows: {rows}, columns: key tokens"
+                + "".join(f", {s}" for s in short))
     return text
 
 

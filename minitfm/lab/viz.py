@@ -60,6 +60,7 @@ GRID_MAP_PIXELS = 256  # TensorBoard pictures: a map's longer side, at most (cel
 GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, the bar's width
 COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA
 TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
+HEAD_SIZE, TICK_SIZE = 9, 9  # points: each map's title, the tokens on its axes
 TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
 FONT = "DejaVu Sans"  # matplotlib's own font, and MapGrid's (`font_path`)
 
@@ -186,14 +187,25 @@ class MapBlock:
     weights: np.ndarray
     queries: list[str]
     keys: list[str]
+    head_notes: np.ndarray | None = None  # (L, H) a line under each head's title, if any
+    note: str | None = None  # a line under the block's title: how to read `head_notes`
 
 
 def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
-               layers: list[int] | None = None, heads: list[int] | None = None) -> list[MapBlock]:
-    """The selected kinds, layers (default all) and heads (default all) of a probe's maps."""
+               layers: list[int] | None = None, heads: list[int] | None = None,
+               written: bool = False) -> list[MapBlock]:
+    """The selected kinds, layers (default all) and heads (default all) of a probe's maps.
+
+    With `written` (a probe decoded freely, not teacher-forced), the decoder's query rows say
+    which token each read and which it wrote, `<bos>→3`, as the explorer's rows do: row t
+    reads the output before it and writes output t, so a reverse model's anti-diagonal starts
+    on the `<bos>` row."""
     source = [task.vocab.token(i) for i in probe.src]
     decoder = [task.vocab.token(i) for i in probe.decoder_input]
-    axes = {"encoder": (source, source), "decoder": (decoder, decoder), "cross": (decoder, source)}
+    rows = [f"{read}→{task.vocab.token(out)}" for read, out in
+            zip(decoder, probe.decoded, strict=True)] if written else decoder
+    axes = {"encoder": (source, source), "decoder": (rows, decoder), "cross": (rows, source)}
+    note = "rows: the token each step read → the token it wrote" if written else None
     blocks = []
     for kind in kinds:
         per_layer = getattr(probe.maps, kind)
@@ -201,7 +213,8 @@ def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
         chosen_heads = list(range(per_layer[0].size(0))) if heads is None else heads
         chosen = [per_layer[i][chosen_heads] for i in chosen_layers]  # (H, T_q, T_k) each
         weights = torch.stack(chosen)  # (L, H, T_q, T_k)
-        blocks.append(MapBlock(kind, chosen_layers, chosen_heads, weights.numpy(), *axes[kind]))
+        blocks.append(MapBlock(kind, chosen_layers, chosen_heads, weights.numpy(), *axes[kind],
+                               note=None if kind == "encoder" else note))
     return blocks
 
 
@@ -209,19 +222,20 @@ def attention_figure(blocks: list[MapBlock], title: str):
     """A matplotlib Figure: per block a titled grid (rows layers, columns heads), a colour bar.
 
     Titles are wrapped to the figure's width, and the figure grows by their extra lines, so no
-    title is ever cut off, whatever the number of heads and the length of the input.
+    title is ever cut off, whatever the number of heads and the length of the input. Tokens are
+    written at TICK_SIZE points, each panel wide enough for one label per token.
     """
     from matplotlib.figure import Figure
 
     n_cols = max(len(b.heads) for b in blocks)
     tokens = max(max(len(b.queries), len(b.keys)) for b in blocks)
-    panel = max(2.4, 0.9 + 0.16 * tokens)  # inches: room for one readable label per token
+    panel = max(2.6, 1.0 + 0.17 * tokens)  # inches: room for one readable label per token
     width = n_cols * panel + 1.2
     title_size, kind_size = TITLE_SIZES
     title = wrap_to_width(title, width - TITLE_MARGIN, title_size)
-    kind_titles = [wrap_to_width(KIND_TITLES[b.kind], width - TITLE_MARGIN, kind_size)
+    kind_titles = [wrap_to_width(block_title(b), width - TITLE_MARGIN, kind_size)
                    for b in blocks]
-    heights = [len(b.layers) * panel + 0.3 + text_height(t, kind_size)  # + the block's title
+    heights = [len(b.layers) * (panel + note_height(b)) + 0.3 + text_height(t, kind_size)
                for b, t in zip(blocks, kind_titles, strict=True)]
     fig = Figure(figsize=(width, sum(heights) + 0.2 + text_height(title, title_size)), dpi=100,
                  layout="constrained")
@@ -230,6 +244,16 @@ def attention_figure(blocks: list[MapBlock], title: str):
     for subfigure, block, kind_title in zip(subfigures, blocks, kind_titles, strict=True):
         draw_block(subfigure, block, n_cols, kind_title)
     return fig
+
+
+def block_title(block: MapBlock) -> str:
+    """The kind's title, and the line that says how to read the heads' notes."""
+    return KIND_TITLES[block.kind] + ("" if block.note is None else f"\n{block.note}")
+
+
+def note_height(block: MapBlock) -> float:
+    """Inches a line of head notes adds to each row of maps."""
+    return 0.0 if block.head_notes is None else text_height("", HEAD_SIZE)
 
 
 def text_height(text: str, size: float) -> float:
@@ -255,7 +279,8 @@ def draw_block(subfigure, block: MapBlock, n_cols: int, title: str) -> None:
             # constrained layout places every label inside the figure; a fixed aspect moves the
             # axes after layout and can push labels of large maps off the edge.
             image = ax.imshow(block.weights[r, c], cmap="viridis", norm=norm, aspect="auto")
-            ax.set_title(f"layer {layer} · head {block.heads[c]}", fontsize=9)
+            note = "" if block.head_notes is None else f"\n{block.head_notes[r, c]}"
+            ax.set_title(f"layer {layer} · head {block.heads[c]}{note}", fontsize=HEAD_SIZE)
             label_tokens(ax, block, bottom=r == len(block.layers) - 1, left=c == 0)
     subfigure.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
 
@@ -265,9 +290,9 @@ def label_tokens(ax, block: MapBlock, bottom: bool, left: bool) -> None:
     maps of a grid share their axes; fewer labels also lay out and draw faster)."""
     keys = range(len(block.keys)) if bottom else []
     rotation = 90 if max(map(len, block.keys)) > 2 else 0  # <bos>
-    ax.set_xticks(keys, block.keys if bottom else [], fontsize=7, rotation=rotation)
+    ax.set_xticks(keys, block.keys if bottom else [], fontsize=TICK_SIZE, rotation=rotation)
     ax.set_yticks(range(len(block.queries)) if left else [], block.queries if left else [],
-                  fontsize=7)
+                  fontsize=TICK_SIZE)
     ax.tick_params(length=0)
 
 
@@ -564,16 +589,31 @@ def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind
     src = read_input(cfg, task, input_text, held_out)
     probe = run_probe(model, task, src)
     target = task.target(src)
-    blocks = map_blocks(probe, task, kinds, None if layer is None else [layer],
-                        None if head is None else [head])
+    pairs = held_out[:ALIGNMENT_SAMPLES]
+    here, scores = alignment_scores(model, task, [(src, target)]), \
+        alignment_scores(model, task, pairs)
+    blocks = [with_scores(b, here, scores) for b in map_blocks(
+        probe, task, kinds, None if layer is None else [layer], None if head is None else [head],
+        written=True)]
     note = draw_attention(blocks, figure_title(task, path, step, probe, target), png, force)
     shown = terminal_selection(kind, layer, head)
-    pairs = held_out[:ALIGNMENT_SAMPLES]
-    return AttentionReport(task, path, step, probe, target, blocks, png,
-                           alignment_scores(model, task, [(src, target)]),
-                           alignment_scores(model, task, pairs),
+    return AttentionReport(task, path, step, probe, target, blocks, png, here, scores,
                            alignment_scores(model, task, pairs, hard=True),
                            [b for b in blocks if b.kind in shown], note)
+
+
+def with_scores(block: MapBlock, here: Tensor | None, held_out: Tensor | None) -> MapBlock:
+    """A cross-attention block with each head's alignment scores (L, H) under its title, the
+    best held-out head marked; other kinds, and tasks without an ideal alignment, as they are."""
+    if block.kind != "cross" or here is None or held_out is None:
+        return block
+    best = divmod(int(held_out.argmax()), held_out.size(1))
+    notes = np.array([[f"alignment {held_out[i, h]:.2f} · here {here[i, h]:.2f}"
+                       + (" ← best" if (i, h) == best else "") for h in block.heads]
+                      for i in block.layers], dtype=object)
+    explained = (f"alignment: mean weight on the ideal source position, on {ALIGNMENT_SAMPLES} "
+                 f"held-out pairs (here: on this input alone)")
+    return replace(block, head_notes=notes, note="\n".join(filter(None, (explained, block.note))))
 
 
 def draw_attention(blocks: list[MapBlock], title: str, png: Path, force: bool) -> str | None:

@@ -152,7 +152,12 @@ def test_every_title_and_label_of_the_strip_lies_inside_it(run, n_steps):
                    cross=timeline.cross[index])
     fig = strip_figure(many, 1, pick_layer(many, 1)[1])
     assert texts_outside(fig) == []
-    assert len([ax for ax in fig.get_axes() if ax.images]) == HEADS * min(n_steps, MAX_COLUMNS)
+    panels = [ax for ax in fig.get_axes() if ax.images]
+    assert len(panels) == HEADS * min(n_steps, MAX_COLUMNS)
+    # every row of heads carries its source tokens, and both axes say what they are
+    assert all([t.get_text() for t in ax.get_xticklabels()] == many.source for ax in panels)
+    assert "query: decoder input" in panels[0].get_ylabel()
+    assert "key: source token" in fig._supxlabel.get_text()
 
 
 def test_many_recorded_steps_are_spread_over_the_columns():

@@ -341,8 +341,8 @@ def run_title(timeline: Timeline) -> str:
 
 def strip_figure(timeline: Timeline, layer: int, why: str, letters=None):
     """A matplotlib Figure: a column per recorded step (step and exact match on top), a row per
-    head of `layer`, tokens on the outer axes, one colour bar; symbols as `letters` (a
-    `viz.Lettering`) writes them."""
+    head of `layer`, source tokens under every map and decoder input left of each row, axis
+    titles, one colour bar; symbols as `letters` (a `viz.Lettering`) writes them."""
     from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
 
@@ -350,6 +350,7 @@ def strip_figure(timeline: Timeline, layer: int, why: str, letters=None):
     from minitfm.lab.viz import (
         COLOUR_BAR_LABEL,
         GAMMA,
+        HEAD_SIZE,
         TITLE_MARGIN,
         TITLE_SIZES,
         Lettering,
@@ -359,11 +360,12 @@ def strip_figure(timeline: Timeline, layer: int, why: str, letters=None):
     letters = letters or Lettering()
     columns, n_heads = shown_columns(len(timeline.steps)), timeline.cross.shape[2]
     tokens = max(len(timeline.source), len(timeline.decoder_input))
-    panel = max(1.5, 0.5 + 0.08 * tokens)  # inches: room for a label per token, and the scores
-    width = len(columns) * panel + 1.2
+    # inches: room for a label per token at TICK_SIZE points, and for the scores
+    panel = max(1.8, 0.6 + 0.14 * tokens)
+    width = len(columns) * panel + 1.5
     title = wrap_to_width(letters.text(strip_title(timeline, why, columns)),
                           width - TITLE_MARGIN, TITLE_SIZES[0])
-    fig = Figure(figsize=(width, n_heads * (panel + 0.3) + 0.5 + text_height(title, 11)),
+    fig = Figure(figsize=(width, n_heads * (panel + 0.6) + 0.8 + text_height(title, 11)),
                  dpi=100, layout="constrained")
     fig.suptitle(title, fontsize=TITLE_SIZES[0])
     axes = fig.subplots(n_heads, len(columns), squeeze=False)
@@ -375,16 +377,19 @@ def strip_figure(timeline: Timeline, layer: int, why: str, letters=None):
                               aspect="auto")
             scores = head_text(timeline, n, layer, head)
             top = f"step {timeline.steps[n]}\n{exact_match_text(timeline.exact_match[n])}\n"
-            ax.set_title((top if head == 0 else "") + scores, fontsize=8)
-            label_axes(ax, timeline, bottom=head == n_heads - 1, left=c == 0, letters=letters)
+            ax.set_title((top if head == 0 else "") + scores, fontsize=HEAD_SIZE)
+            # source tokens under every map: each row of heads is read on its own
+            label_axes(ax, timeline, bottom=True, left=c == 0, letters=letters)
             if c == 0:
-                ax.set_ylabel(f"head {head}", fontsize=9)
+                ax.set_ylabel(f"head {head}\nquery: decoder input", fontsize=HEAD_SIZE)
+    fig.supxlabel(wrap_to_width("key: source token (the same input at every step)",
+                                width - TITLE_MARGIN, HEAD_SIZE + 1), fontsize=HEAD_SIZE + 1)
     fig.colorbar(image, ax=axes, shrink=0.9, label=COLOUR_BAR_LABEL, pad=0.01)
     return fig
 
 
 def label_axes(ax, timeline: Timeline, bottom: bool, left: bool, letters=None) -> None:
-    """The probe's tokens: source under the bottom row, decoder input left of the first column."""
+    """The probe's tokens: source under the map if `bottom`, decoder input left of it if `left`."""
     from minitfm.lab.viz import Lettering, MapBlock, label_tokens
 
     axes = MapBlock("cross", [], [], np.empty(0), timeline.decoder_input, timeline.source)

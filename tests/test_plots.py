@@ -165,3 +165,16 @@ def test_eval_plot_refuses_a_users_file_before_decoding(runs, tmp_path):
 def test_cli_plot_without_runs_says_so(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert_clean_error(run_cli("plot"), 2, "no runs")
+
+
+def test_line_colours_are_colour_blind_safe_and_stand_out_on_white():
+    from minitfm.lab.plots import LINE_COLOURS, line_style
+
+    def luminance(colour: str) -> float:  # WCAG 2 relative luminance
+        rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    assert all(1.05 / (luminance(c) + 0.05) >= 3 for c in LINE_COLOURS)  # 3:1, WCAG non-text
+    styles = {tuple(sorted(line_style(i).items())) for i in range(24)}
+    assert len(styles) == 24  # 24 lines told apart

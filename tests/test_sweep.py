@@ -376,3 +376,35 @@ def test_skip_invalid_leaves_out_the_impossible_combinations(tmp_path):
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
     assert len(lines) == 3 and not any("positional=none,random_positions=64" in x for x in lines)
+
+
+def fake_row(tmp_path, name, configuration, seed, exact, per_length):
+    """A results.jsonl row whose run directory holds held-out exact matches at steps 50, 100."""
+    run_dir = tmp_path / name
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": 50 * (i + 1), "split": "eval", "loss": 1.0, "exact_match": e}) + "\n"
+        for i, e in enumerate(exact)))
+    return {"run": name, "run_dir": str(run_dir), "seed": seed, "configuration": configuration,
+            "trained_lengths": [1, 6], "per_length": per_length, "exact_match": {}}
+
+
+def test_results_picture_shows_exact_match_over_training_and_lengths_only_when_beyond(tmp_path):
+    from minitfm.lab.plots import LINE_COLOURS
+    from minitfm.lab.sweep import results_figure
+
+    rows = [fake_row(tmp_path, f"r{i}", f"model.positional={p}", seed, [0.1 * (i + 1), 1.0],
+                     {6: 1.0}) for i, (p, seed) in enumerate(
+                         [("sinusoidal", 0), ("sinusoidal", 1), ("rope", 0)])]
+    (curves,) = results_figure(rows).get_axes()  # within the trained lengths: no length panel
+    lines = curves.get_lines()
+    assert [list(line.get_xdata()) for line in lines] == [[50, 100]] * 3  # a line per run
+    assert [line.get_ydata()[0] for line in lines] == pytest.approx([0.1, 0.2, 0.3])
+    colours = [line.get_color() for line in lines]
+    assert colours == [LINE_COLOURS[0], LINE_COLOURS[0], LINE_COLOURS[1]]  # seeds share one
+    assert [t.get_text() for t in curves.get_legend().get_texts()] == [
+        "positional=sinusoidal", "positional=rope"]
+    for row in rows:
+        row["per_length"] = {6: 1.0, 8: 0.2}
+    curves, lengths = results_figure(rows).get_axes()[:2]
+    assert lengths.get_xlabel() == "input length" and len(lengths.get_lines()) == 2

@@ -30,7 +30,20 @@ from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_co
 SOFTWARE = "minitfm"  # a PNG's `Software` text and a GIF's comment: minitfm wrote it
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
 PLOT_NAME = "plot.png"
-TRAINED, BEYOND = "tab:blue", "tab:orange"  # eval --plot: lengths trained on, and beyond
+# Lines of several runs: colour-blind-safe colours (Okabe & Ito's blue, vermillion, green,
+# reddish purple and black, Tol's wine), each at least 3:1 against white (no light blue or
+# yellow); past six, the same colours again with another dash and marker.
+LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#000000", "#882255")
+LINE_DASHES, LINE_MARKERS = ("-", "--", ":", "-."), ("o", "s", "^", "D")
+TRAINED, BEYOND = LINE_COLOURS[:2]  # eval --plot: lengths trained on, and beyond
+
+
+def line_style(i: int) -> dict[str, Any]:
+    """matplotlib's keywords for the line of the `i`-th run or configuration (see LINE_COLOURS):
+    24 lines told apart by colour, dash and marker."""
+    n = len(LINE_COLOURS)
+    return {"color": LINE_COLOURS[i % n], "linestyle": LINE_DASHES[i // n % len(LINE_DASHES)],
+            "marker": LINE_MARKERS[i // n % len(LINE_MARKERS)], "markersize": 3}
 
 
 # --- shared by every picture ---
@@ -219,20 +232,19 @@ def read_config(run_dir: Path) -> dict[str, Any]:
 
 def curves_figure(curves: list[dict], labels: list[str]):
     """Two panels: loss (training solid, held-out dashed, log scale) and held-out exact match."""
-    from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
     fig = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")
     loss_ax, exact_ax = fig.subplots(1, 2)
-    colours = colormaps["tab10"].colors
     for i, (curve, label) in enumerate(zip(curves, labels, strict=True)):
-        colour, train, held_out = colours[i % 10], curve["train"], curve["eval"]
+        style, train, held_out = line_style(i), curve["train"], curve["eval"]
+        colour = style["color"]
         loss_ax.plot([r["step"] for r in train], [r["loss"] for r in train], color=colour)
         loss_ax.plot([r["step"] for r in held_out], [r["loss"] for r in held_out],
-                     color=colour, linestyle="--", marker="o", markersize=3)
+                     color=colour, linestyle="--", marker=style["marker"], markersize=3)
         exact_ax.plot([r["step"] for r in held_out], [r["exact_match"] for r in held_out],
-                      color=colour, marker="o", markersize=3, label=label)
+                      **style, label=label)
     loss_ax.set(xlabel="step", ylabel="loss per target token", yscale="log",
                 title="loss (solid: training, dashed: held-out)")
     exact_ax.set(xlabel="step", ylabel="exact match", ylim=(-0.02, 1.02),

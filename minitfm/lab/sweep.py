@@ -591,29 +591,67 @@ def by_configuration(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
 
 
 def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
-    """Exact match per input length, one line per configuration (mean over seeds)."""
-    from matplotlib import colormaps
+    """results.png: `results_figure`."""
+    results_figure(rows).savefig(path, format="png", dpi=120)
+
+
+def results_figure(rows: list[dict[str, Any]]):
+    """What differs between the runs: held-out exact match over training steps, a line per run
+    coloured by configuration (its seeds in one colour); beside it, when lengths outside the
+    trained ones were evaluated (`--eval-lengths`), exact match per input length (mean over
+    seeds). Colours and dashes from `plots.line_style`."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    from minitfm.lab.plots import line_style
 
     groups = by_configuration(rows)
-    fig = Figure(figsize=(8 if len(groups) <= 6 else 11, 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    colours = colormaps["tab20"].colors  # 20 distinct colours, then dashed lines
+    beyond = rows and any(not lo <= int(n) <= hi for row in rows for n in row["per_length"]
+                          for lo, hi in [row["trained_lengths"]])
+    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5),
+                 layout="constrained")
+    axes = fig.subplots(1, 2 if beyond else 1, squeeze=False)[0]
+    for i, (label, group) in enumerate(groups.items()):
+        for n, row in enumerate(group):
+            steps, exact = eval_curve(Path(row["run_dir"]))
+            axes[0].plot(steps, exact, **line_style(i), label=None if n else short_label(label))
+    axes[0].set(xlabel="step", ylabel="exact match (held-out, greedy decoding)",
+                ylim=(-0.02, 1.02), title="exact match over training (one line per run)")
+    if beyond:
+        plot_lengths(axes[1], rows, groups)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    # beside the axes, not on them: with many configurations a legend inside hides the lines
+    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
+    """A run's held-out exact match at each evaluation, from its metrics.jsonl (the last record
+    of a step counts, as in `plots.run_curves`)."""
+    from minitfm.lab.runs import scan_metrics
+
+    by_step = {r["step"]: r["exact_match"] for r in scan_metrics(run_dir)[0]
+               if r.get("split") == "eval" and isinstance(r.get("exact_match"), (int, float))}
+    steps = sorted(by_step)
+    return steps, [by_step[step] for step in steps]
+
+
+def plot_lengths(ax, rows: list[dict[str, Any]], groups: dict[str, list]) -> None:
+    """Exact match per input length, a line per configuration (mean over seeds), the trained
+    lengths shaded."""
+    from minitfm.lab.plots import line_style
+
     for i, (label, group) in enumerate(groups.items()):
         lengths = sorted({int(n) for row in group for n in row["per_length"]})
         means = [mean(row["per_length"][n] for row in group if n in row["per_length"])
                  for n in lengths]
-        ax.plot(lengths, means, marker="o", markersize=3, color=colours[i % 20],
-                linestyle="-" if i < 20 else "--", label=short_label(label))
-    if rows:
-        lo, hi = rows[0]["trained_lengths"]
-        ax.axvspan(lo - 0.5, hi + 0.5, color="0.9", zorder=0, label=f"trained {lo}..{hi}")
-    ax.set(xlabel="input length", ylabel="exact match", ylim=(-0.02, 1.02),
-           title="exact match per input length (greedy decoding, held-out data)")
-    ax.grid(alpha=0.3)
-    # beside the axes, not on them: with many configurations a legend inside hides the lines
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(path, format="png", dpi=120)
+        ax.plot(lengths, means, **line_style(i), label=short_label(label))
+    lo, hi = rows[0]["trained_lengths"]
+    ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"trained lengths {lo}..{hi}")
+    ax.set(xlabel="input length", ylabel="exact match (mean over seeds)", ylim=(-0.02, 1.02),
+           title="exact match per input length (held-out)")
 
 
 def short_label(configuration: str) -> str:

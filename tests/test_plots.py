@@ -168,7 +168,7 @@ def test_cli_plot_without_runs_says_so(tmp_path, monkeypatch):
 
 
 def test_line_colours_are_colour_blind_safe_and_stand_out_on_white():
-    from minitfm.lab.plots import LINE_COLOURS, line_style
+    from minitfm.lab.palette import LINE_COLOURS, line_style
 
     def luminance(colour: str) -> float:  # WCAG 2 relative luminance
         rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]

@@ -390,7 +390,7 @@ def fake_row(tmp_path, name, configuration, seed, exact, per_length):
 
 
 def test_results_picture_shows_exact_match_over_training_and_lengths_only_when_beyond(tmp_path):
-    from minitfm.lab.plots import LINE_COLOURS
+    from minitfm.lab.palette import LINE_COLOURS
     from minitfm.lab.sweep import results_figure
 
     rows = [fake_row(tmp_path, f"r{i}", f"model.positional={p}", seed, [0.1 * (i + 1), 1.0],

@@ -23,6 +23,7 @@ from typing import Any
 
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError, MinitfmError
+from minitfm.lab.palette import LINE_COLOURS, line_style
 from minitfm.lab.runs import HIDDEN_KEYS, scan_metrics, skipped
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_config
@@ -30,20 +31,7 @@ from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_co
 SOFTWARE = "minitfm"  # a PNG's `Software` text and a GIF's comment: minitfm wrote it
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
 PLOT_NAME = "plot.png"
-# Lines of several runs: colour-blind-safe colours (Okabe & Ito's blue, vermillion, green,
-# reddish purple and black, Tol's wine), each at least 3:1 against white (no light blue or
-# yellow); past six, the same colours again with another dash and marker.
-LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#000000", "#882255")
-LINE_DASHES, LINE_MARKERS = ("-", "--", ":", "-."), ("o", "s", "^", "D")
 TRAINED, BEYOND = LINE_COLOURS[:2]  # eval --plot: lengths trained on, and beyond
-
-
-def line_style(i: int) -> dict[str, Any]:
-    """matplotlib's keywords for the line of the `i`-th run or configuration (see LINE_COLOURS):
-    24 lines told apart by colour, dash and marker."""
-    n = len(LINE_COLOURS)
-    return {"color": LINE_COLOURS[i % n], "linestyle": LINE_DASHES[i // n % len(LINE_DASHES)],
-            "marker": LINE_MARKERS[i // n % len(LINE_MARKERS)], "markersize": 3}
 
 
 # --- shared by every picture ---

@@ -603,7 +603,7 @@ def results_figure(rows: list[dict[str, Any]]):
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
-    from minitfm.lab.plots import line_style
+    from minitfm.lab.palette import line_style
 
     groups = by_configuration(rows)
     beyond = rows and any(not lo <= int(n) <= hi for row in rows for n in row["per_length"]
@@ -641,7 +641,7 @@ def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
 def plot_lengths(ax, rows: list[dict[str, Any]], groups: dict[str, list]) -> None:
     """Exact match per input length, a line per configuration (mean over seeds), the trained
     lengths shaded."""
-    from minitfm.lab.plots import line_style
+    from minitfm.lab.palette import line_style
 
     for i, (label, group) in enumerate(groups.items()):
         lengths = sorted({int(n) for row in group for n in row["per_length"]})

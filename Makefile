@@ -12,7 +12,7 @@ CONFIG ?=
 ARGS   ?=
 PORT   ?= 6006
 
-.PHONY: install train test test-fast lint bench tensorboard data clean FORCE
+.PHONY: install train test test-fast lint bench tensorboard notebook data clean FORCE
 
 install: $(STAMP)
 
@@ -43,6 +43,12 @@ bench: install
 
 tensorboard: install
 	$(BIN)/tensorboard --logdir runs --port $(PORT) --samples_per_plugin images=100
+
+# Runs notebooks/tour.ipynb from top to bottom and writes it back with its outputs (it ships
+# executed, pictures included; tests/test_notebook.py checks they belong to its code). Its kernel
+# gets 2 threads, so a second run on the same machine gives the same numbers. The run goes to runs/.
+notebook: install
+	$(BIN)/python notebooks/execute.py
 
 # The example data of configs/dates.yaml (seeded; standard library only, so no install).
 data:

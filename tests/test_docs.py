@@ -192,3 +192,18 @@ def test_readme_line_counts_of_the_floors_are_current():
     for floor, n in stated.items():
         assert abs(n - actual[floor]) <= 0.1 * actual[floor], (floor, n, actual[floor])
     assert set(stated) == {"kernel", "tasks", "book", "fast", "run", "lab", "app"}, stated
+
+
+def test_figures_of_the_default_run_are_current():
+    """Figures of the built-in default that code can produce: its parameter count (the header
+    of `minitfm train` prints it) and the number of evaluations of a whole run."""
+    from minitfm.book.model import build_model
+    from minitfm.tasks import make_task
+
+    cfg = Config()
+    params = sum(p.numel() for p in build_model(cfg, make_task(cfg.task)).parameters())
+    explore = " ".join((ROOT / "docs" / "explore.md").read_text(encoding="utf-8").split())
+    assert f"reverse.yaml`, {params:,} parameters)" in explore, params
+    inside = (ROOT / "docs" / "looking-inside.md").read_text(encoding="utf-8")
+    evaluations = cfg.train.steps // cfg.train.eval_every
+    assert f"default reverse run at its {evaluations} evaluations" in inside, evaluations

@@ -1,63 +1,116 @@
-"""notebooks/tour.ipynb: shipped without outputs, and it runs from top to bottom.
+"""notebooks/tour.ipynb: shipped with the outputs of its own code, and it runs top to bottom.
 
-The kernel is this test's own Python (the project's venv), from a kernel spec written into a
-temporary folder: nothing is registered with Jupyter. The parameters cell is replaced to train
-a tiny model, so the whole notebook runs in seconds.
+The shipped copy is made by `make notebook` (notebooks/execute.py): anyone browsing it sees its
+pictures. The run here uses the same kernel (this test's own Python, from a kernel spec written
+into a temporary folder: nothing is registered with Jupyter), with the parameters cell replaced
+to train a tiny model, so the whole notebook runs in seconds.
 """
 
 from __future__ import annotations
 
-import json
-import sys
+import base64
+import importlib.util
+import re
 from pathlib import Path
 
-import nbclient
 import nbformat
 import pytest
 
-NOTEBOOK = Path(__file__).parent.parent / "notebooks" / "tour.ipynb"
+from minitfm.config import Config
+
+ROOT = Path(__file__).parent.parent
+NOTEBOOK = ROOT / "notebooks" / "tour.ipynb"
 QUICK = {  # reverse 1..8 in 40 steps: far from solved, but every cell has something to show
     "task.max_len": 8, "model.d_model": 32, "model.n_heads": 2, "model.n_encoder_layers": 1,
     "model.n_decoder_layers": 1, "model.d_ff": 64, "train.steps": 40, "train.batch_size": 64,
     "train.warmup_steps": 10, "train.eval_every": 20, "train.eval_samples": 100,
     "log.tensorboard": False, "log.attention_every": 0,
 }
+PICTURES = 2  # the cross-attention maps, the per-length bars
+PICTURE_BYTES = 150_000  # each PNG output; the whole file stays a few hundred KB
+NOTEBOOK_BYTES = 400_000
 
 
-def test_the_shipped_notebook_has_no_outputs():
+def load_execute():
+    """notebooks/execute.py, the script behind `make notebook`, as a module."""
+    spec = importlib.util.spec_from_file_location("execute", ROOT / "notebooks" / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def outputs(nb) -> list:
+    return [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
+
+
+def output_text(nb) -> str:
+    return "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "")
+                   for out in outputs(nb))
+
+
+def pictures(nb) -> list[bytes]:
+    return [base64.b64decode(out["data"]["image/png"]) for out in outputs(nb)
+            if "image/png" in out.get("data", {})]
+
+
+@pytest.fixture(scope="module")
+def shipped():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
-    code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+    return nb
 
 
-def venv_kernel(folder: Path):
-    """A KernelManager that starts ipykernel with this interpreter, registered nowhere."""
-    from jupyter_client import KernelManager
-    from jupyter_client.kernelspec import KernelSpecManager
+def test_the_shipped_notebook_has_its_outputs(shipped):
+    code = [cell for cell in shipped.cells if cell.cell_type == "code"]
+    assert code and all(cell.outputs for cell in code[1:]), "run `make notebook`"
+    assert not code[0].outputs  # the parameters cell only assigns
+    assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1))
+    assert not [out for out in outputs(shipped) if out.output_type == "error"]
+    images = pictures(shipped)
+    assert len(images) == PICTURES
+    assert all(image.startswith(b"\x89PNG") and len(image) < PICTURE_BYTES for image in images)
+    assert NOTEBOOK.stat().st_size < NOTEBOOK_BYTES
 
-    spec = folder / "kernels" / "minitfm-test"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "minitfm test", "language": "python"}))
-    specs = KernelSpecManager(kernel_dirs=[str(folder / "kernels")])
-    return KernelManager(kernel_name="minitfm-test", kernel_spec_manager=specs)
+
+def test_the_shipped_outputs_come_from_the_shipped_code(shipped):
+    """Edit a code cell and this fails until `make notebook` has made its outputs again."""
+    stamp = shipped.metadata.get("minitfm", {})
+    assert stamp.get("code_sha256") == load_execute().code_digest(shipped), (
+        "the notebook's code changed since its outputs were made: run `make notebook`")
+    assert stamp.get("regenerate") == "make notebook"
+
+
+def test_the_shipped_outputs_are_a_default_run_anyone_could_make(shipped):
+    """The built-in default, 2 threads, run from notebooks/: no path of the machine it ran on."""
+    text = output_text(shipped)
+    steps = Config().train.steps
+    assert f"steps 0/{steps}" in text and "2 threads" in text
+    assert "../runs/reverse-" in text
+    assert str(ROOT) not in text and not re.search(r"(/home/|/Users/|/tmp/|[A-Z]:\\)", text)
+
+
+def test_the_notebook_states_the_default_it_trains(shipped):
+    """The settings cell's figures are the built-in default's (they once said 400 steps)."""
+    default = Config()
+    prose = " ".join(cell.source for cell in shipped.cells if cell.cell_type == "markdown")
+    prose = " ".join(prose.split())
+    assert f"lengths {default.task.min_len}..{default.task.max_len}, " in prose
+    assert re.findall(r"(\d+) steps", prose) == [str(default.train.steps)]
+    assert re.findall(r"(\d+) threads", prose) == [str(load_execute().THREADS)]
 
 
 @pytest.mark.slow  # starts a Jupyter kernel
 def test_the_tour_runs(tmp_path):
+    execute = load_execute()
     nb = nbformat.read(NOTEBOOK, as_version=4)
     (parameters,) = [cell for cell in nb.cells if "parameters" in cell.metadata.get("tags", [])]
     overrides = {**QUICK, "log.dir": str(tmp_path / "runs")}
     parameters.source = f"config = None\noverrides = {overrides!r}"
-    client = nbclient.NotebookClient(nb, km=venv_kernel(tmp_path), timeout=300,
-                                     resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()  # raises CellExecutionError, with the cell and its traceback, on an error
-    outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
-    images = [out for out in outputs if "image/png" in out.get("data", {})]
-    assert len(images) == 2  # the cross-attention maps, the per-length bars
-    text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "")
-                   for out in outputs)
+    for cell in nb.cells:  # run from scratch, not on top of the shipped outputs
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    execute.execute(nb, tmp_path / "kernel", tmp_path)  # raises CellExecutionError on an error
+    assert len(pictures(nb)) == PICTURES
+    text = output_text(nb)
     assert "exact match on lengths 17..32" in text and "Run(checkpoint=" in text
     assert len(list((tmp_path / "runs").glob("reverse-*/checkpoints/best.pt"))) == 1

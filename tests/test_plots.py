@@ -91,11 +91,16 @@ def test_cli_plots_one_run_into_its_directory(runs):
     assert png.stat().st_mtime_ns != 0 and is_minitfm_picture(png) and png_size(png) == (1100, 450)
 
 
-def test_cli_overlays_several_runs_into_the_current_directory(runs, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
+def test_cli_overlays_several_runs_beside_them_not_in_the_current_directory(runs, tmp_path,
+                                                                           monkeypatch):
+    here = tmp_path / "checkout"  # a clone's root: a comparison must not litter it
+    here.mkdir()
+    monkeypatch.chdir(here)
     result = run_cli("plot", runs / "a", runs / "b")
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.strip() == "wrote plot.png" and is_minitfm_picture(tmp_path / "plot.png")
+    png = runs / "plot.png"  # in the folder holding the first run (in a clone: ./runs, ignored)
+    assert result.stdout.strip() == f"wrote {png}" and is_minitfm_picture(png)
+    assert list(here.iterdir()) == []
 
 
 def test_cli_never_replaces_a_file_it_did_not_write_unless_forced(runs, tmp_path):

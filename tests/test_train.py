@@ -184,6 +184,26 @@ def test_cli_train_prints_run_dir_and_summary(tmp_path):
     assert "step     20" in result.stdout and "exact match" in result.stdout
 
 
+def test_plain_lines_date_the_exact_match_and_a_resume_names_its_run_as_a_fresh_one(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a clone's root: runs go under ./runs
+    fresh = run_cli("train", *TINY, "train.steps=15", "train.eval_every=10", "log.log_every=5",
+                    "log.tensorboard=false", "--run-dir", "runs/r")
+    assert fresh.exit_code == 0, fresh.stderr
+    lines = fresh.stdout.splitlines()
+    # a figure from the last evaluation says which: it is not this step's
+    assert [re.search(r"  exact (.+?)  lr ", line)[1] for line in lines
+            if line.startswith("step ")] == ["-", "-", "0.0% (step 10)"]
+    assert "run directory: runs/r" in lines
+    assert [line for line in lines if line.startswith("  minitfm")] == [
+        "  minitfm eval runs/r", "  minitfm visualize-attention runs/r",
+        "  minitfm ablate runs/r", "  minitfm explore runs/r"]  # the README's Start here
+    resumed = run_cli("train", "--resume", "runs/r", "train.steps=20")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "run directory: runs/r" in resumed.stdout.splitlines()  # not /tmp/.../runs/r
+    assert "  minitfm eval runs/r" in resumed.stdout.splitlines()
+
+
 # The first five training losses of a fixed-seed tiny run (TINY, one thread), as torchtune pins
 # its recipes' losses: an accidental change to the maths, the initialisation or the data shows
 # up here. After a deliberate change, print the new losses with

@@ -586,7 +586,8 @@ def plot(
         None, metavar="[RUN]...", help="Run directories (or checkpoints in them) to overlay; "
         "default: the most recent run under ./runs."),
     out: Path | None = typer.Option(None, help="PNG path (default: plot.png in the run "
-                                    "directory; for several runs, in the current directory)."),
+                                    "directory; for several runs, in the folder holding the "
+                                    "first, e.g. runs/plot.png)."),
     force: bool = typer.Option(False, "--force", help="Replace --out even if it is not a "
                                "picture minitfm wrote."),
 ) -> None:

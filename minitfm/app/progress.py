@@ -131,7 +131,7 @@ class ConsoleReporter:
         """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg = state.cfg
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
-        self._print(f"run directory: {printable(str(run_dir))}", markup=False, highlight=False)
+        self._print(f"run directory: {printable(shown(run_dir))}", markup=False, highlight=False)
         params = sum(p.numel() for p in state.model.parameters())
         threads = f", {threads}" if threads and device.type == "cpu" else ""
         self._print(f"task {cfg.task.name} ({state.task.describe()}), {params:,} parameters, "
@@ -169,7 +169,8 @@ class ConsoleReporter:
 
     def eval_line(self, record: dict) -> None:
         """One line per evaluation, terminal or not."""
-        self.exact_match = f"{record['exact_match']:.1%}"
+        # Between evaluations the progress shows this one's figure: its step says how old it is.
+        self.exact_match = f"{record['exact_match']:.1%} (step {record['step']})"
         if self.progress is not None:
             self.progress.update(self.task_id, exact=self.exact_match)
         self._print(f"eval step {record['step']:>6}  loss {record['loss']:.4f}  token acc "
@@ -198,6 +199,18 @@ class ConsoleReporter:
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 
 
+def shown(run_dir: str | Path) -> str:
+    """A run directory as a fresh run names it: relative to the current folder when inside it
+    (a resume finds its run from the checkpoint's resolved path, an absolute one)."""
+    path = Path(run_dir)
+    if path.is_absolute():
+        try:
+            return str(path.relative_to(Path.cwd().resolve()))
+        except (ValueError, OSError):  # outside the current folder, or no current folder
+            pass
+    return str(path)
+
+
 def ending(summary: dict, target: float | None) -> str:
     """Why the run ended, in plain words."""
     step, steps, status = summary["step"], summary["steps"], summary["status"]
@@ -224,7 +237,7 @@ def summary_table(summary: dict) -> Table:
     table = Table(show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long run directory folds, never ends in `…`
-    table.add_row("run directory", Text(printable(summary["run_dir"])))  # Text: no markup
+    table.add_row("run directory", Text(printable(shown(summary["run_dir"]))))  # Text: no markup
     table.add_row("steps", f"{summary['step']} of {summary['steps']}")
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
     for key in ("exact_match", "token_accuracy", "loss"):
@@ -239,9 +252,10 @@ def summary_table(summary: dict) -> Table:
 
 
 def next_commands(summary: dict, tensorboard: bool) -> list[str]:
-    """What to try next with this run, ready to paste."""
-    run = shell_quote(summary["run_dir"])
-    commands = [f"minitfm eval {run}", f"minitfm visualize-attention {run}"]
+    """What to try next with this run, ready to paste: the README's Start here, in its order."""
+    run = shell_quote(shown(summary["run_dir"]))
+    commands = [f"minitfm eval {run}", f"minitfm visualize-attention {run}",
+                f"minitfm ablate {run}", f"minitfm explore {run}"]
     if summary["status"] in ("interrupted", "paused"):
         commands.insert(0, f"minitfm train --resume {run}")
     if tensorboard:
@@ -254,4 +268,4 @@ def tensorboard_command(run_dir: Path) -> str:
     TensorBoard on the run itself."""
     if Path("Makefile").is_file() and Path("runs").resolve() in run_dir.resolve().parents:
         return "make tensorboard"
-    return f"tensorboard --logdir {shell_quote(str(run_dir))}"
+    return f"tensorboard --logdir {shell_quote(shown(run_dir))}"

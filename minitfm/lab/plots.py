@@ -167,8 +167,9 @@ def run_directory(path: Path, reads: str = "plot reads a run's metrics.jsonl") -
 
 
 def default_plot_path(run_dirs: list[Path]) -> Path:
-    """plot.png in the run directory; for several runs, in the current directory."""
-    return run_dirs[0] / PLOT_NAME if len(run_dirs) == 1 else Path(PLOT_NAME)
+    """plot.png in the run directory; for several runs, in the folder holding the first (`runs/`
+    for runs under ./runs, git-ignored), so that a comparison never litters a checkout."""
+    return run_dirs[0] / PLOT_NAME if len(run_dirs) == 1 else run_dirs[0].parent / PLOT_NAME
 
 
 def run_curves(run_dir: Path, notes: list[str] | None = None) -> dict[str, list[dict]]:

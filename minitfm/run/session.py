@@ -353,6 +353,7 @@ class RunCallbacks:
     started: float = field(default_factory=time.perf_counter)
     evaluated: tuple[int, EvalResult] | None = None  # the latest evaluation and its step
     signum: int = 0  # the signal every rank agreed to stop on (0: none)
+    threads_told: bool = False  # a change of thread count is said once, not at every change
 
     def shared_losses(self, losses: torch.Tensor) -> torch.Tensor:
         """The mean over ranks, so that a NaN on one rank stops them all at the same step."""
@@ -384,8 +385,19 @@ class RunCallbacks:
     def after_step(self, step: int) -> None:
         """The progress bar moves; the thread count follows other minitfm processes."""
         self.reporter.step(step)
-        if self.pacer.tick():  # another minitfm process started or ended
-            self.reporter.message(f"step {step}: now {self.pacer.claim.describe()}")
+        before = self.pacer.claim.threads
+        if self.pacer.tick() and not self.threads_told:  # another minitfm process came or went
+            self.threads_told = True
+            self.reporter.message(threads_note(step, before, self.pacer.claim.threads))
+
+
+def threads_note(step: int, before: int, now: int) -> str:
+    """Why the thread count changed, in the line that says so (it is said once per run)."""
+    unit = "thread" if now == 1 else "threads"
+    why = "another minitfm process started" if now < before else "a minitfm process ended"
+    return (f"step {step}: now {now} {unit} instead of {before}: {why}, and threads=auto "
+            f"shares the cores among minitfm's processes (later changes are not shown; see "
+            f"docs/operations.md#many-runs-on-one-machine)")
 
 
 def train(cfg: Config, *, run_dir: Path | None = None, resume: Path | None = None,

@@ -313,3 +313,13 @@ def test_the_session_alone_logs_and_records_nothing(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
     assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
     assert not (tmp_path / "run" / "attention.jsonl").exists()
+
+
+def test_a_run_directory_in_use_is_refused_in_one_line(tmp_path):
+    """The run lock (shared with sweeps' folder lock through `rundir.lock_exclusively`)."""
+    from minitfm.run.rundir import RunLock
+
+    with RunLock(tmp_path / "r"):
+        result = run_cli("train", *TINY, "--run-dir", tmp_path / "r")
+    assert_clean_error(result, 2, "is in use by another training process (pid", "--run-dir")
+    assert not (tmp_path / "r" / "checkpoints").exists()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import fcntl
 import itertools
 import json
 import math
@@ -39,7 +38,14 @@ from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
 from minitfm.lab.runs import SWEEP_FILE
 from minitfm.run.files import make_dirs, write_atomic
 from minitfm.run.limits import check_fits, decoding_parts, sequence_lengths, training_parts
-from minitfm.run.rundir import DONE, is_run_dir, new_run_dir, read_summary, run_status
+from minitfm.run.rundir import (
+    DONE,
+    is_run_dir,
+    lock_exclusively,
+    new_run_dir,
+    read_summary,
+    run_status,
+)
 from minitfm.run.signals import CaughtSignals
 from minitfm.run.threads import cores
 
@@ -819,18 +825,9 @@ class SweepLock:
         except OSError as err:
             raise MinitfmError(f"cannot create the sweep folder {quote(str(self.folder))} "
                                f"({err.strerror}): check --out or log.dir") from None
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            pid = self.file.read().strip() or "?"
-            self.file.close()
-            raise MinitfmError(f"sweep folder {quote(str(self.folder))} is in use by another "
-                               f"sweep (pid {pid}): wait for it to end, or give another "
-                               f"--out") from None
-        self.file.truncate(0)
-        self.file.write(str(os.getpid()))
-        self.file.flush()
+        lock_exclusively(self.file, lambda pid: MinitfmError(
+            f"sweep folder {quote(str(self.folder))} is in use by another sweep (pid {pid}): "
+            f"wait for it to end, or give another --out"))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,6 +20,7 @@ import re
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,21 @@ CLI_NAMES = OptionNames()
 API_NAMES = OptionNames("resume=", "resume='{}'", "run_dir=", "overwrite=True",
                         "train(resume='{}')")
 
+def lock_exclusively(file, in_use: Callable[[str], Exception]) -> None:
+    """Take an exclusive `flock` on an open lock file and write this process's pid into it;
+    if another process holds it, close the file and raise `in_use(its pid)`."""
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        pid = file.read().strip() or "?"
+        file.close()
+        raise in_use(pid) from None
+    file.truncate(0)
+    file.write(str(os.getpid()))
+    file.flush()
+
+
 class RunLock:
     """An exclusive lock on a run directory while one process trains in it.
 
@@ -172,18 +188,9 @@ class RunLock:
             raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
                                   f"({err.strerror}): check log.dir or --run-dir") from None
         self.file = open(self.run_dir / ".lock", "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.file.seek(0)
-            pid = self.file.read().strip() or "?"
-            self.file.close()
-            raise CheckpointError(f"run directory '{self.run_dir}' is in use by another "
-                                  f"training process (pid {pid}): wait for it to finish or "
-                                  f"use another --run-dir") from None
-        self.file.truncate(0)
-        self.file.write(str(os.getpid()))
-        self.file.flush()
+        lock_exclusively(self.file, lambda pid: CheckpointError(
+            f"run directory '{self.run_dir}' is in use by another training process (pid {pid}): "
+            f"wait for it to finish or use another --run-dir"))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -202,10 +202,10 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
 
-    steps: int = Field(300, ge=1, le=10**9, description="optimizer steps in total")
+    steps: int = Field(260, ge=1, le=10**9, description="optimizer steps in total")
     batch_size: int = Field(128, ge=1, le=1_048_576, description="sequences per step")
     lr: float = Field(1e-2, gt=0.0, **FINITE, description="peak learning rate")
-    warmup_steps: int = Field(100, ge=0, le=10**9, description="linear warmup steps")
+    warmup_steps: int = Field(80, ge=0, le=10**9, description="linear warmup steps")
     schedule: Literal["cosine", "constant", "inverse_sqrt"] = Field(
         "cosine", description="lr after warmup: cosine, constant or inverse_sqrt")
     weight_decay: float = Field(0.01, ge=0.0, **FINITE, description="AdamW weight decay")
@@ -216,6 +216,10 @@ class TrainConfig(Section):
     eval_every: int = Field(50, ge=0, le=10**9, description="steps between evaluations (0 = off)")
     eval_samples: int = Field(1000, ge=1, le=100_000,
                               description="held-out sequences per evaluation")
+    check_every: int = Field(
+        10, ge=0, le=10**9, description="steps between quick checks (greedy exact match on the "
+        "first fifth of the held-out sequences) once an evaluation reached half the target; a "
+        "check that sees the target calls a full evaluation at once (0 = off)")
     target_exact_match: float | None = Field(
         0.99, gt=0.0, le=1.0, **FINITE, description="stop early at this exact match (null = never)")
     checkpoint_every: int = Field(

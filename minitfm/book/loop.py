@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,6 +70,7 @@ class TrainState:
     optimizer: AdamW
     data_rng: torch.Generator
     step: int = 0
+    best_exact_match: float = -1.0  # the best evaluation so far (-1: none yet)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     # What a step calls: the model, or a wrapper around it that shares the gradients of
     # several processes (DistributedDataParallel under torchrun, see run.distributed).
@@ -118,8 +120,8 @@ def same_losses(losses: Tensor) -> Tensor:
 
 
 class LossMeter:
-    """Mean loss and target tokens/s since the last train line; stops a run whose loss is not
-    finite.
+    """Mean loss and target tokens/s of the training steps since the last train line; stops a
+    run whose loss is not finite.
 
     The step's loss stays an unread tensor on its device: reading a CUDA tensor makes the CPU
     wait for the GPU, so `read` fetches the losses of many steps at once (every log.log_every
@@ -155,6 +157,16 @@ class LossMeter:
                                 f"({cfg.lr}){clip}; no checkpoint was written for it")
         self.losses += values
 
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Time spent in this block (evaluations, pictures, saves) is not counted as the
+        steps': the train line's tokens/s measures training steps only."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.since += time.perf_counter() - start
+
     def flush(self, tokens: float | None = None) -> dict[str, float]:
         """The train line's loss and tokens/s (after `read`), and a fresh start for the next;
         `tokens` counts those of every process when several train together (default: ours)."""
@@ -178,6 +190,10 @@ class Callbacks(Protocol):
 
     def evaluate(self, step: int) -> float:
         """Every train.eval_every steps: greedy evaluation on held-out data; its exact match."""
+
+    def check(self, step: int) -> float:
+        """Between evaluations (see `check_due`): the exact match of greedy decoding on a part
+        of the held-out data, cheaper than an evaluation and never reported as one."""
 
     def snapshot(self, step: int) -> None:
         """Every log.attention_every steps: a look at the attention maps."""
@@ -204,25 +220,39 @@ def run_loop(state: TrainState, callbacks: Callbacks) -> str:
         step = state.step
         log_now = step % cfg.log.log_every == 0
         evaluate_now = due(step, cfg.train.eval_every)
+        check_now = not evaluate_now and check_due(step, state)
         snapshot_now = due(step, attention_every(cfg))
         save_now = evaluate_now or due(step, cfg.train.checkpoint_every)
-        if log_now or evaluate_now or snapshot_now or save_now:
+        if log_now or evaluate_now or check_now or snapshot_now or save_now:
             # A non-finite loss stops the run here, before anything is saved.
             meter.read(state, callbacks.shared_losses)
         if log_now:
             callbacks.train_line(step, meter, grad_norm)
-        if evaluate_now and reached_target(callbacks.evaluate(step), cfg.train):
-            break
-        if snapshot_now:
-            callbacks.snapshot(step)
-        if save_now:
-            callbacks.save(step)  # after each evaluation too: a kill -9 loses little
+        with meter.aside():  # the train line's tokens/s counts the steps only
+            if check_now and reached_target(callbacks.check(step), cfg.train):
+                evaluate_now = save_now = True  # the check decides nothing: an evaluation does
+            if evaluate_now and reached_target(callbacks.evaluate(step), cfg.train):
+                break
+            if snapshot_now:
+                callbacks.snapshot(step)
+            if save_now:
+                callbacks.save(step)  # after each evaluation too: a kill -9 loses little
         if callbacks.should_stop(step):
             meter.read(state, callbacks.shared_losses)
             return "paused"
         callbacks.after_step(step)
     meter.read(state, callbacks.shared_losses)
     return "finished" if state.step >= cfg.train.steps else "stopped at target"
+
+
+def check_due(step: int, state: TrainState) -> bool:
+    """A quick check after `step`: every train.check_every steps between evaluations, once an
+    evaluation reached half of train.target_exact_match. When a check sees the target, a full
+    evaluation runs at once; so a run stops within check_every steps of reaching its target,
+    not eval_every, and the early evaluations far from it cost no checks."""
+    target = state.cfg.train.target_exact_match
+    return (target is not None and due(step, state.cfg.train.check_every)
+            and state.best_exact_match >= target / 2)
 
 
 def reached_target(exact_match: float, cfg: TrainConfig) -> bool:

@@ -26,7 +26,7 @@ from minitfm.book.loop import (
     run_loop,
     warmup_warning,
 )
-from minitfm.book.metrics import EvalResult, LengthStats, evaluate
+from minitfm.book.metrics import EvalResult, LengthStats, evaluate, predict
 from minitfm.book.model import build_model
 from minitfm.config import (
     Config,
@@ -62,7 +62,6 @@ from minitfm.tasks.base import Task, eval_set
 class RunState(TrainState):
     """The loop's state and what a checkpoint must hold besides it to continue a run exactly."""
 
-    best_exact_match: float = -1.0
     dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
 
     def state_dict(self) -> dict[str, Any]:
@@ -369,6 +368,10 @@ class RunCallbacks:
         self.evaluated = step, run_eval(self.state, self)
         return self.evaluated[1].exact_match
 
+    def check(self, step: int) -> float:
+        """A quick check (see `run_check`); its exact match."""
+        return run_check(self.state, self)
+
     def snapshot(self, step: int) -> None:
         """The attention recorder's snapshot, to attention.jsonl and the logger."""
         log_attention(self.state, self)
@@ -554,6 +557,17 @@ def run_eval(state: RunState, ctx: RunCallbacks) -> EvalResult:
         state.best_exact_match = result.exact_match
         save(state, ctx, "best")
     return result
+
+
+def run_check(state: RunState, ctx: RunCallbacks) -> float:
+    """Greedy exact match on the first fifth of the held-out set (at least one sequence),
+    decoded only: no loss, no record, no save. It only calls an evaluation (`loop.check_due`)."""
+    dist = state.dist
+    pairs = ctx.eval_pairs[:max(len(ctx.eval_pairs) // 5, 1)][dist.rank::dist.world_size]
+    predictions = predict(state.model, state.task, [src for src, _ in pairs], state.device)
+    exact = sum(pred == target for pred, (_, target) in zip(predictions, pairs, strict=True))
+    exact, count = dist.all_sum([exact, len(pairs)])  # under torchrun: every rank's shard
+    return exact / max(count, 1)
 
 
 def sum_over_ranks(result: EvalResult, pairs: list, dist: Dist) -> EvalResult:

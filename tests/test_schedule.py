@@ -1,0 +1,117 @@
+"""When a run evaluates: full evaluations every train.eval_every steps, and quick checks near
+the target that may call one sooner but never decide anything themselves."""
+
+import json
+
+import pytest
+import torch
+
+from minitfm.app.api import train_run as train
+from minitfm.book import loop
+from minitfm.book.loop import LossMeter, check_due, run_loop
+from minitfm.config import load_config
+from minitfm.run.session import init_state
+from tests.helpers import QUICK, TINY
+
+
+def state_for(*overrides: str):
+    cfg = load_config(None, [*TINY, "train.steps=60", "train.eval_every=20",
+                             "train.check_every=5", "train.target_exact_match=0.9", *overrides])
+    return init_state(cfg, torch.device("cpu"))
+
+
+class Scripted:
+    """Callbacks whose evaluations and checks return scripted exact matches; records calls."""
+
+    def __init__(self, state, evaluations: dict, checks: dict):
+        self.state, self.evaluations, self.checks = state, evaluations, checks
+        self.calls: list[tuple[str, int]] = []
+
+    def shared_losses(self, losses):
+        return losses
+
+    def train_line(self, step, meter, grad_norm):
+        meter.flush()
+
+    def evaluate(self, step):
+        self.calls.append(("evaluate", step))
+        exact = self.evaluations.get(step, 0.0)
+        self.state.best_exact_match = max(self.state.best_exact_match, exact)  # as run_eval
+        return exact
+
+    def check(self, step):
+        self.calls.append(("check", step))
+        return self.checks.get(step, 0.0)
+
+    def snapshot(self, step): ...
+
+    def save(self, step):
+        self.calls.append(("save", step))
+
+    def should_stop(self, step):
+        return False
+
+    def after_step(self, step): ...
+
+
+def test_checks_start_once_an_evaluation_reached_half_the_target():
+    state = state_for()
+    callbacks = Scripted(state, evaluations={20: 0.2, 40: 0.5}, checks={})
+    assert run_loop(state, callbacks) == "finished"
+    checks = [step for kind, step in callbacks.calls if kind == "check"]
+    assert checks == [45, 50, 55]  # 0.5 >= 0.9 / 2 at step 40; none at evaluation steps
+    assert [s for k, s in callbacks.calls if k == "evaluate"] == [20, 40, 60]
+
+
+def test_a_check_calls_an_evaluation_which_alone_stops_the_run():
+    state = state_for()
+    # The check at 45 sees the target, the evaluation it calls does not: the run goes on.
+    # At 50 the check sees it again, and so does the evaluation: the run stops there.
+    callbacks = Scripted(state, evaluations={20: 0.6, 45: 0.85, 50: 0.95},
+                         checks={25: 0.5, 45: 0.95, 50: 0.95})
+    assert run_loop(state, callbacks) == "stopped at target"
+    assert state.step == 50
+    after_20 = callbacks.calls[callbacks.calls.index(("save", 20)) + 1:]
+    assert after_20 == [("check", 25), ("check", 30), ("check", 35), ("evaluate", 40),
+                        ("save", 40), ("check", 45), ("evaluate", 45), ("save", 45),
+                        ("check", 50), ("evaluate", 50)]
+
+
+@pytest.mark.parametrize("override", ["train.target_exact_match=null", "train.check_every=0"])
+def test_no_checks_without_a_target_or_with_check_every_0(override):
+    state = state_for(override)
+    callbacks = Scripted(state, evaluations={20: 0.95}, checks={})
+    run_loop(state, callbacks)
+    assert not [call for call in callbacks.calls if call[0] == "check"]
+
+
+def test_check_due_follows_the_best_evaluation_so_far_which_checkpoints_keep():
+    state = state_for()
+    assert not check_due(45, state)  # no evaluation yet
+    state.best_exact_match = 0.45
+    assert check_due(45, state) and not check_due(46, state)
+    assert "best_exact_match" in init_state(state.cfg, torch.device("cpu")).state_dict()
+
+
+def test_train_line_tokens_per_second_leaves_out_time_set_aside(monkeypatch):
+    state = state_for()
+    clock = iter([0.0, 1.0, 1.0 + 5.0, 2.0 + 5.0])  # start, aside, aside's end, flush
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+    meter = LossMeter(0)
+    meter.add(torch.tensor(1.0), 1000)
+    with meter.aside():  # 5 s of evaluation
+        pass
+    meter.read(state)
+    assert meter.flush()["tokens_per_s"] == pytest.approx(1000 / 2.0)  # 2 s of steps
+
+
+def test_a_run_records_only_full_evaluations_and_stops_at_one(tmp_path):
+    cfg = load_config(None, [*QUICK, "train.steps=200", "train.eval_every=50",
+                             "train.check_every=10", "train.target_exact_match=0.5"])
+    summary = train(cfg, run_dir=tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    evals = [r for r in records if r["split"] == "eval"]
+    assert all(r["samples"] == cfg.train.eval_samples for r in evals)  # checks are no records
+    assert summary["status"] == "stopped at target"
+    assert evals[-1]["step"] == summary["step"] and evals[-1]["exact_match"] >= 0.5
+    assert all(r["exact_match"] < 0.5 for r in evals[:-1])

@@ -413,3 +413,20 @@ def test_viz_imports_matplotlib_only_inside_functions():
     names = [alias.name for node in top for alias in node.names] + \
         [node.module for node in top if isinstance(node, ast.ImportFrom)]
     assert not any(name and name.startswith("matplotlib") for name in names), names
+
+
+def test_grid_pictures_read_the_font_map_only_for_characters_outside_font_has():
+    """minitfm's own text (FONT_HAS) is all in DejaVu Sans, so a run's pictures need not import
+    matplotlib to read its character map; any other character still gets that look."""
+    from minitfm.lab.viz import FONT_HAS, MapGrid, font_path, glyphs
+
+    assert {ch for ch in FONT_HAS if ord(ch) not in glyphs(font_path())} == {"\n"}  # a break
+    model, task = untrained(2, 2)
+    src = task.parse("3 1 4")
+    block = map_blocks(run_probe(model, task, src, teacher=task.target(src)), task,
+                       ("cross",))[0]
+    grid = MapGrid(block, "reverse · input 3 1 4 → target 4 1 3\n(colour ∝ √weight)",
+                   "step 10 · output 4 1 3 ✓")
+    grid.frame(block, "step 10 · output 4 1 3 ✓")
+    assert grid.glyphs is None
+    assert grid.lettering(["가"]).text("가") == "[U+AC00]" and grid.glyphs is not None

@@ -55,6 +55,9 @@ ALIGNMENT_SAMPLES = 200  # held-out pairs the alignment score is averaged over
 GAMMA = 0.5  # colour ∝ weight**GAMMA: diffuse rows (~1/S each) stay visible next to sharp ones
 PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, dark to light
            "#28ae80", "#5ec962", "#addc30", "#fde725")
+# What minitfm's own pictures write besides the tokens: printable ASCII and these, all of them
+# in DejaVu Sans (a test checks).
+FONT_HAS = frozenset(map(chr, range(0x20, 0x7F))) | frozenset("\n·→∝√✓✗")
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
 GRID_MAP_PIXELS = 256  # TensorBoard pictures: a map's longer side, at most (cells <= 16 px)
 GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, the bar's width
@@ -308,8 +311,8 @@ class MapGrid:
         from PIL import Image, ImageDraw, ImageFont
 
         # Pillow draws with one font: what it lacks is written as its code point
-        self.glyphs = glyphs(font_path())
-        letters = lettering([header, *block.queries, *block.keys], self.glyphs, ())
+        self.glyphs: dict[int, int] | None = None  # its character map, read when needed
+        letters = self.lettering([header, *block.queries, *block.keys])
         block, header = letters.block(block), letters.text(header)
         self.font = ImageFont.truetype(font_path(), size)
         self.title_font = ImageFont.truetype(font_path(), size + 2)
@@ -339,9 +342,18 @@ class MapGrid:
             canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
                 cells.repeat(cell, axis=0).repeat(cell, axis=1)
         image = Image.fromarray(canvas)
-        caption = lettering([caption], self.glyphs, ()).text(caption)  # the model's output
+        caption = self.lettering([caption]).text(caption)  # the model's output
         self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
         return np.asarray(image)
+
+    def lettering(self, texts: list[str]) -> Lettering:
+        """How `texts` are drawn (see `lettering`). Text of FONT_HAS needs no look at the font's
+        character map, which costs importing matplotlib (~0.2 s, in the first picture of a run)."""
+        if set("".join(texts)) <= FONT_HAS:
+            return Lettering()
+        if self.glyphs is None:
+            self.glyphs = glyphs(font_path())
+        return lettering(texts, self.glyphs, ())
 
     def wrap(self, text: str) -> list[str]:
         """`text`'s lines, each wrapped to the picture's width."""

@@ -10,16 +10,23 @@ import sys
 import pytest
 import torch
 
+from minitfm.book.metrics import strip_eos
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import ModelConfig, load_config
+from minitfm.errors import MinitfmError
+from minitfm.lab import reference
 from minitfm.lab.bench import (
     ReferenceTransformer,
     make_setup,
+    reference_subprocess,
     solve_step,
     train_subprocess,
     training_flops,
 )
+from minitfm.lab.reference import TRAINERS
 from minitfm.run.memory import peak_rss_mb
+from minitfm.tasks import make_task
+from minitfm.tasks.base import eval_set
 from tests.helpers import TINY, run_cli
 
 
@@ -231,3 +238,196 @@ def test_keep_freed_memory_serves_blocks_from_the_heap_and_keeps_them():
     kept, mapped, held, after = malloc_trial("keep")
     assert kept == "True" and mapped == "0"
     assert int(held) >= 24 * 2**20 and int(after) == int(held)
+
+
+# --- the plain reference trainers of `bench --solve` (minitfm.lab.reference) ---
+
+TINY_REFERENCE = ["train.steps=4", "train.eval_every=2", "task.max_len=4", "model.d_model=16",
+                  "model.n_heads=2", "model.d_ff=32", "train.batch_size=8",
+                  "train.eval_samples=10", "threads=1", "device=cpu"]
+NEEDS_XT = "x-transformers is an optional extra (pip install -e '.[bench]')"
+
+
+def needs(trainer: str) -> None:
+    """Skip (with the reason) a test of the x-transformers trainer when it is not installed."""
+    if trainer == "x-transformers":
+        pytest.importorskip("x_transformers", reason=NEEDS_XT)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_reference_trainer_trains_and_evaluates_on_schedule(trainer):
+    needs(trainer)
+    result = reference.run(trainer, TINY_REFERENCE)
+    assert result["trainer"] == trainer and result["seed"] == 0
+    assert result["steps"] == 4 and result["steps_to_target"] is None  # 4 steps learn nothing
+    assert 0.0 <= result["exact_match"] <= 1.0
+
+
+@pytest.mark.slow  # starts a Python process per trainer
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_reference_trainer_prints_its_json_line_in_a_fresh_process(trainer):
+    needs(trainer)
+    cmd = [sys.executable, "-m", "minitfm.lab.reference", trainer, *TINY_REFERENCE, "seed=3"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert len(out.splitlines()) == 1
+    result = json.loads(out)
+    assert set(result) == {"trainer", "seed", "steps_to_target", "steps", "exact_match"}
+    assert result["trainer"] == trainer and result["seed"] == 3 and result["steps"] == 4
+    timed = reference_subprocess(trainer, TINY_REFERENCE)  # as the bench runs it
+    assert timed["wall_s"] > 0 and timed["steps"] == 4
+
+
+def test_an_unknown_reference_trainer_is_one_line_and_exit_2(capsys):
+    assert reference.main(["jax"]) == 2
+    assert capsys.readouterr().err == "error: trainer ('jax') must be one of torch, " \
+                                      "x-transformers\n"
+
+
+def test_torch_reference_decodes_as_minitfm_recomputing_the_prefix():
+    """nn.Transformer's greedy decoding (encoder once, decoder over the prefix) gives the tokens
+    of minitfm's uncached greedy decoding on the same weights, and of a full forward per step."""
+    from minitfm.book.model import greedy_decode
+
+    ours, ref_model, _ = paired_models(norm_first=True, tie_embeddings=False)
+    with torch.no_grad():  # EOS scores 1.1x token 5: some rows end early, at various steps
+        ours.generator.weight[2] = ours.generator.weight[5] * 1.1
+        ref_model.out.weight[2] = ref_model.out.weight[5] * 1.1
+    cfg = load_config(None, ["model.d_model=16", "model.n_heads=2", "model.d_ff=32"])
+    ref = reference.TorchReference(cfg, make_task(cfg.task))
+    ref.model = ref_model
+    src = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 0, 0, 0], [10, 3, 4, 0, 0], [5, 5, 0, 0, 0],
+                        [7, 0, 0, 0, 0], [6, 4, 3, 9, 0]])  # 0 is PAD
+    bos, eos, cap = 1, 2, 8
+    mine = [strip_eos(row, eos) for row in
+            greedy_decode(ours, src, bos, eos, cap, use_cache=False).tolist()]
+    theirs = [strip_eos(row, eos) for row in ref.decode(src, cap).tolist()]
+    tokens = torch.full((len(src), 1), bos)
+    with torch.no_grad():
+        for _ in range(cap):  # the straightforward way: the whole model at every step
+            tokens = torch.cat([tokens, ref_model(src, tokens)[:, -1].argmax(-1)[:, None]], 1)
+    plain = [strip_eos(row, eos) for row in tokens[:, 1:].tolist()]
+    assert theirs == mine == plain
+    ended = [i for i, row in enumerate(theirs) if len(row) < cap]
+    assert 0 < len(ended) < len(src)  # some rows emit EOS, others run to the cap
+    last = max(len(theirs[i]) for i in ended) + 1  # the step of the last of their EOS
+    assert ref.decode(src[ended], cap).size(1) == last < cap  # then decoding stops
+
+
+def test_reference_exact_match_compares_decoding_never_reads_the_target():
+    cfg = load_config(None, TINY_REFERENCE)
+    task = make_task(cfg.task)
+    torch.manual_seed(0)
+    ref = reference.TorchReference(cfg, task)
+    pairs = eval_set(task, 20, 0)
+    sources = [src for src, _ in pairs]
+    predictions = reference.predict(ref, task, sources, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    # targets chosen from the predictions: all right; each one changed: all wrong
+    assert reference.exact_match(ref, task, list(zip(sources, predictions)), cpu) == 1.0
+    wrong = [(src, pred + [3]) for src, pred in zip(sources, predictions)]
+    assert reference.exact_match(ref, task, wrong, cpu) == 0.0
+    expected = sum(p == t for p, (_, t) in zip(predictions, pairs)) / len(pairs)
+    assert reference.exact_match(ref, task, pairs, cpu) == expected
+
+
+def fake_solve(monkeypatch, walls: dict):
+    """The bench's solve runs with made-up processes: `walls` = wall seconds by trainer."""
+    import minitfm.lab.bench as bench
+
+    def minitfm_run(overrides):
+        seed = int(overrides[-1].split("=")[1])
+        return {"wall_s": walls["minitfm"][seed], "peak_rss_mb": 300.0, "steps_to_99": 250,
+                "exact_match": 0.995, "steps": 250}
+
+    def reference_run(trainer, overrides):
+        seed = int(overrides[-1].split("=")[1])
+        return {"wall_s": walls[trainer][seed], "peak_rss_mb": 280.0, "steps_to_target": 300,
+                "exact_match": 0.991, "steps": 300}
+
+    monkeypatch.setattr(bench, "train_subprocess", minitfm_run)
+    monkeypatch.setattr(bench, "reference_subprocess", reference_run)
+    return bench.solve_runs(["threads=1"])
+
+
+def test_solve_skips_x_transformers_with_a_note_when_it_cannot_be_imported(monkeypatch):
+    monkeypatch.setitem(sys.modules, "x_transformers", None)  # `import x_transformers` fails
+    solved = fake_solve(monkeypatch, {"minitfm": [10.0, 12.0, 11.0], "torch": [44.0, 22.0, 33.0]})
+    references = solved["solve_reference"]
+    assert references["x-transformers"] == {
+        "skipped": "x-transformers is not installed (pip install x-transformers)"}
+    assert solved["solve_median_wall_s"] == 11.0
+    assert references["torch"]["median_wall_s"] == 33.0 and references["torch"]["ratio"] == 3.0
+    assert [run["seed"] for run in references["torch"]["runs"]] == [0, 1, 2]
+    assert [run["seed"] for run in solved["solve"]] == [0, 1, 2]
+    json.dumps(solved)  # JSON-ready
+    with pytest.raises(MinitfmError, match=r"^x-transformers is not installed"):
+        reference.run("x-transformers", TINY_REFERENCE)
+
+
+def test_bench_tables_print_a_row_per_trainer_with_the_ratio():
+    from rich.console import Console
+
+    from minitfm.app.tables import bench_tables
+
+    runs = [{"seed": s, "wall_s": w, "peak_rss_mb": 300.0, "steps_to_99": st,
+             "exact_match": em, "steps": st or 300}
+            for s, w, st, em in ((0, 10.0, 250, 0.995), (1, 12.0, 300, 0.992),
+                                 (2, 11.0, None, 0.97))]
+    ref_runs = [{"seed": s, "wall_s": w, "peak_rss_mb": 280.0, "steps_to_target": 300,
+                 "exact_match": 0.991, "steps": 300} for s, w in ((0, 30.0), (1, 27.5), (2, 29.0))]
+    report = {"device": "cpu", "threads": 2, "torch": "2.13.0", "peak_flops_per_s": 60e9,
+              "throughput": [], "decoding": [], "eval": {"seconds": 0.3}, "solve": runs,
+              "solve_median_wall_s": 11.0,
+              "solve_reference": {"torch": {"runs": ref_runs, "median_wall_s": 29.0,
+                                            "ratio": 29.0 / 11.0},
+                                  "x-transformers": {"skipped": "x-transformers is not "
+                                                     "installed (pip install x-transformers)"}}}
+    console = Console(width=200, record=True)
+    for table in bench_tables(report):
+        console.print(table)
+    text = console.export_text()
+    torch_row = next(line for line in text.splitlines() if "│ torch" in line)
+    assert "30.0 / 27.5 / 29.0" in torch_row and "minitfm is 2.6x faster" in torch_row
+    assert "99.1% / 99.1% / 99.1%" in torch_row
+    minitfm_row = next(line for line in text.splitlines() if "│ minitfm" in line)
+    assert "10.0 / 12.0 / 11.0" in minitfm_row and "250 / 300 / -" in minitfm_row
+    assert "skipped: x-transformers is not installed" in " ".join(text.split())
+    report["solve_reference"]["torch"]["ratio"] = 0.5
+    console = Console(width=200, record=True)
+    console.print(bench_tables(report)[-1])
+    assert "minitfm is 2.0x slower" in console.export_text()
+
+
+@pytest.mark.parametrize("steps, script, expected_calls, expected", [
+    # full evaluations every 10 steps; checks every 2 once one reached half of 0.99; a check at
+    # the target calls a full evaluation at once, which alone decides
+    (40, [0.3, 0.6, 0.5, 0.5, 1.0, 0.98, 1.0, 0.995],
+     [(10, "full"), (20, "full"), (22, "check"), (24, "check"), (26, "check"), (26, "full"),
+      (28, "check"), (28, "full")],
+     {"steps_to_target": 28, "steps": 28, "exact_match": 0.995}),
+    # the last step had no evaluation: a final one
+    (15, [0.3, 0.4], [(10, "full"), (15, "full")],
+     {"steps_to_target": None, "steps": 15, "exact_match": 0.4}),
+])
+def test_reference_evaluates_on_minitfms_schedule(monkeypatch, steps, script, expected_calls,
+                                                  expected):
+    from types import SimpleNamespace
+
+    cfg = load_config(None, [*TINY_REFERENCE, "train.eval_every=10", f"train.steps={steps}"])
+    train_cfg = SimpleNamespace(**{**cfg.train.model_dump(), "check_every": 2})
+    cfg_ns = SimpleNamespace(train=train_cfg, seed=0, task=cfg.task)
+    task = make_task(cfg.task)
+    step, calls, results = [0], [], iter(script)
+
+    def count_step(*_):
+        step[0] += 1
+
+    def scripted(ref, task, pairs, device):
+        calls.append((step[0], "full" if len(pairs) == 10 else "check"))
+        return next(results)
+
+    monkeypatch.setattr(reference, "train_step", count_step)
+    monkeypatch.setattr(reference, "exact_match", scripted)
+    ref = SimpleNamespace(model=torch.nn.Linear(2, 2))
+    assert reference.train(ref, cfg_ns, task, torch.device("cpu")) == expected
+    assert calls == expected_calls

@@ -686,7 +686,8 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Fewer repetitions, default size only "
                                "(seconds; for tests and a first look)."),
     solve: bool = typer.Option(False, "--solve", help="Also train the default config from "
-                               "scratch: wall seconds and steps to 99% exact match."),
+                               "scratch: wall seconds and steps to 99% exact match, against "
+                               "plain nn.Transformer and x-transformers trainers."),
     compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
     device: str = typer.Option("auto", metavar="DEVICE",
                                help="auto, cpu, cuda or cuda:N."),

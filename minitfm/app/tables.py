@@ -235,8 +235,10 @@ def tasks_table() -> Table:
 # --- `minitfm bench` ---
 
 def bench_tables(report: dict) -> list[Table]:
-    """The tables of a bench report: training throughput, greedy decoding, end to end."""
-    return [throughput_table(report), decoding_table(report), end_to_end_table(report)]
+    """The tables of a bench report: training throughput, greedy decoding, end to end, and
+    with --solve the time to solve against the plain reference trainers."""
+    tables = [throughput_table(report), decoding_table(report), end_to_end_table(report)]
+    return tables + ([solve_table(report)] if "solve_reference" in report else [])
 
 
 def throughput_table(report: dict) -> Table:
@@ -275,6 +277,8 @@ def end_to_end_table(report: dict) -> Table:
     runs = report.get("solve") or [report["memory"]]
     peaks = [run["peak_rss_mb"] for run in runs if run["peak_rss_mb"]]  # None: no /proc
     other.add_row("peak RSS of a training run", f"{max(peaks):.0f} MB" if peaks else "n/a")
+    if "solve_reference" in report:  # the runs are in the solve table
+        return other
     for run in report.get("solve", []):
         solved = run["steps_to_99"]
         steps = (f"solved at step {solved}" if solved
@@ -282,6 +286,36 @@ def end_to_end_table(report: dict) -> Table:
         other.add_row(f"default config, seed {run['seed']}: whole process",
                       f"{run['wall_s']:.1f} s, {steps}")
     return other
+
+
+def solve_table(report: dict) -> Table:
+    """Time to solve the default config, whole process: minitfm and each plain reference
+    trainer (same size and recipe), seed by seed, and how much faster minitfm is."""
+    seeds = ", ".join(str(run["seed"]) for run in report["solve"])
+    table = Table(title=f"time to solve the default config (whole process, seeds {seeds})")
+    for col in ("trainer", "wall s", "steps to target", "final exact match", "vs minitfm"):
+        table.add_column(col, justify="left" if col == "trainer" else "right")
+    rows = {"minitfm": {"runs": [{**run, "steps_to_target": run["steps_to_99"]}
+                                 for run in report["solve"]]},
+            **report["solve_reference"]}
+    for trainer, row in rows.items():
+        if "skipped" in row:
+            table.add_row(trainer, f"skipped: {row['skipped']}", "", "", "")
+            continue
+        runs = row["runs"]
+        ratio = row.get("ratio")
+        table.add_row(trainer, " / ".join(f"{run['wall_s']:.1f}" for run in runs),
+                      " / ".join(str(run["steps_to_target"] or "-") for run in runs),
+                      " / ".join(f"{run['exact_match']:.1%}" for run in runs),
+                      "" if ratio is None else faster(ratio))
+    return table
+
+
+def faster(ratio: float) -> str:
+    """A reference's time over minitfm's, in words."""
+    if ratio >= 1:
+        return f"minitfm is {ratio:.1f}x faster"
+    return f"minitfm is {1 / ratio:.1f}x slower"
 
 
 # --- `minitfm sweep` and `minitfm runs` ---

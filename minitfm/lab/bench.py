@@ -8,12 +8,14 @@
 - greedy decoding of 1000 sequences with and without the KV cache;
 - peak memory (RSS) of a training run, and with `--solve` the time to solve the default
   config from scratch, for seeds 0, 1 and 2: `minitfm train` as a user runs it, from the
-  start of the process to its exit.
+  start of the process to its exit; and, timed the same way, two plain reference trainers
+  of the same size and recipe (`minitfm.lab.reference`: nn.Transformer, and x-transformers
+  when installed), with the ratio of their median time to minitfm's.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import subprocess
 import sys
 import tempfile
@@ -23,12 +25,17 @@ from pathlib import Path
 from statistics import median
 
 import torch
-from torch import nn
 
 from minitfm.book.loop import make_optimizer
 from minitfm.book.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
-from minitfm.book.positions import sinusoids
-from minitfm.config import Config, ModelConfig, TrainConfig, load_config
+from minitfm.config import Config, load_config
+from minitfm.lab.reference import (
+    TRAINERS,
+    XT_MISSING,
+    ReferenceTransformer,
+    import_xtransformers,
+    torch_adamw,
+)
 from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
@@ -40,38 +47,6 @@ SETUPS = {
     "default": [],
     "large": ["model.d_model=128", "model.d_ff=512", "task.max_len=64"],
 }
-
-
-class ReferenceTransformer(nn.Module):
-    """The same model from `torch.nn.Transformer`: embeddings, positions, output layer alike."""
-
-    def __init__(self, cfg: ModelConfig, vocab_size: int, pad_id: int):
-        super().__init__()
-        self.pad_id, self.d_model = pad_id, cfg.d_model
-        self.embedding = nn.Embedding(vocab_size, cfg.d_model)
-        self.register_buffer("positions", sinusoids(cfg.max_len, cfg.d_model), persistent=False)
-        layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout,
-                                           batch_first=True, norm_first=cfg.norm_first)
-        encoder = nn.TransformerEncoder(layer, cfg.n_encoder_layers, nn.LayerNorm(cfg.d_model),
-                                        enable_nested_tensor=False)  # a training-only yardstick
-        self.transformer = nn.Transformer(
-            cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
-            cfg.dropout, custom_encoder=encoder, batch_first=True, norm_first=cfg.norm_first)
-        self.out = nn.Linear(cfg.d_model, vocab_size)
-        if cfg.tie_embeddings:
-            self.out.weight = self.embedding.weight
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embedding(tokens) * math.sqrt(self.d_model)  # (B, S, D) or (B, T, D)
-        return x + self.positions[: tokens.size(1)]
-
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        pad = src == self.pad_id  # (B, S) True = padding, torch's convention
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1), device=tgt.device)
-        h = self.transformer(self.embed(src), self.embed(tgt), tgt_mask=causal,
-                             src_key_padding_mask=pad, memory_key_padding_mask=pad,
-                             tgt_is_causal=True)  # (B, T, D)
-        return self.out(h)  # (B, T, V)
 
 
 @dataclass
@@ -107,15 +82,6 @@ def build(kind: str, setup: Setup, device, compile_: bool = False):
     optimizer = make(model, setup.cfg.train)
     step_model = torch.compile(model) if compile_ else model
     return step_model, optimizer, task.vocab.pad_id
-
-
-def torch_adamw(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """torch.optim.AdamW as minitfm's: decay on matrices only, betas (0.9, 0.98), fused."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), fused=True)
 
 
 def timed_step(model, optimizer, pad_id: int, batch, device) -> float:
@@ -236,33 +202,78 @@ def eval_speed(device) -> dict:
     return {"sequences": 1000, "seconds": time.perf_counter() - start}
 
 
-def train_subprocess(overrides: list[str]) -> dict:
-    """Run `minitfm train` in a fresh process: wall seconds, peak RSS, steps to 99%.
+def timed_process(cmd: list[str]) -> tuple[float, float | None, str]:
+    """Run `cmd` in a fresh process: wall seconds from start to exit, peak RSS (MB), stdout.
 
     The peak is the child's own VmHWM, read while it runs (the last reading before it exits);
     getrusage's peak for children would include this bench process's memory from the fork.
+    Its output goes to files, not pipes: a pipe nobody reads until the end could fill and stall.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "minitfm", "train", *overrides, "--run-dir", str(run_dir)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
         peak = None
-        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) as proc:
+        with subprocess.Popen(cmd, stdout=out, stderr=err, text=True) as proc:
             while proc.poll() is None:
                 peak = peak_rss_mb(proc.pid) or peak
                 time.sleep(0.02)
-            stderr = proc.stderr.read()
         wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
         if proc.returncode != 0:
-            raise RuntimeError(f"training subprocess failed: {stderr.strip()[-300:]}")
+            raise RuntimeError(f"training subprocess failed: {err.read().strip()[-300:]}")
+        return wall, peak, out.read()
+
+
+def train_subprocess(overrides: list[str]) -> dict:
+    """Run `minitfm train` in a fresh process: wall seconds, peak RSS, steps to 99%."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "minitfm", "train", *overrides, "--run-dir", str(run_dir)]
+        wall, peak, _ = timed_process(cmd)
         return {"wall_s": wall, "peak_rss_mb": peak, **solve_step(run_dir / "metrics.jsonl")}
+
+
+def reference_subprocess(trainer: str, overrides: list[str]) -> dict:
+    """Run a plain reference trainer (`minitfm.lab.reference`) in a fresh process, timed as
+    `train_subprocess` times minitfm: wall seconds, peak RSS, steps to the target."""
+    cmd = [sys.executable, "-m", "minitfm.lab.reference", trainer, *overrides]
+    wall, peak, out = timed_process(cmd)
+    result = json.loads(out.strip().splitlines()[-1])
+    return {"wall_s": wall, "peak_rss_mb": peak, "steps_to_target": result["steps_to_target"],
+            "exact_match": result["exact_match"], "steps": result["steps"]}
+
+
+def solve_runs(overrides: list[str]) -> dict:
+    """Time to solve the default config from scratch, seed by seed: minitfm's whole run, then
+    each plain reference trainer in turn (a drift of the machine's speed hits all alike).
+
+    Returns the bench report's `solve` (minitfm's runs), `solve_median_wall_s` and
+    `solve_reference`: per reference its runs, median wall and the ratio of that median to
+    minitfm's (above 1: minitfm is faster), or a `skipped` note when it is not installed.
+    """
+    skipped = {} if import_xtransformers() is not None else {"x-transformers": XT_MISSING}
+    trainers = [t for t in TRAINERS if t not in skipped]
+    runs: dict[str, list] = {name: [] for name in ["minitfm", *trainers]}
+    for seed in SOLVE_SEEDS:
+        seeded = [*overrides, f"seed={seed}"]
+        runs["minitfm"].append({"seed": seed, **train_subprocess(seeded)})
+        for trainer in trainers:
+            runs[trainer].append({"seed": seed, **reference_subprocess(trainer, seeded)})
+    ours = median(run["wall_s"] for run in runs["minitfm"])
+    references = {}
+    for trainer in TRAINERS:
+        if trainer in skipped:
+            references[trainer] = {"skipped": skipped[trainer]}
+            continue
+        wall = median(run["wall_s"] for run in runs[trainer])
+        references[trainer] = {"runs": runs[trainer], "median_wall_s": wall,
+                               "ratio": wall / ours}
+    return {"solve": runs["minitfm"], "solve_median_wall_s": ours,
+            "solve_reference": references}
 
 
 def solve_step(metrics: Path, target: float = 0.99) -> dict:
     """The first eval step at or above `target` exact match, and the final exact match."""
-    import json
-
     evals = [r for r in map(json.loads, metrics.open()) if r["split"] == "eval"]
     solved = next((r["step"] for r in evals if r["exact_match"] >= target), None)
     return {"steps_to_99": solved, "exact_match": evals[-1]["exact_match"],
@@ -292,9 +303,8 @@ def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
     # The child trains with this process's threads: on `auto` it would count this (idle,
     # waiting) process as a neighbour and take half the cores.
     same = f"threads={report['threads']}"
-    if solve:  # the whole process, start to exit, as a user runs it
-        report["solve"] = [{"seed": seed, **train_subprocess([same, f"seed={seed}"])}
-                           for seed in SOLVE_SEEDS]
+    if solve:  # the whole process, start to exit, as a user runs it; and plain trainers
+        report.update(solve_runs([same]))
     else:
         steps = "train.steps=20" if quick else "train.steps=200"
         report["memory"] = train_subprocess([steps, "train.eval_every=0", same])

@@ -87,9 +87,11 @@ def test_no_checks_without_a_target_or_with_check_every_0(override):
 
 def test_check_due_follows_the_best_evaluation_so_far_which_checkpoints_keep():
     state = state_for()
-    assert not check_due(45, state)  # no evaluation yet
+    cfg = state.cfg.train
+    assert not check_due(45, cfg, state.best_exact_match)  # no evaluation yet
     state.best_exact_match = 0.45
-    assert check_due(45, state) and not check_due(46, state)
+    assert check_due(45, cfg, state.best_exact_match)
+    assert not check_due(46, cfg, state.best_exact_match)
     assert "best_exact_match" in init_state(state.cfg, torch.device("cpu")).state_dict()
 
 

@@ -31,7 +31,7 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from minitfm.book.loop import due, lr_factor
+from minitfm.book.loop import check_due, check_pairs, due, lr_factor, reached_target
 from minitfm.book.metrics import EVAL_BATCH_SIZE, length_chunks, strip_eos
 from minitfm.book.model import eval_mode, sequence_loss
 from minitfm.book.positions import sinusoids
@@ -217,12 +217,10 @@ def train_step(ref, optimizer: torch.optim.Optimizer, batch: Batch, lr: float,
 
 def train(ref, cfg: Config, task: Task, device: torch.device) -> dict:
     """Train `ref` with minitfm's recipe and evaluation schedule (see the module docstring)."""
-    train_cfg, target = cfg.train, cfg.train.target_exact_match
-    check_every = getattr(train_cfg, "check_every", 0)
+    train_cfg = cfg.train
     optimizer = torch_adamw(ref.model, train_cfg)
     data_rng = torch.Generator().manual_seed(cfg.seed)
     pairs = eval_set(task, train_cfg.eval_samples, cfg.task.eval_seed)
-    reached = lambda em: target is not None and em >= target  # noqa: E731
     best, last, solved, step = -1.0, None, None, 0
     while step < train_cfg.steps and solved is None:
         batch = make_batch(task.sample(train_cfg.batch_size, data_rng), task.vocab)
@@ -230,17 +228,16 @@ def train(ref, cfg: Config, task: Task, device: torch.device) -> dict:
         train_step(ref, optimizer, batch.to(device), lr, train_cfg, device)
         step += 1
         evaluate_now = due(step, train_cfg.eval_every)
-        if (not evaluate_now and target is not None and due(step, check_every)
-                and best >= target / 2):  # a quick check calls a full evaluation, never decides
-            evaluate_now = reached(exact_match(ref, task, pairs[:max(len(pairs) // 5, 1)],
-                                               device))
+        if not evaluate_now and check_due(step, train_cfg, best):  # calls, never decides
+            evaluate_now = reached_target(exact_match(ref, task, check_pairs(pairs), device),
+                                          train_cfg)
         if evaluate_now:
             last = (step, exact_match(ref, task, pairs, device))
             best = max(best, last[1])
-            solved = step if reached(last[1]) else None
+            solved = step if reached_target(last[1], train_cfg) else None
     if last is None or last[0] != step:  # the last step had no evaluation
         last = (step, exact_match(ref, task, pairs, device))
-        solved = step if reached(last[1]) else None
+        solved = step if reached_target(last[1], train_cfg) else None
     return {"steps_to_target": solved, "steps": step, "exact_match": last[1]}
 
 

@@ -21,6 +21,7 @@ import torch
 from minitfm.book.loop import (
     LossMeter,
     TrainState,
+    check_pairs,
     make_optimizer,
     next_lr,
     run_loop,
@@ -563,7 +564,7 @@ def run_check(state: RunState, ctx: RunCallbacks) -> float:
     """Greedy exact match on the first fifth of the held-out set (at least one sequence),
     decoded only: no loss, no record, no save. It only calls an evaluation (`loop.check_due`)."""
     dist = state.dist
-    pairs = ctx.eval_pairs[:max(len(ctx.eval_pairs) // 5, 1)][dist.rank::dist.world_size]
+    pairs = check_pairs(ctx.eval_pairs)[dist.rank::dist.world_size]
     predictions = predict(state.model, state.task, [src for src, _ in pairs], state.device)
     exact = sum(pred == target for pred, (_, target) in zip(predictions, pairs, strict=True))
     exact, count = dist.all_sum([exact, len(pairs)])  # under torchrun: every rank's shard

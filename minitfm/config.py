@@ -218,8 +218,8 @@ class TrainConfig(Section):
                               description="held-out sequences per evaluation")
     check_every: int = Field(
         10, ge=0, le=10**9, description="steps between quick checks (greedy exact match on the "
-        "first fifth of the held-out sequences) once an evaluation reached half the target; a "
-        "check that sees the target calls a full evaluation at once (0 = off)")
+        "first fifth of the held-out sequences) once an evaluation reached two thirds of the "
+        "target; a check that sees the target calls a full evaluation at once (0 = off)")
     target_exact_match: float | None = Field(
         0.99, gt=0.0, le=1.0, **FINITE, description="stop early at this exact match (null = never)")
     checkpoint_every: int = Field(

@@ -399,9 +399,9 @@ def test_bench_tables_print_a_row_per_trainer_with_the_ratio():
 
 
 @pytest.mark.parametrize("steps, script, expected_calls, expected", [
-    # full evaluations every 10 steps; checks every 2 once one reached half of 0.99; a check at
-    # the target calls a full evaluation at once, which alone decides
-    (40, [0.3, 0.6, 0.5, 0.5, 1.0, 0.98, 1.0, 0.995],
+    # full evaluations every 10 steps; checks every 2 once one reached two thirds of 0.99; a
+    # check at the target calls a full evaluation at once, which alone decides
+    (40, [0.3, 0.7, 0.5, 0.5, 1.0, 0.98, 1.0, 0.995],
      [(10, "full"), (20, "full"), (22, "check"), (24, "check"), (26, "check"), (26, "full"),
       (28, "check"), (28, "full")],
      {"steps_to_target": 28, "steps": 28, "exact_match": 0.995}),

@@ -54,12 +54,12 @@ class Scripted:
     def after_step(self, step): ...
 
 
-def test_checks_start_once_an_evaluation_reached_half_the_target():
+def test_checks_start_once_an_evaluation_reached_two_thirds_of_the_target():
     state = state_for()
-    callbacks = Scripted(state, evaluations={20: 0.2, 40: 0.5}, checks={})
+    callbacks = Scripted(state, evaluations={20: 0.55, 40: 0.65}, checks={})
     assert run_loop(state, callbacks) == "finished"
     checks = [step for kind, step in callbacks.calls if kind == "check"]
-    assert checks == [45, 50, 55]  # 0.5 >= 0.9 / 2 at step 40; none at evaluation steps
+    assert checks == [45, 50, 55]  # 0.65 >= 0.9 * 2 / 3 at step 40 (0.55 is not); none at 40, 60
     assert [s for k, s in callbacks.calls if k == "evaluate"] == [20, 40, 60]
 
 
@@ -67,7 +67,7 @@ def test_a_check_calls_an_evaluation_which_alone_stops_the_run():
     state = state_for()
     # The check at 45 sees the target, the evaluation it calls does not: the run goes on.
     # At 50 the check sees it again, and so does the evaluation: the run stops there.
-    callbacks = Scripted(state, evaluations={20: 0.6, 45: 0.85, 50: 0.95},
+    callbacks = Scripted(state, evaluations={20: 0.7, 45: 0.85, 50: 0.95},
                          checks={25: 0.5, 45: 0.95, 50: 0.95})
     assert run_loop(state, callbacks) == "stopped at target"
     assert state.step == 50
@@ -89,7 +89,9 @@ def test_check_due_follows_the_best_evaluation_so_far_which_checkpoints_keep():
     state = state_for()
     cfg = state.cfg.train
     assert not check_due(45, cfg, state.best_exact_match)  # no evaluation yet
-    state.best_exact_match = 0.45
+    state.best_exact_match = 0.55
+    assert not check_due(45, cfg, state.best_exact_match)  # below two thirds of 0.9
+    state.best_exact_match = 0.65
     assert check_due(45, cfg, state.best_exact_match)
     assert not check_due(46, cfg, state.best_exact_match)
     assert "best_exact_match" in init_state(state.cfg, torch.device("cpu")).state_dict()

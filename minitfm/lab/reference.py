@@ -9,7 +9,7 @@ The recipe is minitfm's, read from the config: the same training stream (`task.s
 betas (0.9, 0.98) and weight decay on matrices only, minitfm's lr schedule (`lr_factor`), the
 gradient clip, cross-entropy ignoring PAD, and `run_loop`'s evaluation schedule: a full greedy
 evaluation every train.eval_every steps, quick checks on a fifth of the held-out set every
-train.check_every steps once an evaluation reached half the target, a stop at the target.
+train.check_every steps once an evaluation reached two thirds of the target, a stop at the target.
 
 A plain trainer writes nothing: no TensorBoard, no checkpoints, no attention pictures.
 minitfm's own run writes all of those, and must still win.

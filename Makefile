@@ -12,7 +12,7 @@ CONFIG ?=
 ARGS   ?=
 PORT   ?= 6006
 
-.PHONY: install train test test-fast lint bench tensorboard notebook data clean FORCE
+.PHONY: install train test test-fast test-book lint bench tensorboard notebook data clean FORCE
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ test: install
 # The tests not marked slow (none trains past ~50 steps or starts other torch processes).
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+# The book's own tests (tests/book/): each chapter against PyTorch, in seconds.
+test-book: install
+	$(BIN)/python -m pytest -q tests/book $(ARGS)
 
 lint: install
 	$(BIN)/ruff check minitfm tests

@@ -129,10 +129,10 @@ def test_ablated_decoding_with_cache_equals_without_and_teacher_forcing(short_ru
              ("cross", 0): HeadAblation(torch.tensor([True, False]), means["cross", 0])}
     vocab, src = task.vocab, make_batch(pairs[:64], task.vocab).src
     with edited_heads(model, edits):
-        cached = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8, True)
-        uncached = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8, False)
+        cached = greedy_decode(model, src, vocab, 8, True)
+        uncached = greedy_decode(model, src, vocab, 8, False)
     assert torch.equal(cached, uncached)
-    assert not torch.equal(cached, greedy_decode(model, src, vocab.bos_id, vocab.eos_id, 8))
+    assert not torch.equal(cached, greedy_decode(model, src, vocab, 8))
     tgt_in = torch.cat([torch.full((64, 1), vocab.bos_id), cached[:, :-1]], dim=1)  # (B, L)
     with edited_heads(model, edits):
         forced = model(src, tgt_in).argmax(dim=-1)  # (B, L)

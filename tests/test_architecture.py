@@ -1,6 +1,6 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
-    app → lab → run → book → fast → tasks → config → errors
+    app → lab → run → fast → book → tasks → config → errors
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, so a deferred import cannot hide an arrow that points up.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
-FLOORS = ["errors", "config", "tasks", "fast", "book", "run", "lab", "app"]  # bottom to top
+FLOORS = ["errors", "config", "tasks", "book", "fast", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 
 
@@ -70,9 +70,15 @@ def test_config_imports_only_errors():
     assert GRAPH["minitfm.config"] <= {"minitfm.errors"}, GRAPH["minitfm.config"]
 
 
-def test_the_speed_appendix_knows_no_model():
-    for name in (m for m in MODULES if m.startswith("minitfm.fast")):
-        assert all(m.startswith("minitfm.fast") for m in GRAPH[name]), (name, GRAPH[name])
+def test_the_kernels_know_no_model():
+    """The appendix's kernels and packing import only torch; only fast/model.py reads the book."""
+    for name in ("minitfm.fast.kernels", "minitfm.fast.packing"):
+        assert GRAPH[name] == set(), (name, GRAPH[name])
+
+
+def test_the_book_imports_nothing_of_the_appendix():
+    for name in (m for m in MODULES if m.startswith("minitfm.book")):
+        assert not any(m.startswith("minitfm.fast") for m in GRAPH[name]), (name, GRAPH[name])
 
 
 def test_no_import_circles():

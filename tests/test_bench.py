@@ -299,7 +299,7 @@ def test_torch_reference_decodes_as_minitfm_recomputing_the_prefix():
                         [7, 0, 0, 0, 0], [6, 4, 3, 9, 0]])  # 0 is PAD
     bos, eos, cap = 1, 2, 8
     mine = [strip_eos(row, eos) for row in
-            greedy_decode(ours, src, bos, eos, cap, use_cache=False).tolist()]
+            greedy_decode(ours, src, ref.vocab, cap, use_cache=False).tolist()]
     theirs = [strip_eos(row, eos) for row in ref.decode(src, cap).tolist()]
     tokens = torch.full((len(src), 1), bos)
     with torch.no_grad():

@@ -102,6 +102,7 @@ BAD_OVERRIDES = [
     (["task.name=revers"], "did you mean 'reverse'"),
     (["model.positional=rotary"], "model.positional"),
     (["train.schedule=linear"], "train.schedule"),
+    (["model.code=slow"], "model.code"),
     (["device=gpu"], "device"),
     (["model=3"], "'model' is a section"),
     (["train.steps"], "must look like key=value"),

@@ -197,7 +197,7 @@ def test_readme_line_counts_of_the_floors_are_current():
 def test_figures_of_the_default_run_are_current():
     """Figures of the built-in default that code can produce: its parameter count (the header
     of `minitfm train` prints it) and the number of evaluations of a whole run."""
-    from minitfm.book.model import build_model
+    from minitfm.fast.model import build_model
     from minitfm.tasks import make_task
 
     cfg = Config()

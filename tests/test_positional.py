@@ -22,7 +22,7 @@ from minitfm.errors import ConfigError
 from minitfm.run.session import train
 from minitfm.tasks import make_task, positions_short
 from tests.helpers import TINY, assert_clean_error, run_cli
-from tests.test_model import BOS, EOS, PAD, VOCAB, padded, reference_decode, symbols
+from tests.book.test_model import BOS, EOS, PAD, TOKENS, VOCAB, padded, reference_decode, symbols
 
 DTYPE = torch.float64
 
@@ -95,8 +95,8 @@ def test_greedy_decode_is_the_same_with_and_without_the_cache(positional, limit)
         model.generator.weight[EOS] += 0.5
     rows = [[3, 4, 5, 6, 7, 8], [9, 10], [5, 5, 5, 6], [7], [3, 10, 4]]
     expected = reference_decode(model, rows, max_len=12)
-    cached = greedy_decode(model, padded(rows), BOS, EOS, max_len=12, use_cache=True)
-    uncached = greedy_decode(model, padded(rows), BOS, EOS, max_len=12, use_cache=False)
+    cached = greedy_decode(model, padded(rows), TOKENS, max_len=12, use_cache=True)
+    uncached = greedy_decode(model, padded(rows), TOKENS, max_len=12, use_cache=False)
     assert torch.equal(cached, expected)
     assert torch.equal(uncached, expected)
 
@@ -438,33 +438,3 @@ def test_resume_is_bit_exact_with_random_positions(tmp_path):
 
     assert len(losses(tmp_path / "straight")) == 40
     assert losses(tmp_path / "straight") == losses(tmp_path / "split")
-
-
-@pytest.mark.parametrize("positional, limit", SETTINGS, ids=IDS)
-@pytest.mark.parametrize("norm_first", [True, False], ids=["pre-LN", "post-LN"])
-def test_training_on_the_real_tokens_only_equals_training_on_the_padded_batch(
-        positional, limit, norm_first):
-    """In training the model packs the real tokens (Packing): the logits at real positions,
-    the loss and every gradient are those of the padded computation."""
-    from minitfm.book.model import sequence_loss
-
-    src = padded([[3, 4, 5, 6, 7], [8, 9], [10, 3, 4]])
-    tgt_in = padded([[BOS, 7, 6, 5, 4, 3], [BOS, 9, 8], [BOS, 4]])
-    tgt_out = padded([[7, 6, 5, 4, 3, EOS], [9, 8, EOS], [4, EOS]])
-    results = []
-    for pack in (True, False):
-        model = make_model(positional, limit, norm_first=norm_first).train()
-        if not pack:
-            model.packing = lambda tokens: None
-        assert (model.packing(tgt_in) is not None) == pack
-        torch.manual_seed(7)  # the same random positions
-        logits = model(src, tgt_in)
-        loss = sequence_loss(logits, tgt_out, PAD)
-        loss.backward()
-        real = tgt_out != PAD
-        results.append((logits[real], loss, [p.grad for p in model.parameters()]))
-    (packed, loss, grads), (padded_logits, padded_loss, padded_grads) = results
-    torch.testing.assert_close(packed, padded_logits, rtol=0, atol=1e-12)
-    torch.testing.assert_close(loss, padded_loss, rtol=0, atol=1e-12)
-    for a, b in zip(grads, padded_grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -96,6 +96,20 @@ def test_long_values_are_cut_in_messages(empty_cwd):
     assert len(result.stderr) < 300
 
 
+@pytest.mark.parametrize("overrides,needles", [
+    (["model.d_model=10", "model.n_heads=4"],
+     ["model.d_model (10) must be divisible by model.n_heads (4)"]),
+    (["model.dropout=1.0"], ["model.dropout (1.0)"]),
+    (["model.positional=rotary"],
+     ["model.positional ('rotary') must be one of", "did you mean 'rope'"]),
+    (["model.code=slow"], ["model.code ('slow')", "fast", "book"]),
+])
+def test_model_values_the_book_asserts_are_refused_in_one_line(empty_cwd, overrides, needles):
+    """The book's layers only assert their own invariants; the config refuses a user's values
+    first, naming the key."""
+    assert_clean_error(run_cli("train", *SHORT, *overrides), 2, *needles)
+
+
 # --- M1: sizes that cannot fit are refused before anything is written ---
 
 @pytest.mark.parametrize("override,needle", [

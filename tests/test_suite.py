@@ -29,9 +29,9 @@ def test_every_cuda_test_has_the_cuda_marker():
     assert needs_cuda(ast.parse("def f():\n    tiny('device=cuda')\n").body[0])
     assert not needs_cuda(ast.parse("def f():\n    run('device=tpu')\n").body[0])
     unmarked = []
-    for path in sorted(TESTS.glob("test_*.py")):
+    for path in sorted(TESTS.rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") \
                     and needs_cuda(node) and not marked_cuda(node):
-                unmarked.append(f"{path.name}::{node.name}")
+                unmarked.append(f"{path.relative_to(TESTS)}::{node.name}")
     assert unmarked == []

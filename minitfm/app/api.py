@@ -32,11 +32,12 @@ import torch
 from torch import Tensor
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE
-from minitfm.book.model import Seq2SeqTransformer, default_device
+from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import SEED_RANGE, Config, load_config
 from minitfm.errors import MinitfmError, quote
 from minitfm.lab.evaluate import eval_report, load_model, predict_lines
 from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
+from minitfm.run.devices import default_device
 from minitfm.run.rundir import API_NAMES, find_run_dir, pick_checkpoint, resolve_checkpoint
 from minitfm.tasks.base import Task, eval_set
 

@@ -5,7 +5,7 @@ Written from tensor operations so each line can be read against the papers: Ba e
 Bernoulli mask); Vaswani et al. 2017 §3.3 (feed-forward). Attention is in `attention.py`,
 positional encodings in `positions.py`.
 
-Shapes: D d_model, F d_ff; `...` any leading dims (batch, positions, or packed rows).
+Shapes: D d_model, F d_ff; `...` any leading dims (batch, positions).
 
 A user's values are checked by the config, with messages naming its keys; the asserts here
 only state each primitive's own invariants (p in [0, 1)).
@@ -16,20 +16,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from minitfm.fast.kernels import LayerNormFunction
-
 
 class LayerNorm(nn.Module):
     """Layer normalisation (Ba et al. 2016, §3): γ (X - mean) / sqrt(s² + ε) + δ.
 
-    Per position, over its D features: mean = Σ_i x_i / D, s² = Σ_i (x_i - mean)² / D (the
-    biased variance), so in plain tensor operations
-
-        centred = x - x.mean(-1, keepdim=True)
-        y = γ * centred / (centred.square().mean(-1, keepdim=True) + ε).sqrt() + δ
-
-    The forward runs `fast.kernels.LayerNormFunction`, the same sums with its backward written
-    out (tested equal to torch's layer norm, values and gradients).
+    Per position, over its D features: mean = Σ_i x_i / D and s² = Σ_i (x_i - mean)² / D, the
+    biased variance (divided by D, not D - 1), as the paper and torch's layer norm define it.
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5):
@@ -40,7 +32,9 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalise each position's D features to mean 0 and variance 1, then scale and shift."""
-        return LayerNormFunction.apply(x, self.weight, self.bias, self.eps)  # (..., D)
+        centred = x - x.mean(dim=-1, keepdim=True)  # X - mean, (..., D)
+        variance = centred.square().mean(dim=-1, keepdim=True)  # s², (..., 1)
+        return self.weight * centred / (variance + self.eps).sqrt() + self.bias  # (..., D)
 
 
 class Dropout(nn.Module):
@@ -59,8 +53,7 @@ class Dropout(nn.Module):
     def scale(self, shape: tuple[int, ...], like: Tensor) -> Tensor:
         """Z / (1 - p) of `shape`, Z ~ Bernoulli(1 - p), in `like`'s dtype and device.
 
-        Z = 1[U >= p] for U ~ Uniform[0, 1) is Bernoulli(1 - p); on CPU one uniform draw and a
-        comparison are faster than bernoulli_ (docs/speed.md). Inverted scaling: divide by
+        Z = 1[U >= p] for U ~ Uniform[0, 1) is Bernoulli(1 - p). Inverted scaling: divide by
         1 - p now, so evaluation is the identity. Draws from torch's global RNG, which
         checkpoints save.
         """

@@ -97,8 +97,8 @@ def strip_eos(row: list[int], eos_id: int) -> list[int]:
     return row[:row.index(eos_id)] if eos_id in row else row
 
 
-# Sequences decoded at once. On a CPU 250 is as fast as 1000 (the matmuls are already large)
-# and needs a quarter of the memory: a batch of 1000 added ~120 MB to a training run's peak.
+# Sequences decoded at once: large enough for the matrix products to be efficient, small
+# enough that decoding a long evaluation needs little memory (docs/speed.md).
 EVAL_BATCH_SIZE = 250
 
 
@@ -128,7 +128,7 @@ def decode_chunk(model, task: Task, src, lengths: list[int], use_cache: bool = T
     longest target they allow (+ EOS); the outputs without EOS. `encoded`: see greedy_decode."""
     vocab = task.vocab
     cap = max(task.max_target_len(n) for n in lengths) + 1  # + EOS
-    tokens = greedy_decode(model, src, vocab.bos_id, vocab.eos_id, cap, use_cache, encoded)
+    tokens = greedy_decode(model, src, vocab, cap, use_cache, encoded)
     return [strip_eos(row, vocab.eos_id) for row in tokens.tolist()]
 
 

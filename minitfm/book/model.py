@@ -6,15 +6,13 @@ D d_model, H n_heads, V vocab_size.
 The model masks by itself: source padding (tokens == pad_id) in encoder self-attention and in
 cross-attention, and future positions in decoder self-attention. Target padding needs no mask:
 the loss ignores PAD targets and the causal mask keeps real positions from seeing later ones.
-In training on a CPU the padding is also skipped: embeddings, projections, feed-forward blocks
-and layer norms see only the real tokens, packed into rows (N, D) (`fast.packing.Packing`).
 
 Positions are 0..S-1 in the source and 0..T-1 in the target (continuing from the cache when
 decoding step by step); with `model.random_positions` set, `forward` in training mode draws
 them instead (Ruoss et al. 2023), so that longer inputs at test time meet positions seen in
 training. Schemes acting inside attention (RoPE, ALiBi) get the position indices through
-`AttentionPositions`. What each attention attends over (mask, positions, packing) travels as
-one `AttentionScope`, built once per encode/decode call and shared by every layer.
+`AttentionPositions`. What each attention attends over (mask, positions) travels as one
+`AttentionScope`, built once per encode/decode call and shared by every layer.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ from minitfm.book.positions import (
     sample_positions,
 )
 from minitfm.config import ModelConfig
-from minitfm.fast.packing import AttentionPacking, Packing
+from minitfm.tasks.base import Vocab
 
 
 def subsequent_mask(size: int, device: torch.device | str | None = None) -> Tensor:
@@ -73,10 +71,7 @@ class EncoderLayer(nn.Module):
         self.dropout = Dropout(cfg.dropout)  # on each sub-layer's output, §5.4
 
     def forward(self, x: Tensor, scope: AttentionScope) -> tuple[Tensor, Tensor]:
-        """x (B, S, D), scope.mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S).
-
-        With `scope.packing`, x holds the real tokens only: (N, D) in and out.
-        """
+        """x (B, S, D), scope.mask (B, 1, 1, S) -> x (B, S, D), weights (B, H, S, S)."""
         if self.norm_first:  # pre-LN: x + Sublayer(LN(x)) (Xiong et al. 2020)
             h = self.norm1(x)
             attn, weights = self.self_attn(h, h, h, scope)
@@ -109,8 +104,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D), memory (B, S, D) -> x (B, T, D), self (B,H,T,T'), cross (B,H,T,S).
 
-        `self_scope` holds the causal mask, `cross_scope` the source padding mask; with their
-        packing, x (in and out) and the memory hold their real tokens only, (N, D).
+        `self_scope` holds the causal mask, `cross_scope` the source padding mask.
         """
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
@@ -172,14 +166,9 @@ class Seq2SeqTransformer(nn.Module):
                     nn.init.zeros_(module.bias)
         nn.init.normal_(self.embedding.weight, std=self.config.d_model**-0.5)
 
-    def embed(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None,
-              packing: Packing | None = None) -> Tensor:
-        """Tokens (B, T) -> scaled embeddings plus positions offset.. (or `positions`) (B, T, D);
-        with `packing`, of the real tokens only: (N, D) (training, so offset is 0)."""
-        if packing is not None:
-            tokens = packing.pack(tokens)  # (N,)
-            positions = packing.columns if positions is None else packing.pack(positions)
-        x = self.embedding(tokens) * self.embed_scale  # (B, T, D) or (N, D)
+    def embed(self, tokens: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """Tokens (B, T) -> scaled embeddings plus positions offset.. or `positions`: (B, T, D)."""
+        x = self.embedding(tokens) * self.embed_scale  # (B, T, D)
         return self.embed_dropout(self.positional(x, offset, positions))
 
     def encode(self, src: Tensor,
@@ -188,42 +177,21 @@ class Seq2SeqTransformer(nn.Module):
 
         `positions` (B, S) replaces 0..S-1 (randomized positions, drawn by `forward`).
         """
-        memory, src_mask, maps, packing = self.encode_rows(src, positions)
-        if packing is not None:
-            memory = packing.unpack(memory)  # (B, S, D), zeros at the padding (masked anyway)
-        return memory, src_mask, maps
-
-    def encode_rows(
-        self, src: Tensor, positions: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, list[Tensor], Packing | None]:
-        """`encode`, with the memory of only the real tokens (N, D) when the batch is packed
-        (in training), and its Packing (None: padded (B, S, D))."""
         src_mask = (src != self.pad_id)[:, None, None, :]  # (B, 1, 1, S), True = real token
-        attn_positions = NO_POSITIONS
-        if self.positional.in_attention:  # RoPE, ALiBi: the same for every layer
-            pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
-            attn_positions = self.positional.attention(pos, pos)
-        packing = self.packing(src)
-        scope = AttentionScope(src_mask, attn_positions, AttentionPacking(packing, packing))
-        x = self.embed(src, positions=positions, packing=packing)  # (B, S, D) or (N, D)
+        scope = AttentionScope(src_mask, self.encoder_positions(src, positions))
+        x = self.embed(src, positions=positions)  # (B, S, D)
         maps = []
         for layer in self.encoder_layers:
             x, weights = layer(x, scope)
             maps.append(weights)
-        return self.encoder_norm(x), src_mask, maps, packing  # memory (B, S, D) or (N, D)
+        return self.encoder_norm(x), src_mask, maps  # memory (B, S, D)
 
-    def packing(self, tokens: Tensor) -> Packing | None:
-        """Where the real tokens of a training batch (B, T) are, to skip its padding.
-
-        None outside training: a model that emits PAD and is fed it back (greedy decoding)
-        must treat it as a token. None on a GPU: finding the tokens there would make the CPU
-        wait for it, and a GPU has cores to spare for the padding. None without padding.
-        """
-        if not self.training or tokens.device.type != "cpu":
-            return None
-        real = (tokens != self.pad_id).flatten()  # (B * T,)
-        index = real.nonzero().squeeze(1)  # (N,)
-        return Packing(index, *tokens.shape) if len(index) < len(real) else None
+    def encoder_positions(self, src: Tensor, positions: Tensor | None) -> AttentionPositions:
+        """What RoPE or ALiBi do in encoder self-attention: the same for every layer."""
+        if not self.positional.in_attention:
+            return NO_POSITIONS
+        pos = self.indices(positions, src.size(1), 0, src.device)  # (S,) or (B, S)
+        return self.positional.attention(pos, pos)
 
     @staticmethod
     def indices(positions: Tensor | None, length: int, offset: int, device) -> Tensor:
@@ -254,15 +222,12 @@ class Seq2SeqTransformer(nn.Module):
         cache: list[DecoderLayerCache] | None = None,
         tgt_positions: Tensor | None = None,
         src_positions: Tensor | None = None,
-        memory_packing: Packing | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """tgt (B, T) -> logits (B, T, V), decoder maps [(B,H,T,T)], cross maps [(B,H,T,S)].
 
         With a `cache` (from `new_cache`), `tgt` holds only the tokens after those already
         cached; their positions and causal mask continue from there. `tgt_positions` (B, T) and
         `src_positions` (B, S) replace 0..T-1 and 0..S-1 (randomized positions, no cache).
-        `memory_packing`: the memory holds the real source tokens only, (N_s, D)
-        (`encode_rows`).
         """
         offset = cache[0].self_attn.length if cache is not None else 0
         T = tgt.size(1)
@@ -271,11 +236,9 @@ class Seq2SeqTransformer(nn.Module):
         self_mask = self.subsequent(offset, T) if T > 1 else None
         self_positions, cross_positions = self.decoder_positions(
             offset, T, src_mask.size(-1), tgt.device, tgt_positions, src_positions)
-        packing = self.packing(tgt) if cache is None else None  # a cache is for decoding
-        self_scope = AttentionScope(self_mask, self_positions, AttentionPacking(packing, packing))
-        cross_scope = AttentionScope(src_mask, cross_positions,
-                                     AttentionPacking(packing, memory_packing))
-        x = self.embed(tgt, offset, tgt_positions, packing)  # (B, T, D) or (N, D)
+        self_scope = AttentionScope(self_mask, self_positions)
+        cross_scope = AttentionScope(src_mask, cross_positions)
+        x = self.embed(tgt, offset, tgt_positions)  # (B, T, D)
         self_maps, cross_maps = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache[i] if cache is not None else None
@@ -283,10 +246,7 @@ class Seq2SeqTransformer(nn.Module):
                                                    layer_cache)
             self_maps.append(self_weights)
             cross_maps.append(cross_weights)
-        logits = self.generator(self.decoder_norm(x))  # (B, T, V) or (N, V)
-        if packing is not None:
-            logits = packing.unpack(logits)  # (B, T, V), zeros at the padding (PAD targets)
-        return logits, self_maps, cross_maps
+        return self.generator(self.decoder_norm(x)), self_maps, cross_maps  # (B, T, V), ...
 
     def subsequent(self, offset: int, length: int) -> Tensor:
         """Rows offset..offset+length-1 of the causal mask: (length, offset + length)."""
@@ -308,9 +268,9 @@ class Seq2SeqTransformer(nn.Module):
         src_positions = tgt_positions = None
         if self.training and self.config.random_positions is not None:
             src_positions, tgt_positions = self.draw_positions(src, tgt)
-        memory, src_mask, encoder_maps, packing = self.encode_rows(src, src_positions)
+        memory, src_mask, encoder_maps = self.encode(src, src_positions)
         logits, decoder_maps, cross_maps = self.decode(tgt, memory, src_mask, None, tgt_positions,
-                                                       src_positions, packing)
+                                                       src_positions)
         if return_attention:
             return logits, AttentionMaps(encoder_maps, decoder_maps, cross_maps)
         return logits
@@ -326,11 +286,6 @@ class Seq2SeqTransformer(nn.Module):
         S, T = src.size(1), tgt.size(1)
         positions = sample_positions(lengths, max(S, T), self.config.random_positions)  # (B, W)
         return positions[:, :S], positions[:, :T]
-
-
-def build_model(cfg, task) -> Seq2SeqTransformer:
-    """The model `cfg.model` describes, sized for the task's vocabulary (the one factory)."""
-    return Seq2SeqTransformer(cfg.model, len(task.vocab), task.vocab.pad_id)
 
 
 def sequence_loss(logits: Tensor, targets: Tensor, pad_id: int, label_smoothing: float = 0.0,
@@ -356,25 +311,20 @@ def eval_mode(model: nn.Module):
         model.train(was_training)
 
 
-def default_device() -> torch.device:
-    """CUDA when there is a GPU, else the CPU (the choice `device: auto` makes)."""
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
 @torch.no_grad()
 def greedy_decode(
     model: Seq2SeqTransformer,
     src: Tensor,
-    bos_id: int,
-    eos_id: int,
+    vocab: Vocab,
     max_len: int,
     use_cache: bool = True,
     encoded: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """Batched greedy decoding from BOS: tokens (B, T <= max_len), EOS kept, PAD after it.
 
-    `encoded` is `model.encode(src)`'s memory and source mask when the caller has them
-    already.
+    Each step feeds the tokens so far (with `use_cache`, only the newest: the KV caches hold
+    the rest) and appends the most likely next token. `encoded` is `model.encode(src)`'s
+    memory and source mask when the caller has them already.
     """
     with eval_mode(model):  # dropout off: decoding is deterministic
         if encoded is None:  # the source is encoded once, for every step
@@ -382,7 +332,7 @@ def greedy_decode(
         else:
             memory, src_mask = encoded
         B = src.size(0)
-        tokens = torch.full((B, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        tokens = torch.full((B, 1), vocab.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         done = torch.zeros(B, dtype=torch.bool, device=src.device)  # (B,)
         cache = model.new_cache() if use_cache else None
         for _ in range(max_len):
@@ -391,7 +341,7 @@ def greedy_decode(
             next_token = logits[:, -1].argmax(dim=-1)  # (B,)
             next_token = next_token.masked_fill(done, model.pad_id)  # finished rows: PAD
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, t + 1)
-            done |= next_token == eos_id
+            done |= next_token == vocab.eos_id
             if bool(done.all()):
                 break
         return tokens[:, 1:]  # drop the leading BOS

@@ -12,8 +12,7 @@ decay λ on the weight matrices only (not on biases or the norms' γ and δ):
 The parameters are views into one flat tensor, so a step is a few operations on one long
 vector instead of a loop over ~50 small tensors (torch's fused AdamW does the same in C++).
 Gradient clipping (the global norm, as `torch.nn.utils.clip_grad_norm_`) happens on the same
-flat vector. Torch's optimizers also import torch.compile's machinery on first use (~1 s of
-a 10 s run); this one needs nothing beyond tensors.
+flat vector.
 """
 
 from __future__ import annotations
@@ -82,10 +81,7 @@ class AdamW:
                 "exp_avg_sq": self.exp_avg_sq.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the moments and step count, from this class's `state_dict` or from
-        `torch.optim.AdamW`'s (checkpoints of minitfm 0.1, see `from_torch_adamw`)."""
-        if "state" in state:
-            state = self.from_torch_adamw(state)
+        """Restore the moments and step count saved by `state_dict`."""
         for name in ("exp_avg", "exp_avg_sq"):
             saved = state[name]
             if not isinstance(saved, Tensor) or saved.shape != self.flat.shape:
@@ -93,18 +89,3 @@ class AdamW:
                                  f"the model {tuple(self.flat.shape)}")
             getattr(self, name).copy_(saved)
         self.t = int(state["step"])
-
-    def from_torch_adamw(self, state: dict[str, Any]) -> dict[str, Any]:
-        """torch.optim.AdamW's state as this class's: minitfm 0.1 kept the weight matrices in
-        group 0 and the rest in group 1, numbered in that order."""
-        order = [p for p in self.params if p.dim() >= 2] + [p for p in self.params if p.dim() < 2]
-        moments = {name: torch.zeros_like(self.flat) for name in ("exp_avg", "exp_avg_sq")}
-        step = 0
-        for index, p in enumerate(order):
-            saved = state["state"].get(index)
-            if saved is None:  # no step taken yet
-                continue
-            for name, flat in moments.items():
-                flat[self.starts[p]:self.starts[p] + p.numel()] = saved[name].reshape(-1)
-            step = int(saved["step"])
-        return {"step": step, **moments}

@@ -1,7 +1,8 @@
-"""The speed appendix, read after the book: the kernels and the packing the book calls.
+"""The speed appendix, read after the book: the same model, computed faster.
 
-`kernels.py` holds attention and layer norm with their backward passes written out, and a
-softmax for short rows; `packing.py` lets position-wise work skip the padding. Each is tested
-equal to the book's readable form. Nothing here knows the model: it imports only torch. What
-each one trades, and the measurements, are in docs/speed.md.
+`model.py` builds the model a config's `model.code` names (`build_model`): the book's own
+code, or the book's model with this appendix installed: `kernels.py`, attention and layer norm
+with their backward passes written out, and `packing.py`, position-wise work on the real tokens
+only. Same classes, same parameters, same `state_dict`; each piece is tested equal to the
+book's readable form. What each one trades, and the measurements, are in docs/speed.md.
 """

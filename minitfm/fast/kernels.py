@@ -1,9 +1,9 @@
 """Attention and layer norm with their backward passes written out, and a short-row softmax.
 
-The book's readable forms are `book.attention.attention` and `book.layers.LayerNorm`'s
-docstring; these kernels compute the same (tested equal, values and gradients) with fewer
-passes over memory: they keep fewer intermediates for backward and scale the smaller matrices.
-What that buys on a CPU is measured in docs/speed.md.
+The book's readable forms are `book.attention.attention` and `book.layers.LayerNorm.forward`;
+these kernels compute the same (tested equal, values and gradients) with fewer passes over
+memory: they keep fewer intermediates for backward and scale the smaller matrices. What that
+buys on a CPU is measured in docs/speed.md.
 
 Shapes: B batch, H n_heads, K d_head, D d_model; T_q and T_k are the query and key lengths of
 one attention call.
@@ -121,3 +121,30 @@ class LayerNormFunction(torch.autograd.Function):
         grad_x = torch.addcmul(mean_g.neg_(), grad, weight)  # g - mean(g), (..., D)
         grad_x.addcmul_(x_hat, proj, value=-1).mul_(rstd)  # dX, (..., D)
         return grad_x, grad_weight, grad_bias, None
+
+
+def additive_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """Boolean mask (True = may attend) -> 0 where allowed, the dtype's lowest value elsewhere.
+
+    Added to the scores, the lowest value swamps any score, so a masked key gets exp(min - max)
+    = 0 exactly; unlike -inf, a row with every key masked becomes uniform instead of 0/0 = NaN.
+    Adding costs one pass over the scores and nothing in backward (torch.where costs one each
+    way), and the mask itself is small: (B, 1, 1, T_k) or (T_q, T_k).
+    """
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                                 bias: Tensor | None = None,
+                                 keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`book.attention.attention` through `AttentionFunction`: (output, weights).
+
+    The mask and ALiBi's `bias` become one additive term; `keep` is the dropout scale Z / (1 - p)
+    of each weight (`book.layers.Dropout.scale`), None outside training.
+    """
+    additive = bias  # (B or 1, H, T_q, T_k) or None: whatever is added to the scores
+    if mask is not None:
+        masked = additive_mask(mask, q.dtype)  # (B, 1, 1, T_k) or (T_q, T_k)
+        additive = masked if additive is None else additive + masked
+    return AttentionFunction.apply(q, k, v, additive, keep)

@@ -52,3 +52,10 @@ class AttentionPacking:
 
 
 NO_PACKING = AttentionPacking()  # frozen, so one shared instance is safe: nothing packed
+
+
+def real_tokens(tokens: Tensor, pad_id: int) -> Packing | None:
+    """Where the real (non-PAD) tokens of a batch (B, T) are; None when nothing is padding."""
+    real = (tokens != pad_id).flatten()  # (B * T,)
+    index = real.nonzero().squeeze(1)  # (N,)
+    return Packing(index, *tokens.shape) if len(index) < len(real) else None

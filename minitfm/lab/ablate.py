@@ -42,11 +42,12 @@ from minitfm.book.metrics import (
     predict,
     score,
 )
-from minitfm.book.model import default_device, eval_mode
+from minitfm.book.model import eval_mode
 from minitfm.errors import MinitfmError
 from minitfm.lab.evaluate import load_model
 from minitfm.lab.plots import check_output, save_png
 from minitfm.lab.viz import KIND_TITLES, KINDS
+from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, decoding_parts
 from minitfm.run.rundir import find_run_dir, resolve_checkpoint
 from minitfm.tasks.base import Batch, Pair, Task, eval_set, make_batch

@@ -27,8 +27,9 @@ from statistics import median
 import torch
 
 from minitfm.book.loop import make_optimizer
-from minitfm.book.model import Seq2SeqTransformer, build_model, greedy_decode, sequence_loss
+from minitfm.book.model import Seq2SeqTransformer, greedy_decode, sequence_loss
 from minitfm.config import Config, load_config
+from minitfm.fast.model import build_model
 from minitfm.lab.reference import (
     TRAINERS,
     XT_MISSING,
@@ -178,8 +179,7 @@ def decoding(length: int, device, n: int = 1000) -> dict:
     for use_cache in (True, False):
         sync(device)
         start = time.perf_counter()
-        outputs[use_cache] = greedy_decode(model, src, task.vocab.bos_id, task.vocab.eos_id,
-                                           length + 1, use_cache=use_cache)
+        outputs[use_cache] = greedy_decode(model, src, task.vocab, length + 1, use_cache)
         sync(device)
         times[use_cache] = time.perf_counter() - start
     assert torch.equal(outputs[True], outputs[False]), "KV cache changed the decoded tokens"

@@ -13,14 +13,12 @@ from pathlib import Path
 import torch
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE, evaluate, predict
-from minitfm.book.model import (
-    Seq2SeqTransformer,
-    build_model,
-    default_device,
-)
+from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
+from minitfm.fast.model import build_model
 from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint
+from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, decoding_parts, model_parts
 from minitfm.run.rundir import resolve_checkpoint
 from minitfm.tasks import make_task, positions_short

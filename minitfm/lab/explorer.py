@@ -31,7 +31,6 @@ import torch
 
 from minitfm import __version__
 from minitfm.book.metrics import predict
-from minitfm.book.model import default_device
 from minitfm.config import SPECIAL_TOKENS, TASK_SYMBOLS
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.ablate import ablation_pairs, replacements
@@ -39,6 +38,7 @@ from minitfm.lab.evaluate import input_limit, load_model
 from minitfm.lab.plots import run_curves
 from minitfm.lab.timeline import read_timeline
 from minitfm.lab.viz import ALIGNMENT_SAMPLES, GAMMA, PALETTE, alignment_scores
+from minitfm.run.devices import default_device
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, resolve_checkpoint
 from minitfm.tasks.base import Task, eval_set

@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minitfm.book.metrics import strip_eos
-from minitfm.book.model import AttentionMaps, default_device, eval_mode, greedy_decode
+from minitfm.book.model import AttentionMaps, eval_mode, greedy_decode
 from minitfm.errors import MinitfmError, quote
 from minitfm.lab.plots import save_png, wrap_to_width, wrap_words
+from minitfm.run.devices import default_device
 from minitfm.tasks.base import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")
@@ -96,7 +97,7 @@ def run_probe(model, task: Task, src: list[int], teacher: list[int] | None = Non
         source = torch.tensor([src], device=device)  # (1, S)
         if output is None:
             cap = task.max_target_len(len(src)) + 1  # + EOS
-            decoded = greedy_decode(model, source, vocab.bos_id, vocab.eos_id, cap)[0].tolist()
+            decoded = greedy_decode(model, source, vocab, cap)[0].tolist()
         else:
             decoded = [*output, vocab.eos_id]
         read = decoded if teacher is None else [*teacher, vocab.eos_id]

@@ -178,3 +178,27 @@ def check_vocab(state: dict[str, Any], task, path: Path) -> None:
     if list(task.vocab.tokens) != list(state["vocab"]):
         raise CheckpointError(f"checkpoint '{path}' was made with another vocabulary "
                               f"than task {task.cfg.name!r} has in this minitfm version")
+
+
+def optimizer_state(saved: dict[str, Any], optimizer) -> dict[str, Any]:
+    """The optimizer state of a checkpoint as `book.optim.AdamW.load_state_dict` takes it.
+
+    Checkpoints of minitfm 0.1 hold `torch.optim.AdamW`'s state instead: the weight matrices
+    in group 0, the rest in group 1, numbered in that order; their moments go to the places
+    of the same parameters in the flat vector.
+    """
+    if "state" not in saved:
+        return saved
+    params = optimizer.params
+    order = [p for p in params if p.dim() >= 2] + [p for p in params if p.dim() < 2]
+    moments = {name: torch.zeros_like(optimizer.flat) for name in ("exp_avg", "exp_avg_sq")}
+    step = 0
+    for index, p in enumerate(order):
+        old = saved["state"].get(index)
+        if old is None:  # no step taken yet
+            continue
+        start = optimizer.starts[p]
+        for name, flat in moments.items():
+            flat[start:start + p.numel()] = old[name].reshape(-1)
+        step = int(old["step"])
+    return {"step": step, **moments}

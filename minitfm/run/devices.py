@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from minitfm.book.model import default_device
 from minitfm.errors import MinitfmError
+
+
+def default_device() -> torch.device:
+    """CUDA when there is a GPU, else the CPU (the choice `device: auto` makes)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def pick_device(name: str) -> torch.device:

@@ -28,7 +28,6 @@ from minitfm.book.loop import (
     warmup_warning,
 )
 from minitfm.book.metrics import EvalResult, LengthStats, evaluate, predict
-from minitfm.book.model import build_model
 from minitfm.config import (
     Config,
     parse_override,
@@ -38,8 +37,15 @@ from minitfm.config import (
     validate,
 )
 from minitfm.errors import CheckpointError, ConfigError, Interrupted, MinitfmError, RunFailed
+from minitfm.fast.model import build_model
 from minitfm.run import distributed
-from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, save_checkpoint
+from minitfm.run.checkpoint import (
+    check_vocab,
+    does_not_fit,
+    load_checkpoint,
+    optimizer_state,
+    save_checkpoint,
+)
 from minitfm.run.devices import pick_device
 from minitfm.run.distributed import Dist
 from minitfm.run.files import append_metrics
@@ -86,7 +92,7 @@ class RunState(TrainState):
         """Restore model, optimizer, step and every RNG; lr and weight decay come from the
         config (they may change on resume), the schedule from the step."""
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(optimizer_state(state["optimizer"], self.optimizer))
         self.step = state["step"]
         self.best_exact_match = state["best_exact_match"]
         torch.set_rng_state(state["rng"]["torch"])

@@ -1,4 +1,5 @@
-"""The encoder-decoder model: masking, padding, attention maps, sizes and greedy decoding."""
+"""Chapter 4, the model: layers against PyTorch's, masking, padding, attention maps, sizes and
+greedy decoding with a KV cache."""
 
 import importlib
 import inspect
@@ -19,9 +20,11 @@ from minitfm.book.model import (
     subsequent_mask,
 )
 from minitfm.config import ModelConfig
+from minitfm.tasks.base import SPECIAL_TOKENS, Vocab
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 11  # PAD, BOS, EOS and 8 data symbols (3..10)
+TOKENS = Vocab((*SPECIAL_TOKENS, *map(str, range(3, VOCAB))))  # ids as above
 DTYPE = torch.float64
 
 
@@ -256,7 +259,7 @@ def reference_decode(model, rows, max_len):
 
 def stop_early(model, src):
     """Swap EOS with a symbol the model first emits at different steps in different rows."""
-    out = greedy_decode(model, src, BOS, EOS, max_len=10)
+    out = greedy_decode(model, src, TOKENS, max_len=10)
     firsts = {t: {(row == t).nonzero()[0, 0].item() for row in out if (row == t).any()}
               for t in range(3, VOCAB)}
     symbol = max(firsts, key=lambda t: len(firsts[t]))
@@ -275,8 +278,8 @@ def test_greedy_decode_matches_reference_with_and_without_cache(norm_first):
     stops = [(row == EOS).nonzero()[0, 0].item() if (row == EOS).any() else None
              for row in expected]
     assert len({s for s in stops if s is not None}) >= 2, "rows should stop at different steps"
-    cached = greedy_decode(model, src, BOS, EOS, max_len=10, use_cache=True)
-    uncached = greedy_decode(model, src, BOS, EOS, max_len=10, use_cache=False)
+    cached = greedy_decode(model, src, TOKENS, max_len=10, use_cache=True)
+    uncached = greedy_decode(model, src, TOKENS, max_len=10, use_cache=False)
     assert torch.equal(cached, expected)
     assert torch.equal(uncached, expected)
 
@@ -286,7 +289,7 @@ def test_greedy_decode_stops_when_every_row_has_ended_and_pads_after_eos():
     rows = [[9, 10], [5, 5, 5, 6], [7]]
     src = padded(rows)
     stop_early(model, src)
-    out = greedy_decode(model, src, BOS, EOS, max_len=10)
+    out = greedy_decode(model, src, TOKENS, max_len=10)
     expected = reference_decode(model, rows, max_len=10)  # the oracle: one row at a time
     assert out.dtype == torch.long
     assert out.shape == expected.shape and torch.equal(out, expected)
@@ -307,7 +310,7 @@ def test_greedy_decode_honours_max_len_and_restores_training_mode():
         model.decoder_norm.bias[0] = 100.0
         model.generator.weight.zero_()
         model.generator.weight[3, 0] = 1.0
-    out = greedy_decode(model, symbols(3, 4), BOS, EOS, max_len=7)
+    out = greedy_decode(model, symbols(3, 4), TOKENS, max_len=7)
     assert torch.equal(out, torch.full((3, 7), 3))
     assert model.training
 
@@ -315,6 +318,6 @@ def test_greedy_decode_honours_max_len_and_restores_training_mode():
 def test_greedy_decode_with_learned_positions_caches_offsets():
     model = make_model(positional="learned", max_len=12, seed=4)
     src = padded([[3, 4, 5], [6, 7, 8, 9, 10]])
-    cached = greedy_decode(model, src, BOS, EOS, max_len=11, use_cache=True)
-    uncached = greedy_decode(model, src, BOS, EOS, max_len=11, use_cache=False)
+    cached = greedy_decode(model, src, TOKENS, max_len=11, use_cache=True)
+    uncached = greedy_decode(model, src, TOKENS, max_len=11, use_cache=False)
     assert torch.equal(cached, uncached)

@@ -21,8 +21,8 @@ from minitfm.config import POSITIONALS, ModelConfig, load_config
 from minitfm.errors import ConfigError
 from minitfm.run.session import train
 from minitfm.tasks import make_task, positions_short
-from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.book.test_model import BOS, EOS, PAD, TOKENS, VOCAB, padded, reference_decode, symbols
+from tests.helpers import TINY, assert_clean_error, run_cli
 
 DTYPE = torch.float64
 

@@ -1,8 +1,9 @@
 """The YAML config: schema, loading, key=value overrides and validation.
 
-The kernel of the package: it imports only `minitfm.errors`, needs no torch and never looks
-at the machine, so a config reads the same everywhere; whether it fits this machine's memory
-is asked where a run starts (`minitfm.run.limits`).
+The kernel of the package, with the modules it reads: `minitfm.yamlfile` (the strict YAML
+reader) and `minitfm.errors`. It needs no torch and never looks at the machine, so a config
+reads the same everywhere; whether it fits this machine's memory is asked where a run starts
+(`minitfm.run.limits`).
 
 Every key has a default, so a YAML file states only what it changes. The YAML key, the
 pydantic field and the override path are the same string: `model.n_heads: 4` in a file is
@@ -28,6 +29,7 @@ from pydantic import (
 )
 
 from minitfm.errors import ConfigError, quote
+from minitfm.yamlfile import load_yaml, read_yaml
 
 # The names `minitfm.tasks` registers; kept here so validation needs no torch.
 SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
@@ -38,8 +40,6 @@ POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
 FINITE = {"allow_inf_nan": False}
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
-MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
 # A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
 # that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
 # given (a million failed in libgomp's allocator, after a long wait on 2 cores).
@@ -323,72 +323,6 @@ def check_device(name: str, error=ConfigError) -> str:
     return name
 
 
-class StrictLoader(yaml.SafeLoader):
-    """`safe_load` with YAML 1.2 scalars, no duplicate keys and a bound on aliases.
-
-    YAML 1.1 (PyYAML's default) reads `017` as 15, `yes` as true and `3e-4` as a string; the
-    1.2 core schema reads them as 17, 'yes' and 0.0003. A chain of aliases can stand for
-    billions of nodes in a few hundred bytes ("billion laughs"): refused before it is built.
-    """
-
-    def construct_document(self, node):
-        if expanded_size(node, {}) > ALIAS_BUDGET:
-            raise yaml.YAMLError(f"its aliases (*name) expand to more than {ALIAS_BUDGET:,} "
-                                 f"values; write the values out")
-        return super().construct_document(node)
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:
-                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-                if key in seen and key != "<<":
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {quote(key)}", key_node.start_mark)
-                seen.add(key)
-        return super().construct_mapping(node, deep)
-
-    def construct_decimal_int(self, node) -> int:
-        text = self.construct_scalar(node).replace("_", "")
-        base = {"0x": 16, "0o": 8}.get(text[:2].lower(), 10)
-        return int(text[2:] if base != 10 else text, base)
-
-
-_YAML_11 = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
-StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_11]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-    list("-+0123456789"))
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
-StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_decimal_int)
-
-
-def expanded_size(node, memo: dict[int, int]) -> int:
-    """Nodes in `node` once every alias is written out (aliases share node objects)."""
-    if id(node) not in memo:
-        memo[id(node)] = 1  # a recursive alias counts once
-        if isinstance(node, yaml.SequenceNode):
-            children = node.value
-        elif isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
-        else:
-            children = []
-        memo[id(node)] = 1 + sum(expanded_size(child, memo) for child in children)
-    return memo[id(node)]
-
-
-def load_yaml(text: str):
-    """One YAML document read with `StrictLoader` (safe: no tags that run code)."""
-    return yaml.load(text, Loader=StrictLoader)
-
-
 def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> Config:
     """Read a YAML file (or take a mapping of the same sections, or the built-in default when
     `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python."""
@@ -412,43 +346,6 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
     for key in ("train_path", "eval_path"):
         if isinstance(task, dict) and isinstance(task.get(key), str) and task[key]:
             task[key] = str((base / Path(task[key]).expanduser()).resolve())
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML file, read with `StrictLoader`; every mistake is a ConfigError."""
-    shown = quote(str(path))
-    if path.is_dir():
-        raise ConfigError(f"config {shown} is a directory: give a YAML file such as "
-                          f"configs/reverse.yaml")
-    if not path.exists():
-        raise ConfigError(f"config file {shown} not found: check the path (shipped configs are "
-                          f"in configs/)")
-    if not path.is_file():
-        raise ConfigError(f"config {shown} is not a regular file: give a YAML file such as "
-                          f"configs/reverse.yaml")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {shown} is {path.stat().st_size:,} bytes; a config is "
-                          f"a few lines (at most {MAX_CONFIG_BYTES:,} bytes)")
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
-    except yaml.MarkedYAMLError as err:
-        line = err.problem_mark.line + 1 if err.problem_mark else "?"
-        raise ConfigError(f"config file {shown} is not valid YAML at line {line}: "
-                          f"{err.problem}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {shown} is not valid YAML: {err}") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {shown} ({err.strerror})") from None
-    except RecursionError:  # PyYAML builds nested collections recursively
-        raise ConfigError(f"config file {shown} is nested too deeply: a config is sections of "
-                          f"keys (task:, model:, train:, log:)") from None
-    if data is None:
-        raise ConfigError(f"config file {shown} is empty: state at least one key, e.g. "
-                          f"'task: {{name: copy}}', or leave the config out for the default")
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {shown} must be a mapping of sections "
-                          f"(task:, model:, train:, log:), not a {type(data).__name__}")
-    return data
 
 
 def parse_override(item: str) -> tuple[str, Any]:

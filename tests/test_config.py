@@ -162,18 +162,19 @@ def test_attention_images_follow_the_evaluations_by_default():
             load_config(None, [f"log.attention_every={bad}"])
 
 
-def test_config_imports_nothing_from_minitfm_but_errors():
+def test_config_imports_only_the_kernel():
     # The kernel: a config reads the same without torch and on any machine.
     tree = ast.parse((Path(__file__).parent.parent / "minitfm" / "config.py").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {name for name in imported if name.split(".")[0] == "minitfm"} == {"minitfm.errors"}
+    assert {name for name in imported if name.split(".")[0] == "minitfm"} == \
+        {"minitfm.errors", "minitfm.yamlfile"}
     code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('minitfm', 'torch'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.strip() == "['minitfm', 'minitfm.config', 'minitfm.errors']", \
-        result.stdout + result.stderr[-500:]
+    assert result.stdout.strip() == "['minitfm', 'minitfm.config', 'minitfm.errors', " \
+        "'minitfm.yamlfile']", result.stdout + result.stderr[-500:]
 
 
 def test_loading_a_config_does_not_measure_the_machine():

@@ -1,8 +1,9 @@
 """The YAML config: schema, loading, key=value overrides and validation.
 
-The kernel of the package, with the modules it reads: `minitfm.yamlfile` (the strict YAML
-reader) and `minitfm.errors`. It needs no torch and never looks at the machine, so a config
-reads the same everywhere; whether it fits this machine's memory is asked where a run starts
+The kernel of the package, with the modules it reads: `minitfm.catalog` (the names of tasks and
+positional schemes it validates against), `minitfm.yamlfile` (the strict YAML reader) and
+`minitfm.errors`. It needs no torch and never looks at the machine, so a config reads the same
+everywhere; whether it fits this machine's memory is asked where a run starts
 (`minitfm.run.limits`).
 
 Every key has a default, so a YAML file states only what it changes. The YAML key, the
@@ -28,14 +29,11 @@ from pydantic import (
     model_validator,
 )
 
+from minitfm.catalog import POSITIONALS, TASKS
 from minitfm.errors import ConfigError, quote
 from minitfm.yamlfile import load_yaml, read_yaml
 
-# The names `minitfm.tasks` registers; kept here so validation needs no torch.
-SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
-TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.tasks.pairs)
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
-POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
 FINITE = {"allow_inf_nan": False}
@@ -44,31 +42,6 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 # that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
 # given (a million failed in libgomp's allocator, after a long wait on 2 cores).
 MAX_THREADS = 1024
-
-# What a task's name fixes before any data is read, stated once: the tasks (minitfm.tasks)
-# build on it, and the memory check (minitfm.run.limits) reads it without torch.
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
-TASK_SYMBOLS = {"add": ("+",), "pairs": ("<unk>",)}  # next, before the data symbols
-
-
-def vocab_size(task: str, n_symbols: int) -> int:
-    """Tokens of the vocabulary of `task` over `n_symbols` data symbols."""
-    return len(SPECIAL_TOKENS) + len(TASK_SYMBOLS.get(task, ())) + n_symbols
-
-
-def longest_source(task: str, n: int) -> int:
-    """Tokens of the longest source of `task` for inputs of up to `n` symbols (task.max_len)."""
-    return 2 * n + 1 if task == "add" else n  # add: two n-digit numbers and a '+'
-
-
-def longest_target(task: str, n: int) -> int:
-    """Tokens of the longest target of `task` for inputs of up to `n` symbols (pairs: as many
-    here; once its files are read, their longest target)."""
-    if task == "duplicate":
-        return 2 * n  # each symbol twice
-    if task == "add":
-        return n + 1  # a sum has at most one digit more than its longer operand
-    return n
 
 
 class Section(BaseModel):
@@ -83,7 +56,7 @@ class Section(BaseModel):
 class TaskConfig(Section):
     """Which task to learn (synthetic, or pairs read from files), on which sequence lengths."""
 
-    name: str = Field("reverse", description=f"task name: {', '.join(TASK_NAMES)}")
+    name: str = Field("reverse", description=f"task name: {', '.join(TASKS)}")
     n_symbols: int = Field(10, ge=2, le=100_000,
                            description="number of data symbols (digits 0..n_symbols-1)")
     min_len: int = Field(1, ge=1, le=65_536, description="shortest input length in training")
@@ -104,10 +77,10 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
-        if self.name not in TASK_NAMES:
-            hint = _did_you_mean(self.name, TASK_NAMES)
+        if self.name not in TASKS:
+            hint = _did_you_mean(self.name, TASKS)
             raise ValueError(f"task.name ({quote(self.name)}) is not a task; choose one of "
-                             f"{', '.join(TASK_NAMES)}{hint}")
+                             f"{', '.join(TASKS)}{hint}")
         self._check_pairs_keys()
         if self.name == "pairs" and "max_len" not in self.model_fields_set:
             return self  # Config sets it to model.max_len, then this runs again
@@ -157,8 +130,8 @@ class ModelConfig(Section):
                            description="dropout probability in [0, 1)")
     norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
     positional: str = Field(
-        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} (sinusoidal: "
-        f"Vaswani et al. 2017; rope: Su et al. 2021; alibi: Press et al. 2022; none: NoPE)")
+        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} ("
+        f"{'; '.join(f'{s.name}: {s.origin}' for s in POSITIONALS.values() if s.origin)})")
     random_positions: int | None = Field(
         None, ge=2, le=65_536, description="randomized positions (after Ruoss et al. 2023): in "
         "training, positions are a sorted random subset of [0, this); evaluation uses 0..n-1; "
@@ -175,7 +148,8 @@ class ModelConfig(Section):
     def _check(self) -> ModelConfig:
         if self.positional not in POSITIONALS:
             # The schemes' other names: RoPE is "rotary" in the paper, no positions are "NoPE".
-            alias = {"rotary": "rope", "nope": "none"}.get(str(self.positional).lower())
+            alias = next((s.name for s in POSITIONALS.values()
+                          if str(self.positional).lower() in s.aliases), None)
             hint = f" (did you mean '{alias}'?)" if alias else _did_you_mean(self.positional,
                                                                               POSITIONALS)
             raise ValueError(f"model.positional ({quote(self.positional)}) must be one of "
@@ -183,10 +157,10 @@ class ModelConfig(Section):
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by "
                              f"model.n_heads ({self.n_heads})")
-        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"model.positional rope turns pairs of features: d_head = "
-                             f"model.d_model / model.n_heads ({self.d_model // self.n_heads}) "
-                             f"must be even")
+        if POSITIONALS[self.positional].even_head and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model.positional {self.positional} turns pairs of features: "
+                             f"d_head = model.d_model / model.n_heads "
+                             f"({self.d_model // self.n_heads}) must be even")
         self._check_random_positions()
         return self
 
@@ -194,11 +168,13 @@ class ModelConfig(Section):
         n = self.random_positions
         if n is None:
             return
-        if self.positional == "none":
+        spec = POSITIONALS[self.positional]
+        if not spec.has_positions:
+            some = [s.name for s in POSITIONALS.values() if s.has_positions]
             raise ValueError(f"model.random_positions ({n}) needs positions to randomize: set "
-                             f"model.positional to sinusoidal, learned, rope or alibi, or "
+                             f"model.positional to {', '.join(some[:-1])} or {some[-1]}, or "
                              f"model.random_positions=null")
-        if self.positional == "learned" and n > self.max_len:
+        if spec.learned and n > self.max_len:
             raise ValueError(f"model.random_positions ({n}) must be <= model.max_len "
                              f"({self.max_len}), the number of learned positions")
 
@@ -295,7 +271,7 @@ class Config(Section):
         if n is not None and n <= self.task.max_len:
             # Sampling n positions from [0, n) is no randomization; training on longer inputs
             # than the range is impossible. The exact need (BOS, add's '+') is checked at run
-            # time, by tasks.positions_short.
+            # time, by catalog.position_shortfall.
             raise ValueError(f"model.random_positions ({n}) must exceed task.max_len "
                              f"({self.task.max_len}): pick a range that covers the test lengths, "
                              f"e.g. {4 * self.task.max_len}")

@@ -1,6 +1,6 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
-    app → lab → run → book → fast → tasks → kernel (config → yamlfile → errors)
+    app → lab → run → book → fast → tasks → kernel (config → yamlfile, catalog → errors)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, so a deferred import cannot hide an arrow that points up.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
-KERNEL = ["errors", "yamlfile", "config"]  # bottom to top; no torch
+KERNEL = ["errors", "catalog", "yamlfile", "config"]  # bottom to top; no torch
 FLOORS = [*KERNEL, "tasks", "fast", "book", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 

@@ -33,11 +33,12 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
+from minitfm.catalog import TASKS, Shortfall, position_shortfall
 from minitfm.config import Config, flatten, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
 from minitfm.lab.runs import SWEEP_FILE
 from minitfm.run.files import make_dirs, write_atomic
-from minitfm.run.limits import check_fits, decoding_parts, sequence_lengths, training_parts
+from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import (
     DONE,
     is_run_dir,
@@ -189,22 +190,18 @@ def plan_runs(grid: Grid, threads: int,
 
 def check_trained_positions(cfg: Config) -> None:
     """What training refuses as it starts: learned positions too few for task.max_len."""
-    needed = positions_short(cfg, cfg.task.max_len)
-    if needed is not None:
+    short = stated_shortfall(cfg, cfg.task.max_len)
+    if short is not None:
         raise ConfigError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
-                          f"({cfg.task.max_len}): sequences need {needed} positions; raise "
-                          f"model.max_len")
+                          f"({cfg.task.max_len}): sequences need {short.needed} positions; "
+                          f"raise model.max_len")
 
 
-def positions_short(cfg: Config, hi: int) -> int | None:
-    """The positions inputs of up to `hi` need, when learned ones (model.max_len) are fewer.
-
-    The rule of `tasks.positions_short`, on the lengths the config states (pairs: the sources;
-    their targets are known only from the files).
-    """
-    src, tgt = sequence_lengths(cfg.task.name, hi)  # tgt: BOS + the target
-    needed = src if cfg.task.name == "pairs" else max(src, tgt)
-    return needed if cfg.model.positional == "learned" and needed > cfg.model.max_len else None
+def stated_shortfall(cfg: Config, hi: int) -> Shortfall | None:
+    """`catalog.position_shortfall` for inputs of up to `hi` symbols, as the config states them
+    (pairs: the sources; their targets are known only from the files); randomized positions are
+    checked as a run starts."""
+    return position_shortfall(cfg.model, TASKS[cfg.task.name].positions_for_inputs(hi))
 
 
 def check_distinct_runs(runs: list[RunSpec]) -> None:
@@ -721,10 +718,10 @@ def check_evaluations(runs: list[RunSpec], ranges: list, samples: int) -> None:
     names = ("--eval-samples", "--eval-lengths")
     for spec in runs:
         for lo, hi in eval_ranges(spec, ranges):
-            needed = positions_short(spec.cfg, hi)  # the trained range was checked with the grid
-            if needed is not None:
-                raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {needed} positions but the "
-                                   f"run {quote(spec.id)} learns {spec.cfg.model.max_len} "
+            short = stated_shortfall(spec.cfg, hi)  # the trained range was checked with the grid
+            if short is not None:
+                raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {short.needed} positions but "
+                                   f"the run {quote(spec.id)} learns {spec.cfg.model.max_len} "
                                    f"(model.max_len): evaluate up to a shorter length, or "
                                    f"raise model.max_len")
             check_fits(decoding_parts(spec.cfg, samples, hi, EVAL_BATCH_SIZE, names),

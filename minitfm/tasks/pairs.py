@@ -47,11 +47,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from minitfm.config import TASK_SYMBOLS, TaskConfig
+from minitfm.catalog import SPECIAL_TOKENS, TASKS
+from minitfm.config import TaskConfig
 from minitfm.errors import DataError, MinitfmError, quote
-from minitfm.tasks.base import SPECIAL_TOKENS, SPLITS, Pair, Task, Vocab
+from minitfm.tasks.base import SPLITS, Pair, Task, Vocab
 
-(UNK,) = TASK_SYMBOLS["pairs"]  # "<unk>": a symbol never trained on
+(UNK,) = TASKS["pairs"].task_symbols  # "<unk>": a symbol never trained on
 RESERVED = (*SPECIAL_TOKENS, UNK)  # ids 0..3; data symbols follow
 UNK_ID = RESERVED.index(UNK)
 MAX_FILE_BYTES = 1_000_000_000  # 1 GB

@@ -17,7 +17,8 @@ from minitfm.config import load_config
 from minitfm.errors import CheckpointError
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
-from minitfm.tasks.pairs import MAX_PAIRS, UNK_ID, PairArray
+from minitfm.tasks.pairfiles import MAX_PAIRS
+from minitfm.tasks.pairs import UNK_ID, PairArray
 from tests.helpers import assert_clean_error, run_cli
 
 PAIRS = [

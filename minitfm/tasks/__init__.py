@@ -1,7 +1,7 @@
 """The data chapter: the task implementations, registered by their names in the catalog.
 
 `base` holds what every task shares (vocabulary, sampling, the held-out rule, batches),
-`synthetic` the rules copy .. add, `pairs` a task read from files.
+`synthetic` the rules copy .. add, `pairs` a task read from files (`pairfiles` reads them).
 What a task's name fixes before any data is read (task symbols, longest source and target) is
 its spec in `minitfm.catalog`; this package registers a class under each spec's name (`TASKS`,
 in the catalog's order) and builds one from its config (`make_task`).

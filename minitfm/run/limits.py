@@ -15,6 +15,7 @@ import resource
 
 from minitfm.catalog import POSITIONALS, TASKS
 from minitfm.errors import MinitfmError, quote
+from minitfm.run.files import proc_value
 
 FLOAT = 4  # bytes of a float32
 PYTHON_INT = 8  # bytes per token of a Python list of small ints (a pointer; the ints are shared)
@@ -28,14 +29,9 @@ FIXES = {"task.train_path": "use a part of the file", "task.eval_path": "use a p
 
 def available_bytes() -> int:
     """Memory this process may still use: MemAvailable, and the address-space limit (ulimit -v)."""
-    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    free_kb = proc_value("/proc/meminfo", "MemAvailable")
+    available = int(free_kb) * 1024 if free_kb is not None else \
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return min(available, soft) if soft != resource.RLIM_INFINITY else available
 

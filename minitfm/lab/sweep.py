@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import itertools
 import json
 import math
@@ -36,7 +37,8 @@ from typing import Any
 from minitfm.catalog import TASKS, Shortfall, position_shortfall
 from minitfm.config import Config, flatten, load_config, parse_override
 from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
-from minitfm.lab.runs import SWEEP_FILE
+from minitfm.lab.plots import save_png
+from minitfm.lab.runs import SWEEP_FILE, short_label, short_names
 from minitfm.run.files import make_dirs, write_atomic
 from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import (
@@ -140,12 +142,6 @@ def check_distinct(key: str, values: list[str]) -> None:
             raise ConfigError(f"grid key '{key}' gives the value {quote(text)} twice{both}: "
                               f"give each value once")
         seen[same] = text
-
-
-def short_names(keys: list[str]) -> dict[str, str]:
-    """`model.positional` -> `positional`, unless two keys would share a name."""
-    last = [key.rpartition(".")[2] for key in keys]
-    return {key: name if last.count(name) == 1 else key for key, name in zip(keys, last)}
 
 
 def run_id(choice: dict[str, str]) -> str:
@@ -570,13 +566,14 @@ def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> 
     write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]
-    with open(folder / "results.csv", "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for row in rows:
-            values = [row["run"], *(row[k] for k in keys), row["status"], row["steps"],
-                      row["wall_s"], *(row["exact_match"].get(s) for s in spans)]
-            writer.writerow(["null" if v is None else v for v in values])
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(columns)
+    for row in rows:
+        values = [row["run"], *(row[k] for k in keys), row["status"], row["steps"],
+                  row["wall_s"], *(row["exact_match"].get(s) for s in spans)]
+        writer.writerow(["null" if v is None else v for v in values])
+    write_atomic(folder / "results.csv", table.getvalue().encode("utf-8"))
     plot_results(rows, folder / "results.png")
 
 
@@ -594,8 +591,10 @@ def by_configuration(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
 
 
 def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
-    """results.png: `results_figure`."""
-    results_figure(rows).savefig(path, format="png", dpi=120)
+    """results.png: `results_figure`, written by the picture rule (`plots.save_png`). The sweep
+    folder is minitfm's, so its results.png is replaced as the sweep goes (one an older minitfm
+    wrote has no mark): as with --force."""
+    save_png(results_figure(rows), path, "--out", force=True)
 
 
 def results_figure(rows: list[dict[str, Any]]):
@@ -611,7 +610,7 @@ def results_figure(rows: list[dict[str, Any]]):
     groups = by_configuration(rows)
     beyond = rows and any(not lo <= int(n) <= hi for row in rows for n in row["per_length"]
                           for lo, hi in [row["trained_lengths"]])
-    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5),
+    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5), dpi=120,
                  layout="constrained")
     axes = fig.subplots(1, 2 if beyond else 1, squeeze=False)[0]
     for i, (label, group) in enumerate(groups.items()):
@@ -655,13 +654,6 @@ def plot_lengths(ax, rows: list[dict[str, Any]], groups: dict[str, list]) -> Non
     ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"trained lengths {lo}..{hi}")
     ax.set(xlabel="input length", ylabel="exact match (mean over seeds)", ylim=(-0.02, 1.02),
            title="exact match per input length (held-out)")
-
-
-def short_label(configuration: str) -> str:
-    """`task.name=copy, model.positional=rope` -> `name=copy, positional=rope`."""
-    pairs = [part.partition("=")[::2] for part in configuration.split(", ")]
-    names = short_names([key for key, _ in pairs])
-    return ", ".join(f"{names[key]}={value}" for key, value in pairs)
 
 
 def spread(values: list[float | None], form: str = "{:.1%}") -> str:

@@ -324,14 +324,21 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
             task[key] = str((base / Path(task[key]).expanduser()).resolve())
 
 
+def split_key_value(item: str) -> tuple[str, str] | None:
+    """`key=value` as (the key, stripped; the value's text); None without `=` or a key."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    return (key, text) if sep and key else None
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """Split `key=value`; the value is a YAML 1.2 scalar (`null` is None, `3e-4` a number),
     except for text keys such as `name`, which take the text as written (`name=2024`)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
+    split = split_key_value(item)
+    if split is None:
         raise ConfigError(f"override {quote(item)} must look like key=value, e.g. "
                           f"train.steps=500")
+    key, text = split
     if field_type(key) is str:  # as written, less YAML quotes: name=2024, name='"2024"'
         text = text.strip()
         quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""

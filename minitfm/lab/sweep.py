@@ -35,7 +35,7 @@ from statistics import mean, stdev
 from typing import Any
 
 from minitfm.catalog import TASKS, Shortfall, position_shortfall
-from minitfm.config import Config, flatten, load_config, parse_override
+from minitfm.config import Config, flatten, load_config, parse_override, split_key_value
 from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
 from minitfm.lab.plots import save_png
 from minitfm.lab.runs import SWEEP_FILE, short_label, short_names
@@ -95,11 +95,11 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     """`KEY=V1,V2` items (and `--seeds`) -> (swept keys with their values, fixed overrides)."""
     swept, fixed = [], []
     for item in [*items, *([f"seed={seeds}"] if seeds is not None else [])]:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
+        split = split_key_value(item)
+        if split is None:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")
+        key, text = split
         if key == "threads":
             raise ConfigError(f"grid item '{item}': sweep sets threads per job; use --threads N "
                               f"(and --jobs N)")

@@ -42,6 +42,8 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 # that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
 # given (a million failed in libgomp's allocator, after a long wait on 2 cores).
 MAX_THREADS = 1024
+# Where the positional schemes come from: "sinusoidal: Vaswani et al. 2017; rope: ...".
+ORIGINS = "; ".join(f"{spec.name}: {spec.origin}" for spec in POSITIONALS.values() if spec.origin)
 
 
 class Section(BaseModel):
@@ -130,8 +132,7 @@ class ModelConfig(Section):
                            description="dropout probability in [0, 1)")
     norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
     positional: str = Field(
-        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} ("
-        f"{'; '.join(f'{s.name}: {s.origin}' for s in POSITIONALS.values() if s.origin)})")
+        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} ({ORIGINS})")
     random_positions: int | None = Field(
         None, ge=2, le=65_536, description="randomized positions (after Ruoss et al. 2023): in "
         "training, positions are a sorted random subset of [0, this); evaluation uses 0..n-1; "
@@ -147,7 +148,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.positional not in POSITIONALS:
-            # The schemes' other names: RoPE is "rotary" in the paper, no positions are "NoPE".
+            # A scheme's other name (RoPE is "rotary" in the paper) gets a hint of its own.
             alias = next((s.name for s in POSITIONALS.values()
                           if str(self.positional).lower() in s.aliases), None)
             hint = f" (did you mean '{alias}'?)" if alias else _did_you_mean(self.positional,

@@ -39,7 +39,7 @@ class TaskSpec:
     task_symbols: tuple[str, ...] = ()  # ids after the special tokens, before the data symbols
     longest_source: Callable[[int], int] = as_long  # tokens, for inputs of up to n symbols
     longest_target: Callable[[int], int] = as_long  # tokens, for inputs of up to n symbols
-    reading: str | None = "words"  # how lab/explore/task.js reads typed text (None: tokenize's)
+    reading: str | None = "words"  # how lab/explore/task.js reads typed text (None: task.tokenize)
     from_files: bool = False  # its pairs are read from files: targets known only once read
 
     def vocab_size(self, n_symbols: int) -> int:

@@ -1,8 +1,10 @@
 """The YAML config: schema, loading, key=value overrides and validation.
 
-The kernel of the package: it imports only `minitfm.errors`, needs no torch and never looks
-at the machine, so a config reads the same everywhere; whether it fits this machine's memory
-is asked where a run starts (`minitfm.run.limits`).
+The kernel of the package, with the modules it reads: `minitfm.catalog` (the names of tasks and
+positional schemes it validates against), `minitfm.yamlfile` (the strict YAML reader) and
+`minitfm.errors`. It needs no torch and never looks at the machine, so a config reads the same
+everywhere; whether it fits this machine's memory is asked where a run starts
+(`minitfm.run.limits`).
 
 Every key has a default, so a YAML file states only what it changes. The YAML key, the
 pydantic field and the override path are the same string: `model.n_heads: 4` in a file is
@@ -27,48 +29,21 @@ from pydantic import (
     model_validator,
 )
 
+from minitfm.catalog import POSITIONALS, TASKS
 from minitfm.errors import ConfigError, quote
+from minitfm.yamlfile import load_yaml, read_yaml
 
-# The names `minitfm.tasks` registers; kept here so validation needs no torch.
-SYNTHETIC_TASKS = ("copy", "reverse", "sort", "duplicate", "shift", "add")
-TASK_NAMES = (*SYNTHETIC_TASKS, "pairs")  # pairs: read from files (minitfm.tasks.pairs)
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
-POSITIONALS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
 FINITE = {"allow_inf_nan": False}
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-ALIAS_BUDGET = 10_000  # YAML nodes after expanding aliases; a real config has about 50
-MAX_CONFIG_BYTES = 1_000_000  # a config is a few hundred bytes
 # A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
 # that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
 # given (a million failed in libgomp's allocator, after a long wait on 2 cores).
 MAX_THREADS = 1024
-
-# What a task's name fixes before any data is read, stated once: the tasks (minitfm.tasks)
-# build on it, and the memory check (minitfm.run.limits) reads it without torch.
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
-TASK_SYMBOLS = {"add": ("+",), "pairs": ("<unk>",)}  # next, before the data symbols
-
-
-def vocab_size(task: str, n_symbols: int) -> int:
-    """Tokens of the vocabulary of `task` over `n_symbols` data symbols."""
-    return len(SPECIAL_TOKENS) + len(TASK_SYMBOLS.get(task, ())) + n_symbols
-
-
-def longest_source(task: str, n: int) -> int:
-    """Tokens of the longest source of `task` for inputs of up to `n` symbols (task.max_len)."""
-    return 2 * n + 1 if task == "add" else n  # add: two n-digit numbers and a '+'
-
-
-def longest_target(task: str, n: int) -> int:
-    """Tokens of the longest target of `task` for inputs of up to `n` symbols (pairs: as many
-    here; once its files are read, their longest target)."""
-    if task == "duplicate":
-        return 2 * n  # each symbol twice
-    if task == "add":
-        return n + 1  # a sum has at most one digit more than its longer operand
-    return n
+# Where the positional schemes come from: "sinusoidal: Vaswani et al. 2017; rope: ...".
+ORIGINS = "; ".join(f"{spec.name}: {spec.origin}" for spec in POSITIONALS.values() if spec.origin)
 
 
 class Section(BaseModel):
@@ -83,7 +58,7 @@ class Section(BaseModel):
 class TaskConfig(Section):
     """Which task to learn (synthetic, or pairs read from files), on which sequence lengths."""
 
-    name: str = Field("reverse", description=f"task name: {', '.join(TASK_NAMES)}")
+    name: str = Field("reverse", description=f"task name: {', '.join(TASKS)}")
     n_symbols: int = Field(10, ge=2, le=100_000,
                            description="number of data symbols (digits 0..n_symbols-1)")
     min_len: int = Field(1, ge=1, le=65_536, description="shortest input length in training")
@@ -104,10 +79,10 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
-        if self.name not in TASK_NAMES:
-            hint = _did_you_mean(self.name, TASK_NAMES)
+        if self.name not in TASKS:
+            hint = _did_you_mean(self.name, TASKS)
             raise ValueError(f"task.name ({quote(self.name)}) is not a task; choose one of "
-                             f"{', '.join(TASK_NAMES)}{hint}")
+                             f"{', '.join(TASKS)}{hint}")
         self._check_pairs_keys()
         if self.name == "pairs" and "max_len" not in self.model_fields_set:
             return self  # Config sets it to model.max_len, then this runs again
@@ -157,8 +132,7 @@ class ModelConfig(Section):
                            description="dropout probability in [0, 1)")
     norm_first: bool = Field(True, description="pre-LN (true) or post-LN (false)")
     positional: str = Field(
-        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} (sinusoidal: "
-        f"Vaswani et al. 2017; rope: Su et al. 2021; alibi: Press et al. 2022; none: NoPE)")
+        "sinusoidal", description=f"positional encoding: {', '.join(POSITIONALS)} ({ORIGINS})")
     random_positions: int | None = Field(
         None, ge=2, le=65_536, description="randomized positions (after Ruoss et al. 2023): in "
         "training, positions are a sorted random subset of [0, this); evaluation uses 0..n-1; "
@@ -174,8 +148,9 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
         if self.positional not in POSITIONALS:
-            # The schemes' other names: RoPE is "rotary" in the paper, no positions are "NoPE".
-            alias = {"rotary": "rope", "nope": "none"}.get(str(self.positional).lower())
+            # A scheme's other name (RoPE is "rotary" in the paper) gets a hint of its own.
+            alias = next((s.name for s in POSITIONALS.values()
+                          if str(self.positional).lower() in s.aliases), None)
             hint = f" (did you mean '{alias}'?)" if alias else _did_you_mean(self.positional,
                                                                               POSITIONALS)
             raise ValueError(f"model.positional ({quote(self.positional)}) must be one of "
@@ -183,10 +158,10 @@ class ModelConfig(Section):
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by "
                              f"model.n_heads ({self.n_heads})")
-        if self.positional == "rope" and (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"model.positional rope turns pairs of features: d_head = "
-                             f"model.d_model / model.n_heads ({self.d_model // self.n_heads}) "
-                             f"must be even")
+        if POSITIONALS[self.positional].even_head and (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"model.positional {self.positional} turns pairs of features: "
+                             f"d_head = model.d_model / model.n_heads "
+                             f"({self.d_model // self.n_heads}) must be even")
         self._check_random_positions()
         return self
 
@@ -194,11 +169,13 @@ class ModelConfig(Section):
         n = self.random_positions
         if n is None:
             return
-        if self.positional == "none":
+        spec = POSITIONALS[self.positional]
+        if not spec.has_positions:
+            some = [s.name for s in POSITIONALS.values() if s.has_positions]
             raise ValueError(f"model.random_positions ({n}) needs positions to randomize: set "
-                             f"model.positional to sinusoidal, learned, rope or alibi, or "
+                             f"model.positional to {', '.join(some[:-1])} or {some[-1]}, or "
                              f"model.random_positions=null")
-        if self.positional == "learned" and n > self.max_len:
+        if spec.learned and n > self.max_len:
             raise ValueError(f"model.random_positions ({n}) must be <= model.max_len "
                              f"({self.max_len}), the number of learned positions")
 
@@ -295,7 +272,7 @@ class Config(Section):
         if n is not None and n <= self.task.max_len:
             # Sampling n positions from [0, n) is no randomization; training on longer inputs
             # than the range is impossible. The exact need (BOS, add's '+') is checked at run
-            # time, by tasks.positions_short.
+            # time, by catalog.position_shortfall.
             raise ValueError(f"model.random_positions ({n}) must exceed task.max_len "
                              f"({self.task.max_len}): pick a range that covers the test lengths, "
                              f"e.g. {4 * self.task.max_len}")
@@ -323,72 +300,6 @@ def check_device(name: str, error=ConfigError) -> str:
     return name
 
 
-class StrictLoader(yaml.SafeLoader):
-    """`safe_load` with YAML 1.2 scalars, no duplicate keys and a bound on aliases.
-
-    YAML 1.1 (PyYAML's default) reads `017` as 15, `yes` as true and `3e-4` as a string; the
-    1.2 core schema reads them as 17, 'yes' and 0.0003. A chain of aliases can stand for
-    billions of nodes in a few hundred bytes ("billion laughs"): refused before it is built.
-    """
-
-    def construct_document(self, node):
-        if expanded_size(node, {}) > ALIAS_BUDGET:
-            raise yaml.YAMLError(f"its aliases (*name) expand to more than {ALIAS_BUDGET:,} "
-                                 f"values; write the values out")
-        return super().construct_document(node)
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:
-                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
-                if key in seen and key != "<<":
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {quote(key)}", key_node.start_mark)
-                seen.add(key)
-        return super().construct_mapping(node, deep)
-
-    def construct_decimal_int(self, node) -> int:
-        text = self.construct_scalar(node).replace("_", "")
-        base = {"0x": 16, "0o": 8}.get(text[:2].lower(), 10)
-        return int(text[2:] if base != 10 else text, base)
-
-
-_YAML_11 = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
-StrictLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in _YAML_11]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
-    list("-+0123456789"))
-StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
-StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_decimal_int)
-
-
-def expanded_size(node, memo: dict[int, int]) -> int:
-    """Nodes in `node` once every alias is written out (aliases share node objects)."""
-    if id(node) not in memo:
-        memo[id(node)] = 1  # a recursive alias counts once
-        if isinstance(node, yaml.SequenceNode):
-            children = node.value
-        elif isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
-        else:
-            children = []
-        memo[id(node)] = 1 + sum(expanded_size(child, memo) for child in children)
-    return memo[id(node)]
-
-
-def load_yaml(text: str):
-    """One YAML document read with `StrictLoader` (safe: no tags that run code)."""
-    return yaml.load(text, Loader=StrictLoader)
-
-
 def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> Config:
     """Read a YAML file (or take a mapping of the same sections, or the built-in default when
     `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python."""
@@ -414,51 +325,21 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
             task[key] = str((base / Path(task[key]).expanduser()).resolve())
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
-    """The mapping in a YAML file, read with `StrictLoader`; every mistake is a ConfigError."""
-    shown = quote(str(path))
-    if path.is_dir():
-        raise ConfigError(f"config {shown} is a directory: give a YAML file such as "
-                          f"configs/reverse.yaml")
-    if not path.exists():
-        raise ConfigError(f"config file {shown} not found: check the path (shipped configs are "
-                          f"in configs/)")
-    if not path.is_file():
-        raise ConfigError(f"config {shown} is not a regular file: give a YAML file such as "
-                          f"configs/reverse.yaml")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config file {shown} is {path.stat().st_size:,} bytes; a config is "
-                          f"a few lines (at most {MAX_CONFIG_BYTES:,} bytes)")
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
-    except yaml.MarkedYAMLError as err:
-        line = err.problem_mark.line + 1 if err.problem_mark else "?"
-        raise ConfigError(f"config file {shown} is not valid YAML at line {line}: "
-                          f"{err.problem}") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {shown} is not valid YAML: {err}") from None
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {shown} ({err.strerror})") from None
-    except RecursionError:  # PyYAML builds nested collections recursively
-        raise ConfigError(f"config file {shown} is nested too deeply: a config is sections of "
-                          f"keys (task:, model:, train:, log:)") from None
-    if data is None:
-        raise ConfigError(f"config file {shown} is empty: state at least one key, e.g. "
-                          f"'task: {{name: copy}}', or leave the config out for the default")
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {shown} must be a mapping of sections "
-                          f"(task:, model:, train:, log:), not a {type(data).__name__}")
-    return data
+def split_key_value(item: str) -> tuple[str, str] | None:
+    """`key=value` as (the key, stripped; the value's text); None without `=` or a key."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    return (key, text) if sep and key else None
 
 
 def parse_override(item: str) -> tuple[str, Any]:
     """Split `key=value`; the value is a YAML 1.2 scalar (`null` is None, `3e-4` a number),
     except for text keys such as `name`, which take the text as written (`name=2024`)."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
+    split = split_key_value(item)
+    if split is None:
         raise ConfigError(f"override {quote(item)} must look like key=value, e.g. "
                           f"train.steps=500")
+    key, text = split
     if field_type(key) is str:  # as written, less YAML quotes: name=2024, name='"2024"'
         text = text.strip()
         quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""

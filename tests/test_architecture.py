@@ -1,13 +1,14 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
-    app → lab → run → fast → book → tasks → config → errors
+    app → lab → run → fast → book → tasks → kernel (config → yamlfile, catalog → errors)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, so a deferred import cannot hide an arrow that points up.
 A module may import its own floor and the floors below it. `minitfm/__init__.py` (the
 package's front door, which lazily re-exports the Python API) counts as the top floor, and
 anyone may read `minitfm.__version__` from it: Python runs the package's `__init__` before any
-of its modules anyway, so that arrow adds no dependency.
+of its modules anyway, so that arrow adds no dependency. The kernel is the package's top-level
+modules, each a floor of its own: torch-free, each importing only the kernel below it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
-FLOORS = ["errors", "config", "tasks", "book", "fast", "run", "lab", "app"]  # bottom to top
+KERNEL = ["errors", "catalog", "yamlfile", "config"]  # bottom to top; no torch
+FLOORS = [*KERNEL, "tasks", "book", "fast", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 
 
@@ -66,8 +68,16 @@ def test_imports_go_down_only(name):
                        f"imports from a floor above it: {upward}"
 
 
-def test_config_imports_only_errors():
-    assert GRAPH["minitfm.config"] <= {"minitfm.errors"}, GRAPH["minitfm.config"]
+def test_the_kernel_imports_only_the_kernel_below_it_and_no_torch():
+    # A config reads the same without torch and on any machine.
+    for i, name in enumerate(KERNEL):
+        module = f"minitfm.{name}"
+        assert GRAPH[module] <= {f"minitfm.{below}" for below in KERNEL[:i]}, GRAPH[module]
+        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+        found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+        found |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not [m for m in found if m and m.split(".")[0] == "torch"], module
 
 
 def test_the_kernels_know_no_model():

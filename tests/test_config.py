@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minitfm.config import TASK_NAMES, Config, load_config, parse_threads, to_yaml
+from minitfm.catalog import TASKS
+from minitfm.config import Config, load_config, parse_threads, to_yaml
 from minitfm.errors import ConfigError
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
@@ -53,7 +54,7 @@ def test_resolved_yaml_round_trips(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
     cfg = load_config(path)
-    assert cfg.task.name in TASK_NAMES
+    assert cfg.task.name in TASKS
 
 
 def test_reverse_config_is_the_default():
@@ -62,7 +63,7 @@ def test_reverse_config_is_the_default():
 
 def test_every_task_has_a_config():
     names = {load_config(p).task.name for p in CONFIGS}
-    assert names == set(TASK_NAMES)
+    assert names == set(TASKS)
 
 
 def readme_config_table() -> dict[str, str]:
@@ -146,13 +147,18 @@ def test_missing_file_and_directory(tmp_path):
         load_config(tmp_path)
 
 
-def test_name_lists_match_the_registries():
-    # config.py keeps its own lists so that validation needs no torch; they must not drift.
-    from minitfm.book.positions import POSITIONAL_KINDS
-    from minitfm.config import POSITIONALS, TASK_NAMES
-    from minitfm.tasks import TASKS
+def test_the_registries_cover_the_catalog_exactly():
+    # The catalog states the names (torch-free, for validation); the implementations register
+    # under them, in its order: a class per task, a builder per positional scheme.
+    from minitfm import catalog
+    from minitfm.book.positions import SCHEMES, PositionalEncoding, make_positional
+    from minitfm.tasks import TASKS as IMPLEMENTATIONS
 
-    assert TASK_NAMES == tuple(TASKS) and POSITIONALS == POSITIONAL_KINDS
+    assert tuple(IMPLEMENTATIONS) == tuple(catalog.TASKS)
+    assert all(cls.name == name for name, cls in IMPLEMENTATIONS.items())
+    assert tuple(SCHEMES) == tuple(catalog.POSITIONALS)
+    for name in catalog.POSITIONALS:
+        assert isinstance(make_positional(name, 8, 8, 2), PositionalEncoding)
 
 
 def test_attention_images_follow_the_evaluations_by_default():
@@ -163,17 +169,19 @@ def test_attention_images_follow_the_evaluations_by_default():
             load_config(None, [f"log.attention_every={bad}"])
 
 
-def test_config_imports_nothing_from_minitfm_but_errors():
+def test_config_imports_only_the_kernel():
     # The kernel: a config reads the same without torch and on any machine.
     tree = ast.parse((Path(__file__).parent.parent / "minitfm" / "config.py").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert {name for name in imported if name.split(".")[0] == "minitfm"} == {"minitfm.errors"}
+    assert {name for name in imported if name.split(".")[0] == "minitfm"} == \
+        {"minitfm.catalog", "minitfm.errors", "minitfm.yamlfile"}
     code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('minitfm', 'torch'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.strip() == "['minitfm', 'minitfm.config', 'minitfm.errors']", \
+    assert result.stdout.strip() == ("['minitfm', 'minitfm.catalog', 'minitfm.config', "
+                                     "'minitfm.errors', 'minitfm.yamlfile']"), \
         result.stdout + result.stderr[-500:]
 
 

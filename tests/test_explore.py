@@ -54,6 +54,18 @@ CASES = {
 }
 
 
+def test_every_positional_scheme_has_its_tables_and_a_case():
+    # A scheme in the catalog has a JavaScript twin in model.js: the tables it reads
+    # (POSITION_TABLES), and a case above that holds it to PyTorch's answers.
+    from minitfm.catalog import POSITIONALS
+    from minitfm.lab.explorer import POSITION_TABLES
+
+    assert tuple(POSITION_TABLES) == tuple(POSITIONALS)
+    cased = {item.partition("=")[2] for overrides in CASES.values() for item in overrides
+             if item.startswith("model.positional=")}
+    assert cased == set(POSITIONALS)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Each case trained for 30 steps: {name: run directory}."""

@@ -12,11 +12,13 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
-from minitfm.config import load_config, vocab_size
+from minitfm.catalog import TASKS
+from minitfm.config import load_config
 from minitfm.errors import CheckpointError
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
-from minitfm.tasks.pairs import MAX_PAIRS, UNK_ID, PairArray
+from minitfm.tasks.pairfiles import MAX_PAIRS
+from minitfm.tasks.pairs import UNK_ID, PairArray
 from tests.helpers import assert_clean_error, run_cli
 
 PAIRS = [
@@ -127,7 +129,7 @@ def test_tokenize_char_keeps_spaces_as_symbols(tmp_path):
     path = write_tsv(tmp_path / "c.tsv", [("ab", "a b")])
     task = pairs_task(path, f"task.eval_path={path}")
     assert " " in task.vocab and task.format(task.parse("b a")) == "b a"
-    assert len(task.vocab) == vocab_size("pairs", task.n_symbols)  # the memory check's count
+    assert len(task.vocab) == TASKS["pairs"].vocab_size(task.n_symbols)  # the memory check's count
 
 
 def test_task_max_len_selects_the_sources_trained_on(many):

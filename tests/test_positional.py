@@ -17,10 +17,11 @@ from minitfm.book.positions import (
     make_positional,
     sample_positions,
 )
-from minitfm.config import POSITIONALS, ModelConfig, load_config
+from minitfm.catalog import POSITIONALS, position_shortfall
+from minitfm.config import ModelConfig, load_config
 from minitfm.errors import ConfigError
 from minitfm.run.session import train
-from minitfm.tasks import make_task, positions_short
+from minitfm.tasks import make_task
 from tests.book.test_model import BOS, EOS, PAD, TOKENS, VOCAB, padded, reference_decode, symbols
 from tests.helpers import TINY, assert_clean_error, run_cli
 
@@ -357,7 +358,7 @@ def test_bad_positional_settings_name_the_key(overrides, message):
 
 
 def test_positional_settings_load():
-    assert POSITIONALS == ("sinusoidal", "learned", "rope", "alibi", "none")
+    assert tuple(POSITIONALS) == ("sinusoidal", "learned", "rope", "alibi", "none")
     cfg = load_config(None, ["model.positional=alibi", "model.random_positions=64"])
     assert (cfg.model.positional, cfg.model.random_positions) == ("alibi", 64)
     assert load_config().model.random_positions is None
@@ -384,7 +385,8 @@ def test_lengthgen_configs_take_every_setting_of_the_readme(task):
         assert (cfg.task.name, cfg.task.min_len, cfg.task.max_len) == (task, 1, 16)
         # Learned positions must reach the 17..32 evaluation.
         made = make_task(cfg.task)
-        assert positions_short(cfg.model, made, made.max_source_len(32)) is None
+        needed = made.positions_for_source(made.max_source_len(32))
+        assert position_shortfall(cfg.model, needed) is None
 
 
 def test_train_refuses_a_range_shorter_than_the_sequences(tmp_path):

@@ -13,18 +13,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitfm.config import (
-    SYNTHETIC_TASKS,
-    TASK_NAMES,
-    TaskConfig,
-    load_config,
-    longest_source,
-    longest_target,
-    vocab_size,
-)
+from minitfm import catalog
+from minitfm.catalog import position_shortfall, positions_needed
+from minitfm.config import TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
 from minitfm.run.limits import sequence_lengths
-from minitfm.tasks import TASKS, make_task, positions_short
+from minitfm.tasks import TASKS, make_task
 from minitfm.tasks.base import (
     BOS_ID,
     EOS_ID,
@@ -37,6 +31,7 @@ from minitfm.tasks.base import (
 )
 from minitfm.tasks.synthetic import SYNTHETIC
 
+SYNTHETIC_TASKS = [name for name, spec in catalog.TASKS.items() if not spec.from_files]
 SEQUENCE_RULES = {
     "copy": lambda v: list(v),
     "reverse": lambda v: v[::-1],
@@ -66,20 +61,21 @@ def add_operands(t: Task, src: list[int]) -> tuple[str, str]:
 
 # --- registry and vocabulary ---
 
-def test_registry_matches_config_names():
-    assert tuple(TASKS) == TASK_NAMES
+def test_registry_matches_the_catalog():
+    assert tuple(TASKS) == tuple(catalog.TASKS)
     for name, cls in TASKS.items():
         assert cls.name == name and cls.summary and "->" in cls.__doc__
 
 
-def test_synthetic_names_match_the_config():
-    assert tuple(cls.name for cls in SYNTHETIC) == SYNTHETIC_TASKS
+def test_synthetic_names_match_the_catalog():
+    assert [cls.name for cls in SYNTHETIC] == SYNTHETIC_TASKS
 
 
 def test_the_task_modules_import_down_only():
     # base knows no task; each task module knows only base; the package names them all.
     folder = Path(__file__).parent.parent / "minitfm" / "tasks"
-    wanted = {"base": set(), "synthetic": {"minitfm.tasks.base"}, "pairs": {"minitfm.tasks.base"}}
+    wanted = {"base": set(), "synthetic": {"minitfm.tasks.base"}, "pairfiles": set(),
+              "pairs": {"minitfm.tasks.base", "minitfm.tasks.pairfiles"}}
     for name, allowed in wanted.items():
         tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
         found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
@@ -90,14 +86,16 @@ def test_the_task_modules_import_down_only():
 
 @pytest.mark.parametrize("name", SYNTHETIC_TASKS)
 def test_the_sizes_the_memory_check_reads_are_the_tasks(name):
-    # config states them once, without torch; the tasks and run.limits both read them.
-    t = task(name)
+    # The catalog states them once, without torch; the tasks and run.limits both read them.
+    t, spec = task(name), catalog.TASKS[name]
     pairs = draw(t, 300, 0, min_len=6, max_len=6)
-    assert max(len(src) for src, _ in pairs) == longest_source(name, 6) == t.max_source_len(6)
-    assert max(len(tgt) for _, tgt in pairs) == longest_target(name, 6)
+    assert max(len(src) for src, _ in pairs) == spec.longest_source(6) == t.max_source_len(6)
+    assert max(len(tgt) for _, tgt in pairs) == spec.longest_target(6)
     assert all(len(tgt) <= t.max_target_len(len(src)) for src, tgt in pairs)
-    assert len(t.vocab) == vocab_size(name, t.n_symbols)
-    assert sequence_lengths(name, 6) == (longest_source(name, 6), longest_target(name, 6) + 1)
+    assert len(t.vocab) == spec.vocab_size(t.n_symbols)
+    assert sequence_lengths(name, 6) == (spec.longest_source(6), spec.longest_target(6) + 1)
+    # The sweep's count from the config alone is the run's count from the task.
+    assert spec.positions_for_inputs(6) == t.positions_for_source(t.max_source_len(6))
 
 
 def test_outside_the_tasks_package_no_module_imports_a_task():
@@ -201,19 +199,23 @@ def test_max_lengths_bound_samples(name):
     assert len(t.target(longest)) <= t.max_target_len(len(longest))
 
 
-def test_positions_short_is_the_one_length_check():
+def test_position_shortfall_is_the_one_length_check():
     def model(**kw):
         return load_config(None, [f"model.{k}={v}" for k, v in kw.items()]).model
 
+    def short(model, t, src_len, training=False):
+        return position_shortfall(model, t.positions_for_source(src_len), training)
+
+    assert positions_needed(11, 11) == 12 and positions_needed(12, 3) == 12  # BOS + target
     learned, duplicate = model(positional="learned", max_len=12), task("duplicate")
-    assert positions_short(learned, task("copy"), 11) is None  # 11 source, BOS + 11 target
-    assert positions_short(learned, task("copy"), 12) == ("model.max_len", 12, 13)
-    assert positions_short(learned, duplicate, 5) is None  # BOS + 10 target
-    assert positions_short(learned, duplicate, 6) == ("model.max_len", 12, 13)
-    assert positions_short(model(), task("copy"), 10_000) is None  # sinusoids have no end
+    assert short(learned, task("copy"), 11) is None  # 11 source, BOS + 11 target
+    assert short(learned, task("copy"), 12) == ("model.max_len", 12, 13)
+    assert short(learned, duplicate, 5) is None  # BOS + 10 target
+    assert short(learned, duplicate, 6) == ("model.max_len", 12, 13)
+    assert short(model(), task("copy"), 10_000) is None  # sinusoids have no end
     randomized = model(positional="rope", random_positions=20)
-    assert positions_short(randomized, task("copy"), 30) is None  # evaluation: 0..n-1
-    assert positions_short(randomized, task("copy"), 20, training=True) == \
+    assert short(randomized, task("copy"), 30) is None  # evaluation: 0..n-1
+    assert short(randomized, task("copy"), 20, training=True) == \
         ("model.random_positions", 20, 21)
 
 

@@ -5,6 +5,8 @@ learned) or acts inside attention (RoPE rotates queries and keys, Su et al. 2021
 bias to the scores, Press et al. 2022); `PositionalEncoding` has one hook for each, so the
 model treats all schemes alike; a scheme acting inside attention hands it an
 `AttentionPositions`. `sample_positions` draws randomized positions (Ruoss et al. 2023).
+`SCHEMES` builds each scheme by its name in `minitfm.catalog`, which states what the name fixes
+before a model exists (learned positions end at model.max_len; RoPE needs an even d_head).
 
 Shapes: B batch, T positions, D d_model, H n_heads, K d_head (= D / H).
 """
@@ -12,12 +14,15 @@ Shapes: B batch, T positions, D d_model, H n_heads, K d_head (= D / H).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "alibi", "none")
+from minitfm.catalog import POSITIONALS
+
+POSITIONAL_KINDS = tuple(POSITIONALS)  # sinusoidal, learned, rope, alibi, none
 
 
 # What a scheme acting inside attention hands to it: `MultiHeadAttention` turns queries and
@@ -214,18 +219,20 @@ class NoPositions(PositionalEncoding):
     """
 
 
+# Each scheme by its name in the catalog, built from (max_len, d_model, n_heads).
+SCHEMES: dict[str, Callable[[int, int, int], PositionalEncoding]] = {
+    "sinusoidal": lambda max_len, d_model, n_heads: SinusoidalPositions(max_len, d_model),
+    "learned": lambda max_len, d_model, n_heads: LearnedPositions(max_len, d_model),
+    "rope": lambda max_len, d_model, n_heads: RotaryPositions(d_model // n_heads),
+    "alibi": lambda max_len, d_model, n_heads: ALiBiPositions(n_heads),
+    "none": lambda max_len, d_model, n_heads: NoPositions(),
+}
+
+
 def make_positional(kind: str, max_len: int, d_model: int, n_heads: int = 1) -> PositionalEncoding:
     """The positional scheme `kind`: sinusoidal, learned, rope, alibi or none."""
-    assert kind in POSITIONAL_KINDS, f"positional scheme {kind!r} is not one of {POSITIONAL_KINDS}"
-    if kind == "sinusoidal":
-        return SinusoidalPositions(max_len, d_model)
-    if kind == "learned":
-        return LearnedPositions(max_len, d_model)
-    if kind == "rope":
-        return RotaryPositions(d_model // n_heads)
-    if kind == "alibi":
-        return ALiBiPositions(n_heads)
-    return NoPositions()
+    assert kind in SCHEMES, f"positional scheme {kind!r} is not one of {POSITIONAL_KINDS}"
+    return SCHEMES[kind](max_len, d_model, n_heads)
 
 
 def sample_positions(lengths: Tensor, width: int, limit: int) -> Tensor:

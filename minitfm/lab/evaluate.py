@@ -14,6 +14,7 @@ import torch
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE, evaluate, predict
 from minitfm.book.model import Seq2SeqTransformer
+from minitfm.catalog import position_shortfall
 from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
 from minitfm.fast.model import build_model
@@ -21,7 +22,7 @@ from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint
 from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, decoding_parts, model_parts
 from minitfm.run.rundir import resolve_checkpoint
-from minitfm.tasks import make_task, positions_short
+from minitfm.tasks import make_task
 from minitfm.tasks.base import Task, eval_set
 
 
@@ -43,7 +44,8 @@ def load_model(path: Path, device: torch.device | str = "cpu"
 
 def check_representable(cfg, task: Task, max_len: int) -> None:
     """Lengths up to `max_len` need positions the model has: say so instead of crashing."""
-    short = positions_short(cfg.model, task, task.max_source_len(max_len))
+    needed = task.positions_for_source(task.max_source_len(max_len))
+    short = position_shortfall(cfg.model, needed)
     if short is not None:
         key, limit, needed = short
         raise MinitfmError(f"--max-len {max_len} needs {needed} positions but this model's "
@@ -139,10 +141,10 @@ def length_warning(cfg, task: Task, sources: list[list[int]], where: str) -> str
 
 
 def input_limit(cfg, task: Task) -> int | None:
-    """Longest input (tokens) the model has positions for (see `positions_short`); None: any."""
+    """Longest input (tokens) the model has positions for (`position_shortfall`); None: any."""
     n = cfg.model.max_len
-    if positions_short(cfg.model, task, n + 1) is None:  # even past model.max_len: no end
+    if position_shortfall(cfg.model, task.positions_for_source(n + 1)) is None:  # no end
         return None
-    while n > 0 and positions_short(cfg.model, task, n) is not None:
+    while n > 0 and position_shortfall(cfg.model, task.positions_for_source(n)) is not None:
         n -= 1
     return n

@@ -31,7 +31,7 @@ import torch
 
 from minitfm import __version__
 from minitfm.book.metrics import predict
-from minitfm.config import SPECIAL_TOKENS, TASK_SYMBOLS
+from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.ablate import ablation_pairs, replacements
 from minitfm.lab.evaluate import input_limit, load_model
@@ -142,27 +142,35 @@ def model_spec(model) -> dict:
         index[f"model.{name}"] = [offset, list(state[name].shape)]
         offset += state[name].numel()
     blob = torch.cat([state[name].detach().float().cpu().flatten() for name in names])
-    spec = {"config": {**cfg.model_dump(mode="json"), "vocab_size": model.vocab_size},
+    return {"config": {**cfg.model_dump(mode="json"), "vocab_size": model.vocab_size},
             "pad_id": model.pad_id, "bos_id": 1, "eos_id": 2, "index": index,
-            "weights": floats(blob)}
-    if cfg.positional == "sinusoidal":  # θ_i as book.positions.sinusoids computes them
-        spec["inv_freq"] = torch.exp(torch.arange(0, cfg.d_model, 2)
-                                     * (-math.log(10000.0) / cfg.d_model)).tolist()
-    elif cfg.positional == "rope":
-        spec["inv_freq"] = model.positional.inv_freq.cpu().tolist()
-    elif cfg.positional == "alibi":
-        spec["slopes"] = model.positional.slopes.cpu().tolist()
-    return spec
+            "weights": floats(blob), **POSITION_TABLES[cfg.positional](model)}
+
+
+def sinusoid_frequencies(model) -> dict:
+    """θ_i of the sinusoids, as book.positions.sinusoids computes them."""
+    d_model = model.config.d_model
+    return {"inv_freq": torch.exp(torch.arange(0, d_model, 2)
+                                  * (-math.log(10000.0) / d_model)).tolist()}
+
+
+# What model.js's twin of each positional scheme (by its name in the catalog) reads besides
+# the weights: the sinusoids' and RoPE's θ_i, ALiBi's slopes.
+POSITION_TABLES = {
+    "sinusoidal": sinusoid_frequencies,
+    "learned": lambda model: {},  # its table is a weight
+    "rope": lambda model: {"inv_freq": model.positional.inv_freq.cpu().tolist()},
+    "alibi": lambda model: {"slopes": model.positional.slopes.cpu().tolist()},
+    "none": lambda model: {},
+}
 
 
 def task_spec(cfg, task: Task) -> dict:
     """How task.js reads and writes the task's text: the vocabulary, the reading rule, the
     phrases of Python's messages, the longest input and the decoding caps."""
-    if task.name == "pairs":
-        reading = task.cfg.tokenize  # "char" or "space"
-    else:
-        reading = "add" if task.name == "add" else "words"
-    reserved = (*SPECIAL_TOKENS, *TASK_SYMBOLS.get(task.name, ()))  # pairs: <unk> last
+    spec = TASKS[task.name]
+    reading = spec.reading or task.cfg.tokenize  # pairs: as task.tokenize, char or space
+    reserved = (*SPECIAL_TOKENS, *spec.task_symbols)  # pairs: <unk> last
     return {"name": task.name, "tokens": list(task.vocab.tokens), "reading": reading,
             "compact": task.compact, "separator": task.separator,
             "allowed": task._allowed(), "example": task._example_text(),

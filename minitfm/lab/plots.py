@@ -24,7 +24,7 @@ from typing import Any
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.palette import LINE_COLOURS, line_style
-from minitfm.lab.runs import HIDDEN_KEYS, scan_metrics, skipped
+from minitfm.lab.runs import HIDDEN_KEYS, scan_metrics, short_label, skipped
 from minitfm.run.files import write_atomic
 from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_config
 
@@ -194,8 +194,6 @@ def run_curves(run_dir: Path, notes: list[str] | None = None) -> dict[str, list[
 def run_labels(run_dirs: list[Path]) -> list[str]:
     """`key=value, ...` of the config keys that differ between the runs (the run's name when
     none do, or when two runs share a label)."""
-    from minitfm.lab.sweep import short_label
-
     if len(run_dirs) == 1:  # nothing to tell apart: no config needed
         return [run_dirs[0].name]
     configs = [flatten(read_config(run_dir)) for run_dir in run_dirs]

@@ -3,7 +3,8 @@
 How a run ended (`summary.json`, its lock) is read by `minitfm.run.rundir`. A run can be
 damaged by a hand edit, a copy from elsewhere or a bug: its files are read with caps and
 checks, and a damaged one lists the run as `unreadable` with a note saying why, without
-hiding the others. No torch here: listing runs is instant.
+hiding the others. Runs are told apart by the config keys in which they differ
+(`changed_keys`, and `short_label` for a legend). No torch here: listing runs is instant.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
     defaults = flatten(Config().model_dump())
     return {key: value for key, value in flatten(config).items()
             if key not in HIDDEN_KEYS and defaults.get(key) != value}
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """`model.positional` -> `positional`, unless two keys would share a name."""
+    last = [key.rpartition(".")[2] for key in keys]
+    return {key: name if last.count(name) == 1 else key for key, name in zip(keys, last)}
+
+
+def short_label(configuration: str) -> str:
+    """`task.name=copy, model.positional=rope` -> `name=copy, positional=rope`."""
+    pairs = [part.partition("=")[::2] for part in configuration.split(", ")]
+    names = short_names([key for key, _ in pairs])
+    return ", ".join(f"{names[key]}={value}" for key, value in pairs)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

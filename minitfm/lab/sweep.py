@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import itertools
 import json
 import math
@@ -33,11 +34,13 @@ from pathlib import Path
 from statistics import mean, stdev
 from typing import Any
 
-from minitfm.config import Config, flatten, load_config, parse_override
+from minitfm.catalog import TASKS, Shortfall, position_shortfall
+from minitfm.config import Config, flatten, load_config, parse_override, split_key_value
 from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
-from minitfm.lab.runs import SWEEP_FILE
+from minitfm.lab.plots import save_png
+from minitfm.lab.runs import SWEEP_FILE, short_label, short_names
 from minitfm.run.files import make_dirs, write_atomic
-from minitfm.run.limits import check_fits, decoding_parts, sequence_lengths, training_parts
+from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import (
     DONE,
     is_run_dir,
@@ -92,11 +95,11 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     """`KEY=V1,V2` items (and `--seeds`) -> (swept keys with their values, fixed overrides)."""
     swept, fixed = [], []
     for item in [*items, *([f"seed={seeds}"] if seeds is not None else [])]:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
+        split = split_key_value(item)
+        if split is None:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")
+        key, text = split
         if key == "threads":
             raise ConfigError(f"grid item '{item}': sweep sets threads per job; use --threads N "
                               f"(and --jobs N)")
@@ -141,12 +144,6 @@ def check_distinct(key: str, values: list[str]) -> None:
         seen[same] = text
 
 
-def short_names(keys: list[str]) -> dict[str, str]:
-    """`model.positional` -> `positional`, unless two keys would share a name."""
-    last = [key.rpartition(".")[2] for key in keys]
-    return {key: name if last.count(name) == 1 else key for key, name in zip(keys, last)}
-
-
 def run_id(choice: dict[str, str]) -> str:
     """A file-name-safe id such as `positional=rope,random_positions=64,seed=0`."""
     names = short_names(list(choice))
@@ -189,22 +186,18 @@ def plan_runs(grid: Grid, threads: int,
 
 def check_trained_positions(cfg: Config) -> None:
     """What training refuses as it starts: learned positions too few for task.max_len."""
-    needed = positions_short(cfg, cfg.task.max_len)
-    if needed is not None:
+    short = stated_shortfall(cfg, cfg.task.max_len)
+    if short is not None:
         raise ConfigError(f"model.max_len ({cfg.model.max_len}) is too small for task.max_len "
-                          f"({cfg.task.max_len}): sequences need {needed} positions; raise "
-                          f"model.max_len")
+                          f"({cfg.task.max_len}): sequences need {short.needed} positions; "
+                          f"raise model.max_len")
 
 
-def positions_short(cfg: Config, hi: int) -> int | None:
-    """The positions inputs of up to `hi` need, when learned ones (model.max_len) are fewer.
-
-    The rule of `tasks.positions_short`, on the lengths the config states (pairs: the sources;
-    their targets are known only from the files).
-    """
-    src, tgt = sequence_lengths(cfg.task.name, hi)  # tgt: BOS + the target
-    needed = src if cfg.task.name == "pairs" else max(src, tgt)
-    return needed if cfg.model.positional == "learned" and needed > cfg.model.max_len else None
+def stated_shortfall(cfg: Config, hi: int) -> Shortfall | None:
+    """`catalog.position_shortfall` for inputs of up to `hi` symbols, as the config states them
+    (pairs: the sources; their targets are known only from the files); randomized positions are
+    checked as a run starts."""
+    return position_shortfall(cfg.model, TASKS[cfg.task.name].positions_for_inputs(hi))
 
 
 def check_distinct_runs(runs: list[RunSpec]) -> None:
@@ -573,13 +566,14 @@ def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> 
     write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]
-    with open(folder / "results.csv", "w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for row in rows:
-            values = [row["run"], *(row[k] for k in keys), row["status"], row["steps"],
-                      row["wall_s"], *(row["exact_match"].get(s) for s in spans)]
-            writer.writerow(["null" if v is None else v for v in values])
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(columns)
+    for row in rows:
+        values = [row["run"], *(row[k] for k in keys), row["status"], row["steps"],
+                  row["wall_s"], *(row["exact_match"].get(s) for s in spans)]
+        writer.writerow(["null" if v is None else v for v in values])
+    write_atomic(folder / "results.csv", table.getvalue().encode("utf-8"))
     plot_results(rows, folder / "results.png")
 
 
@@ -597,8 +591,10 @@ def by_configuration(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
 
 
 def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
-    """results.png: `results_figure`."""
-    results_figure(rows).savefig(path, format="png", dpi=120)
+    """results.png: `results_figure`, written by the picture rule (`plots.save_png`). The sweep
+    folder is minitfm's, so its results.png is replaced as the sweep goes (one an older minitfm
+    wrote has no mark): as with --force."""
+    save_png(results_figure(rows), path, "--out", force=True)
 
 
 def results_figure(rows: list[dict[str, Any]]):
@@ -614,7 +610,7 @@ def results_figure(rows: list[dict[str, Any]]):
     groups = by_configuration(rows)
     beyond = rows and any(not lo <= int(n) <= hi for row in rows for n in row["per_length"]
                           for lo, hi in [row["trained_lengths"]])
-    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5),
+    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5), dpi=120,
                  layout="constrained")
     axes = fig.subplots(1, 2 if beyond else 1, squeeze=False)[0]
     for i, (label, group) in enumerate(groups.items()):
@@ -658,13 +654,6 @@ def plot_lengths(ax, rows: list[dict[str, Any]], groups: dict[str, list]) -> Non
     ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"trained lengths {lo}..{hi}")
     ax.set(xlabel="input length", ylabel="exact match (mean over seeds)", ylim=(-0.02, 1.02),
            title="exact match per input length (held-out)")
-
-
-def short_label(configuration: str) -> str:
-    """`task.name=copy, model.positional=rope` -> `name=copy, positional=rope`."""
-    pairs = [part.partition("=")[::2] for part in configuration.split(", ")]
-    names = short_names([key for key, _ in pairs])
-    return ", ".join(f"{names[key]}={value}" for key, value in pairs)
 
 
 def spread(values: list[float | None], form: str = "{:.1%}") -> str:
@@ -721,10 +710,10 @@ def check_evaluations(runs: list[RunSpec], ranges: list, samples: int) -> None:
     names = ("--eval-samples", "--eval-lengths")
     for spec in runs:
         for lo, hi in eval_ranges(spec, ranges):
-            needed = positions_short(spec.cfg, hi)  # the trained range was checked with the grid
-            if needed is not None:
-                raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {needed} positions but the "
-                                   f"run {quote(spec.id)} learns {spec.cfg.model.max_len} "
+            short = stated_shortfall(spec.cfg, hi)  # the trained range was checked with the grid
+            if short is not None:
+                raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {short.needed} positions but "
+                                   f"the run {quote(spec.id)} learns {spec.cfg.model.max_len} "
                                    f"(model.max_len): evaluate up to a shorter length, or "
                                    f"raise model.max_len")
             check_fits(decoding_parts(spec.cfg, samples, hi, EVAL_BATCH_SIZE, names),

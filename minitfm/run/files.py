@@ -1,4 +1,5 @@
-"""Files a run writes: the one atomic write, `mkdir -p` that cleans up, metrics lines.
+"""Files a run writes: the one atomic write, `mkdir -p` that cleans up, metrics lines; and
+the one reader of Linux's /proc files (`proc_value`).
 
 Every file minitfm replaces (checkpoints, config.yaml, summary.json, pictures, a sweep's
 results) goes through `write_atomic`: a reader, or a kill midway, sees the old file or the new
@@ -37,15 +38,25 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def proc_value(path: str, key: str) -> str | None:
+    """The first word after `key:` in a /proc file such as /proc/self/status or /proc/meminfo
+    (None: no such file, as off Linux or for a process gone, or no such line)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(f"{key}:"):
+                    return line.split()[1]
+    except OSError:
+        pass
+    return None
+
+
 def current_umask() -> int:
     """The process umask, read from /proc where possible (setting it is process-wide)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    found = proc_value("/proc/self/status", "Umask")  # such as "0022"
+    if found is not None:
+        with contextlib.suppress(ValueError):
+            return int(found, 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return mask

@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import resource
 
-from minitfm.config import longest_source, longest_target, vocab_size
+from minitfm.catalog import POSITIONALS, TASKS
 from minitfm.errors import MinitfmError, quote
+from minitfm.run.files import proc_value
 
 FLOAT = 4  # bytes of a float32
 PYTHON_INT = 8  # bytes per token of a Python list of small ints (a pointer; the ints are shared)
@@ -28,14 +29,9 @@ FIXES = {"task.train_path": "use a part of the file", "task.eval_path": "use a p
 
 def available_bytes() -> int:
     """Memory this process may still use: MemAvailable, and the address-space limit (ulimit -v)."""
-    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    free_kb = proc_value("/proc/meminfo", "MemAvailable")
+    available = int(free_kb) * 1024 if free_kb is not None else \
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return min(available, soft) if soft != resource.RLIM_INFINITY else available
 
@@ -50,9 +46,10 @@ def human(n: float) -> str:
 
 
 def sequence_lengths(task_name: str, n: int) -> tuple[int, int]:
-    """(source, decoder) tokens of the longest example with inputs of length `n`, as the task
-    states them (`config.longest_source`, `longest_target`); BOS/EOS add one."""
-    return longest_source(task_name, n), longest_target(task_name, n) + 1
+    """(source, decoder) tokens of the longest example with inputs of length `n`, as the task's
+    spec states them (`catalog.TASKS`); BOS/EOS add one."""
+    spec = TASKS[task_name]
+    return spec.longest_source(n), spec.longest_target(n) + 1
 
 
 def parameter_count(model, vocab_size: int) -> int:
@@ -60,7 +57,7 @@ def parameter_count(model, vocab_size: int) -> int:
     d, f = model.d_model, model.d_ff
     encoder = model.n_encoder_layers * (4 * d * d + 2 * d * f)
     decoder = model.n_decoder_layers * (8 * d * d + 2 * d * f)  # self- and cross-attention
-    positions = model.max_len * d if model.positional == "learned" else 0
+    positions = model.max_len * d if POSITIONALS[model.positional].learned else 0
     return vocab_size * d + encoder + decoder + positions
 
 
@@ -75,7 +72,7 @@ def activation_bytes(model, batch: int, src: int, tgt: int, vocab_size: int) -> 
 
 def model_parts(cfg) -> list[tuple[str, int, int]]:
     """(key, value, bytes) of what a model of `cfg` holds however it is used."""
-    vocab = vocab_size(cfg.task.name, cfg.task.n_symbols)
+    vocab = TASKS[cfg.task.name].vocab_size(cfg.task.n_symbols)
     n = cfg.model.max_len
     return [
         ("model.d_model", cfg.model.d_model,
@@ -88,7 +85,7 @@ def model_parts(cfg) -> list[tuple[str, int, int]]:
 def training_parts(cfg) -> list[tuple[str, int, int]]:
     """(key, value, bytes) of a training run of `cfg`: model, one batch, the held-out set."""
     src, tgt = sequence_lengths(cfg.task.name, cfg.task.max_len)
-    vocab = vocab_size(cfg.task.name, cfg.task.n_symbols)
+    vocab = TASKS[cfg.task.name].vocab_size(cfg.task.n_symbols)
     batch = activation_bytes(cfg.model, cfg.train.batch_size, src, tgt, vocab)
     # The batch grows with its size and (quadratically) with the length: blame the one further
     # from its default.
@@ -121,7 +118,7 @@ def decoding_parts(cfg, samples: int, max_len: int, batch_size: int,
                    names: tuple[str, str] = ("--samples", "--max-len")) -> list:
     """(key, value, bytes) of decoding `samples` inputs of up to `max_len` tokens."""
     src, tgt = sequence_lengths(cfg.task.name, max_len)
-    vocab = vocab_size(cfg.task.name, cfg.task.n_symbols)
+    vocab = TASKS[cfg.task.name].vocab_size(cfg.task.n_symbols)
     chunk = activation_bytes(cfg.model, min(batch_size, samples), src, tgt,
                              vocab) // 2  # no backward: about half
     return [*model_parts(cfg), (names[1], max_len, chunk),

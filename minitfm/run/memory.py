@@ -15,6 +15,8 @@ import ctypes.util
 import resource
 import sys
 
+from minitfm.run.files import proc_value
+
 M_TRIM_THRESHOLD = -1  # from glibc's malloc.h: free memory above this at the heap top is trimmed
 M_MMAP_THRESHOLD = -3  # blocks at least this large get their own mmap, unmapped when freed
 KEEP_BELOW = 32 * 2**20  # the largest mmap threshold glibc accepts on 64-bit: 32 MB
@@ -38,13 +40,9 @@ def peak_rss_mb(pid: int | str = "self") -> float | None:
     Linux's VmHWM counts only since the process's exec. getrusage's ru_maxrss, the fallback
     for this process elsewhere, also counts the parent's pages a child held before its exec.
     """
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB -> MB
-    except OSError:
-        pass
+    peak_kb = proc_value(f"/proc/{pid}/status", "VmHWM")
+    if peak_kb is not None:
+        return int(peak_kb) / 1024  # kB -> MB
     if pid != "self":
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS

@@ -28,9 +28,10 @@ from typing import Any
 
 import yaml
 
-from minitfm.config import MAX_CONFIG_BYTES, Config, load_yaml, to_yaml
+from minitfm.config import Config, to_yaml
 from minitfm.errors import CheckpointError, MinitfmError, RunFailed, quote
 from minitfm.run.files import make_dirs, write_atomic
+from minitfm.yamlfile import MAX_CONFIG_BYTES, error_line, load_yaml
 
 CHECKPOINTS = ("best", "last")
 SUMMARY = "summary.json"
@@ -357,15 +358,14 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def read_run_config(run_dir: Path) -> dict[str, Any] | None:
     """The run's `config.yaml` as plain data (None when it has none), read as a user's config
-    is (`config.load_yaml`: capped size, aliases bounded): a mapping of sections."""
+    is (`yamlfile.load_yaml`: capped size, aliases bounded): a mapping of sections."""
     text = read_small(Path(run_dir) / "config.yaml", MAX_CONFIG_BYTES)
     if text is None:
         return None
     try:
         data = load_yaml(text)
     except yaml.MarkedYAMLError as err:
-        line = err.problem_mark.line + 1 if err.problem_mark else "?"
-        raise CheckpointError(f"config.yaml is not valid YAML at line {line} "
+        raise CheckpointError(f"config.yaml is not valid YAML at line {error_line(err)} "
                               f"({err.problem})") from None
     except yaml.YAMLError as err:
         raise CheckpointError(f"config.yaml is not valid YAML ({err})") from None

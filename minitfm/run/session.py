@@ -28,6 +28,7 @@ from minitfm.book.loop import (
     warmup_warning,
 )
 from minitfm.book.metrics import EvalResult, LengthStats, evaluate, predict
+from minitfm.catalog import position_shortfall
 from minitfm.config import (
     Config,
     parse_override,
@@ -61,7 +62,7 @@ from minitfm.run.rundir import (
 )
 from minitfm.run.signals import StopSignal
 from minitfm.run.threads import ThreadClaim, ThreadPacer
-from minitfm.tasks import make_task, positions_short
+from minitfm.tasks import make_task
 from minitfm.tasks.base import Task, eval_set
 
 
@@ -139,7 +140,8 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> RunSta
 def check_lengths(cfg: Config, task: Task) -> None:
     """The model must have positions for the longest source and target of training."""
     task.check_positions(cfg.model.max_len)  # a pairs task: every pair of its files
-    short = positions_short(cfg.model, task, task.max_source_len(cfg.task.max_len), training=True)
+    needed = task.positions_for_source(task.max_source_len(cfg.task.max_len))
+    short = position_shortfall(cfg.model, needed, training=True)
     if short is not None:
         key, limit, needed = short
         raise MinitfmError(f"{key} ({limit}) is too small for task.max_len ({cfg.task.max_len}): "

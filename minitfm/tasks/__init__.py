@@ -1,16 +1,17 @@
-"""The data chapter: tasks by name, and the one check of lengths at run time.
+"""The data chapter: the task implementations, registered by their names in the catalog.
 
 `base` holds what every task shares (vocabulary, sampling, the held-out rule, batches),
-`synthetic` the rules copy .. add, `pairs` a task read from files. This package names them
-all (`TASKS`), builds one from its config (`make_task`) and checks that a model has positions
-for what a task asks of it (`positions_short`).
+`synthetic` the rules copy .. add, `pairs` a task read from files (`pairfiles` reads them).
+What a task's name fixes before any data is read (task symbols, longest source and target) is
+its spec in `minitfm.catalog`; this package registers a class under each spec's name (`TASKS`,
+in the catalog's order) and builds one from its config (`make_task`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from minitfm.config import ModelConfig, TaskConfig
+from minitfm.config import TaskConfig
 from minitfm.errors import ConfigError
 from minitfm.tasks.base import Task
 from minitfm.tasks.pairs import PairsTask
@@ -27,22 +28,3 @@ def make_task(cfg: TaskConfig, state: dict[str, Any] | None = None) -> Task:
                           f"{', '.join(TASKS)}")
     cls = TASKS[cfg.name]
     return cls(cfg) if state is None else cls.from_checkpoint(cfg, state)
-
-
-def positions_short(model: ModelConfig, task: Task, src_len: int,
-                    training: bool = False) -> tuple[str, int, int] | None:
-    """None if the model has positions for a source of `src_len` tokens and its target; else
-    (the key that stops them, its value, the positions needed).
-
-    The one check of lengths at run time (training, eval, predict, visualize): learned
-    positions stop at model.max_len, and training with randomized ones draws them from
-    [0, model.random_positions). The config checks the keys against each other up front.
-    """
-    needed = max(src_len, task.max_target_len(src_len) + 1)  # the source, or BOS + target
-    limits = [("model.max_len", model.max_len)] if model.positional == "learned" else []
-    if training and model.random_positions is not None:
-        limits.append(("model.random_positions", model.random_positions))
-    for key, limit in limits:
-        if needed > limit:
-            return key, limit, needed
-    return None

@@ -15,8 +15,8 @@ Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
 
 so data symbol v has id `3 + len(task symbols) + v`, and sorting ids sorts values. Special
 tokens are never data: sampling never draws them and `parse` rejects them. The special and
-task symbols are listed in `minitfm.config` (SPECIAL_TOKENS, TASK_SYMBOLS), where the memory
-check counts them without torch.
+task symbols are stated in `minitfm.catalog` (SPECIAL_TOKENS, a TaskSpec's task_symbols), where
+the memory check counts them without torch.
 
 Sampling. Lengths are uniform in [min_len, max_len], symbols uniform over the data symbols,
 and every draw comes from the `torch.Generator` passed in (never the global RNG), so a seed
@@ -45,7 +45,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from minitfm.config import SPECIAL_TOKENS, TaskConfig, longest_source, longest_target
+from minitfm.catalog import SPECIAL_TOKENS, TASKS, TaskSpec, positions_needed
+from minitfm.config import TaskConfig
 from minitfm.errors import ConfigError, TaskInputError
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -106,19 +107,24 @@ class Vocab:
 class Task(ABC):
     """A task: its vocabulary, its rule (`target`), sampling and text I/O."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # its TaskSpec's name in minitfm.catalog, which states its facts
     summary: ClassVar[str]
-    task_symbols: ClassVar[tuple[str, ...]] = ()
     separator: str = " "  # between symbols in text (pairs with task.tokenize char: none)
 
     def __init__(self, cfg: TaskConfig) -> None:
         self.cfg = cfg
         self.n_symbols = cfg.n_symbols
         symbols = tuple(str(v) for v in range(cfg.n_symbols))
-        self.vocab = Vocab(SPECIAL_TOKENS + self.task_symbols + symbols)
-        self.first_data_id = len(SPECIAL_TOKENS) + len(self.task_symbols)
+        task_symbols = self.spec.task_symbols  # "+" for add
+        self.vocab = Vocab(SPECIAL_TOKENS + task_symbols + symbols)
+        self.first_data_id = len(SPECIAL_TOKENS) + len(task_symbols)
         # The compact form ("314", "12+34") is unambiguous only with one-character symbols.
-        self.compact = all(len(t) == 1 for t in self.task_symbols + symbols)
+        self.compact = all(len(t) == 1 for t in task_symbols + symbols)
+
+    @property
+    def spec(self) -> TaskSpec:
+        """What the task's name fixes (minitfm.catalog): task symbols, longest source and target."""
+        return TASKS[self.name]
 
     @classmethod
     def from_checkpoint(cls, cfg: TaskConfig, state: dict[str, Any]) -> Task:
@@ -157,11 +163,16 @@ class Task(ABC):
     def max_target_len(self, src_len: int) -> int:
         """The longest target for a source of `src_len` tokens (a cap for decoding); here a
         source is one input of `src_len` symbols."""
-        return longest_target(self.name, src_len)
+        return self.spec.longest_target(src_len)
 
     def max_source_len(self, max_len: int) -> int:
         """The longest source for a length setting of `max_len` (task.max_len)."""
-        return longest_source(self.name, max_len)
+        return self.spec.longest_source(max_len)
+
+    def positions_for_source(self, src_len: int) -> int:
+        """Positions a model needs for a source of `src_len` tokens and its longest target
+        (`catalog.positions_needed`; checked with `catalog.position_shortfall`)."""
+        return positions_needed(src_len, self.max_target_len(src_len))
 
     def input_length(self, src: list[int]) -> int:
         """The length of `src` in the sense of task.min_len/max_len (for per-length tables)."""
@@ -169,7 +180,7 @@ class Task(ABC):
 
     def check_positions(self, max_len: int) -> None:
         """Refuse data that needs more than `max_len` (model.max_len) positions; a synthetic
-        task's lengths are its config's, checked with the model by `positions_short`."""
+        task's lengths are its config's, checked with the model by `position_shortfall`."""
         return None
 
     # --- sampling ---

@@ -3,16 +3,17 @@
 Copy, reverse, sort, duplicate, shift and add, over the data symbols 0..n_symbols-1. What
 they share (vocabulary, sampling, the held-out rule, text) is `base.Task`; each class here
 states its rule (`target`) and the source position each target token should attend to
-(`alignment`, what the attention pictures compare with). How long a source and a target can
-get (add: two numbers and a '+'; duplicate: twice the input) is stated in `minitfm.config`
-(`longest_source`, `longest_target`), where the memory check reads it without torch.
+(`alignment`, what the attention pictures compare with). What each name fixes besides (task
+symbols; how long a source and a target can get: add, two numbers and a '+'; duplicate, twice
+the input) is its TaskSpec in `minitfm.catalog`, where the memory check reads it without torch:
+a new task is a class here (in SYNTHETIC) plus its spec there.
 """
 
 from __future__ import annotations
 
 import torch
 
-from minitfm.config import TASK_SYMBOLS, TaskConfig, longest_target
+from minitfm.config import TaskConfig
 from minitfm.errors import TaskInputError
 from minitfm.tasks.base import Task
 
@@ -96,12 +97,11 @@ class AddTask(Task):
 
     name = "add"
     summary = "add two numbers, most significant digit first"
-    task_symbols = TASK_SYMBOLS["add"]  # ("+",)
 
     def __init__(self, cfg: TaskConfig) -> None:
         super().__init__(cfg)  # the config refuses n_symbols > 10 for add
         self.base = cfg.n_symbols
-        self.plus_id = self.vocab.id("+")
+        self.plus_id = self.vocab.id("+")  # its task symbol (catalog.TASKS["add"])
 
     def target(self, src: list[int]) -> list[int]:
         a, b = self._operands(src)
@@ -109,7 +109,7 @@ class AddTask(Task):
 
     def max_target_len(self, src_len: int) -> int:
         # The longer operand has at most src_len - 2 digits (besides it: '+' and one digit).
-        return max(1, longest_target(self.name, src_len - 2))
+        return max(1, self.spec.longest_target(src_len - 2))
 
     def input_length(self, src: list[int]) -> int:
         return max(len(operand) for operand in self._operands(src))

@@ -231,8 +231,9 @@ def test_dropout_is_active_only_in_training():
 
 
 def test_learned_positions_beyond_max_len_assert():
-    """Eval, predict and training refuse such lengths first, in one line (tasks.positions_short);
-    see test_evaluate's test_learned_positions_say_when_a_length_is_out_of_reach."""
+    """Eval, predict and training refuse such lengths first, in one line
+    (catalog.position_shortfall); see test_evaluate's
+    test_learned_positions_say_when_a_length_is_out_of_reach."""
     model = make_model(positional="learned", max_len=8)
     model(symbols(1, 8), symbols(1, 8))
     with pytest.raises(AssertionError, match=r"position 8 is past the 8 learned ones"):

@@ -34,7 +34,7 @@ def test_sinusoids_with_offset_and_beyond_the_cached_length():
 
 
 def test_learned_positions_beyond_max_len_assert():
-    """Run-time lengths are checked before the model runs (tasks.positions_short)."""
+    """Run-time lengths are checked before the model runs (catalog.position_shortfall)."""
     positions = LearnedPositions(8, 4)
     assert positions(torch.zeros(2, 8, 4)).shape == (2, 8, 4)
     with pytest.raises(AssertionError, match=r"position 8 is past the 8 learned ones"):

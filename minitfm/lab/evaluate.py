@@ -20,7 +20,7 @@ from minitfm.book.model import (
 )
 from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
-from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint
+from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch, load_checkpoint
 from minitfm.run.limits import check_fits, decoding_parts, model_parts
 from minitfm.run.rundir import resolve_checkpoint
 from minitfm.tasks import make_task, positions_short
@@ -39,7 +39,7 @@ def load_model(path: Path, device: torch.device | str = "cpu"
         model = build_model(cfg, task)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
-        raise does_not_fit(path, err) from None
+        raise checkpoint_mismatch(path, err) from None
     return cfg, task, model.to(device).eval(), state["step"]
 
 

@@ -39,7 +39,12 @@ from minitfm.config import (
 )
 from minitfm.errors import CheckpointError, ConfigError, Interrupted, MinitfmError, RunFailed
 from minitfm.run import distributed
-from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint, save_checkpoint
+from minitfm.run.checkpoint import (
+    check_vocab,
+    checkpoint_mismatch,
+    load_checkpoint,
+    save_checkpoint,
+)
 from minitfm.run.devices import pick_device
 from minitfm.run.distributed import Dist
 from minitfm.run.files import append_metrics
@@ -332,7 +337,7 @@ def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
     try:
         state.load_state_dict(checkpoint)
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
-        raise does_not_fit(path, err) from None
+        raise checkpoint_mismatch(path, err) from None
 
 
 @dataclass

@@ -259,12 +259,11 @@ def over_training(run: Path | None, layer: int | None = None, out: Path | None =
                   gif: Path | None = None, force: bool = False) -> OverTrainingReport:
     """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF). An
     existing file is replaced if minitfm wrote it, or with `force` (`plots.check_output`)."""
-    from minitfm.lab.plots import run_directory, save_png
+    from minitfm.lab.plots import save_png
     from minitfm.lab.viz import lettering
-    from minitfm.run.rundir import latest_run
+    from minitfm.run.rundir import run_directory
 
-    run_dir = latest_run() if run is None else \
-        run_directory(Path(run), "--over-training reads the run's attention.jsonl")
+    run_dir = run_directory(run, "--over-training reads the run's attention.jsonl")
     timeline = read_timeline(run_dir)
     layer, why = pick_layer(timeline, layer)
     png = out if out is not None else run_dir / "attention" / f"over-training-layer{layer}.png"

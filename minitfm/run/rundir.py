@@ -138,6 +138,28 @@ def find_run_dir(checkpoint: Path) -> Path | None:
     return None
 
 
+
+def run_directory(run: str | Path | None,
+                  reads: str = "plot reads a run's metrics.jsonl") -> Path:
+    """The run directory a RUN argument means: the directory, the run of a checkpoint, or (None)
+    the most recent run under ./runs (`reads` says, for a checkpoint outside any run, why one
+    is needed). `pick_checkpoint` is its twin for the commands that read a checkpoint."""
+    if run is None:
+        return latest_run()
+    path = Path(run)
+    if not path.exists():
+        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
+    if path.is_file():
+        run_dir = find_run_dir(path)
+        if run_dir is None:
+            raise CheckpointError(f"checkpoint '{path}' is not inside a minitfm run "
+                                  f"(<run>/checkpoints/): {reads}")
+        return run_dir
+    if not is_run_dir(path):
+        raise CheckpointError(f"'{path}' is not a minitfm run directory (no config.yaml or "
+                              f"metrics.jsonl written by minitfm)")
+    return path
+
 # --- one training process at a time, and a prepared directory ---
 
 @dataclass(frozen=True)

@@ -232,7 +232,7 @@ def curves_figure(curves: list[dict], labels: list[str]):
 # --- `minitfm eval --plot` ---
 
 def length_chart(report: dict[str, Any], path: Path, force: bool = False) -> None:
-    """`eval --plot`: write `length_figure` of an `evaluate_run` report to `path`."""
+    """`eval --plot`: write `length_figure` of an `eval_report` report to `path`."""
     save_png(length_figure(report), path, "--plot", force)
 
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
 from minitfm.lab.plots import SOFTWARE, check_output, write_picture
-from minitfm.lab.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.lab.probe import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
 ATTENTION_FILE = "attention.jsonl"
@@ -111,8 +111,8 @@ class AttentionRecorder:
             self.evaluation[0] == step else (step, None, None)
         src, target = self.probe
         probe = run_probe(model, self.task, src, teacher=target, output=output)
-        alignment, entropy = head_scores(model, self.task, self.pairs)
-        return Snapshot(step, probe, target, alignment, entropy, exact_match)
+        scores = head_scores(model, self.task, self.pairs)
+        return Snapshot(step, probe, target, scores.soft, scores.entropy, exact_match)
 
     def write(self, snapshot: Snapshot) -> None:
         """Append the snapshot's line to attention.jsonl (when recording)."""

@@ -295,7 +295,7 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
 
 
 # What minitfm writes into a run, folder by folder: training's records, checkpoints and event
-# files; the pictures of visualize-attention (`viz.default_png`, `timeline.over_training`),
+# files; the pictures of visualize-attention (`visualize.default_png`, `timeline.over_training`),
 # ablate and plot; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
 MADE_FILES = {
     ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|eval-\d+-\d+\.json"

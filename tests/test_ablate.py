@@ -17,6 +17,8 @@ from minitfm.lab.ablate import (
     edited_heads,
     head_means,
 )
+from minitfm.lab.loaded import load
+from minitfm.lab.options import AblateOptions
 from minitfm.run.session import train
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli
@@ -95,16 +97,15 @@ def short_run(tmp_path_factory):
 
 
 def loaded(run_dir):
-    from minitfm.lab.evaluate import load_model
-
-    cfg, task, model, _ = load_model(run_dir / "checkpoints" / "last.pt")
-    return model, task, eval_set(task, 200, cfg.task.eval_seed)
+    """A run's last checkpoint, loaded, and 200 of its held-out pairs."""
+    run = load(run_dir / "checkpoints" / "last.pt", device="cpu")
+    return run, eval_set(run.task, 200, run.config.task.eval_seed)
 
 
 def test_head_means_do_not_depend_on_padding(short_run):
-    model, task, pairs = loaded(short_run)
-    padded = head_means(model, task, pairs, "cpu", batch_size=200)  # lengths 1..6 together
-    alone = head_means(model, task, pairs, "cpu", batch_size=1)  # no padding at all
+    run, pairs = loaded(short_run)
+    padded = head_means(run, pairs, batch_size=200)  # lengths 1..6 together
+    alone = head_means(run, pairs, batch_size=1)  # no padding at all
     assert padded.keys() == alone.keys() == {("encoder", 0), ("decoder", 0), ("cross", 0)}
     for key, mean in padded.items():
         assert mean.shape == (2, 16)
@@ -112,7 +113,8 @@ def test_head_means_do_not_depend_on_padding(short_run):
 
 
 def test_ablating_nothing_gives_the_intact_predictions(short_run):
-    model, task, pairs = loaded(short_run)
+    run, pairs = loaded(short_run)
+    model, task = run.model, run.task
     none_off = HeadAblation(torch.zeros(2, dtype=torch.bool), torch.randn(2, 16))
     edits = {("encoder", 0): none_off, ("decoder", 0): none_off, ("cross", 0): none_off}
     sources = [src for src, _ in pairs]
@@ -122,8 +124,9 @@ def test_ablating_nothing_gives_the_intact_predictions(short_run):
 
 
 def test_ablated_decoding_with_cache_equals_without_and_teacher_forcing(short_run):
-    model, task, pairs = loaded(short_run)
-    means = head_means(model, task, pairs, "cpu")
+    run, pairs = loaded(short_run)
+    model, task = run.model, run.task
+    means = head_means(run, pairs)
     edits = {("encoder", 0): HeadAblation(torch.tensor([True, False]), means["encoder", 0]),
              ("decoder", 0): HeadAblation(torch.tensor([False, True]), means["decoder", 0]),
              ("cross", 0): HeadAblation(torch.tensor([True, False]), means["cross", 0])}
@@ -172,8 +175,8 @@ def solved(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_every_cross_head_off_drops_a_solved_copy_model_to_near_0(solved, mode):
-    model, task, pairs = loaded(solved)
-    baseline, heads, layers = ablate_model(model, task, pairs, "cpu", mode)
+    run, pairs = loaded(solved)
+    baseline, heads, layers = ablate_model(run, pairs, AblateOptions(mode=mode))
     assert baseline.exact_match >= 0.95
     cross = next(row for row in layers if row["kind"] == "cross")  # its one layer, all heads
     assert cross["exact_match"] <= 0.05, cross

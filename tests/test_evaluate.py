@@ -6,7 +6,7 @@ import pytest
 
 from minitfm.book.metrics import length_chunks, predict, score, strip_eos
 from minitfm.config import load_config
-from minitfm.lab.evaluate import load_model
+from minitfm.lab.loaded import load
 from minitfm.run.session import train
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
@@ -68,7 +68,8 @@ def test_predict_keeps_input_order_across_length_chunks(tmp_path):
     # A trained model (200 steps, exact match ~0.95) ends every row with EOS; a row that never
     # does is cut at its chunk's longest cap, so alone and batched it could differ in length.
     train(load_config(None, [*TINY, "log.tensorboard=false"]), run_dir=tmp_path / "run")
-    _, task, model, _ = load_model(tmp_path / "run" / "checkpoints" / "best.pt", "cpu")
+    loaded = load(tmp_path / "run" / "checkpoints" / "best.pt", device="cpu")
+    task, model = loaded.task, loaded.model
     sources = [[1, 2, 3, 4, 0, 1], [4], [2, 2, 3], [0, 1], [3, 3, 3, 3], [1]]
     alone = [predict(model, task, [src], "cpu")[0] for src in sources]
     assert predict(model, task, sources, "cpu", batch_size=2) == alone

@@ -22,9 +22,11 @@ import torch
 from minitfm.app.api import load_run
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.ablate import ablated, ablation_pairs, replacements
-from minitfm.lab.evaluate import load_model, predict_lines
+from minitfm.lab.ablate import ablated, replacements
+from minitfm.lab.evaluate import predict_lines
 from minitfm.lab.explorer import embed_json, page_data, task_spec
+from minitfm.lab.loaded import Loaded, load
+from minitfm.lab.options import AblateOptions
 from minitfm.run.session import train
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Task
@@ -78,12 +80,16 @@ def runs(tmp_path_factory):
 
 
 def page_of(run_dir: Path, model_edit=None) -> tuple:
-    """(cfg, task, model, data) of a run's last checkpoint; `model_edit(model)` first."""
-    path = run_dir / "checkpoints" / "last.pt"
-    cfg, task, model, step = load_model(path)
+    """(loaded run, data) of a run's last checkpoint; `model_edit(model)` first."""
+    loaded = load(run_dir / "checkpoints" / "last.pt", device="cpu")
     if model_edit is not None:
-        model_edit(model)
-    return cfg, task, model, page_data(cfg, task, model, step, path, run_dir)
+        model_edit(loaded.model)
+    return loaded, page_data(loaded)
+
+
+def decoded(loaded: Loaded, text: str):
+    """`minitfm predict`'s result for one input (`loaded.model` None: only reading it)."""
+    return predict_lines(loaded, [(1, text)])
 
 
 def run_node(data: dict, items: list[dict], tmp_path: Path) -> list:
@@ -129,13 +135,13 @@ def differences(model, result: dict) -> tuple[float, float]:
 @needs_node
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_page_model_decodes_as_pytorch_to_1e_4(runs, case, tmp_path):
-    cfg, task, model, data = page_of(runs[case])
+    loaded, data = page_of(runs[case])
+    task, model = loaded.task, loaded.model
     texts = inputs_of(task, data["held_out"]["sources"][:6])
     results = run_node(data, [{"text": t} for t in texts] + [{"held_out": True}], tmp_path)
     # one input per call, as the page decodes: `predict` caps a batch at its longest input's
     # cap, so an unfinished output (no EOS yet) depends on the other inputs of its call
-    expected = [predict_lines(cfg, task, model, "cpu", [(1, text)]).rows[0]["output"]
-                for text in texts]
+    expected = [decoded(loaded, text).rows[0]["output"] for text in texts]
     assert [r["output"] for r in results[:-1]] == expected
     for result in results[:-1]:
         logit_diff, weight_diff = differences(model, result)
@@ -151,7 +157,8 @@ def test_the_page_model_decodes_as_pytorch_to_1e_4(runs, case, tmp_path):
 @pytest.mark.parametrize("mode", ["zero", "mean"])
 def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path):
     run_dir = runs["sinusoidal-pre"]
-    cfg, task, model, data = page_of(run_dir)
+    loaded, data = page_of(run_dir)
+    task, model = loaded.task, loaded.model
     heads_off = [("cross", 0, 1), ("encoder", 0, 0)]
     texts = inputs_of(task, data["held_out"]["sources"][:8])
     items = [{"text": t, "heads_off": [[*h, mode] for h in heads_off]} for t in texts]
@@ -163,15 +170,15 @@ def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path
     for result in results[:-1]:
         assert max(differences_with_heads_off(run, result, heads_off, mode)) < TOLERANCE
     # one head off on the held-out examples: what `minitfm ablate` measures on them
-    pairs = ablation_pairs(cfg, task)
-    values = replacements(model, task, pairs, "cpu", mode)[("cross", 0)]
+    pairs = loaded.ablation_pairs()
+    values = replacements(loaded, pairs, mode)[("cross", 0)]
     off = torch.tensor([False, True])
     from minitfm.book.metrics import evaluate
     from minitfm.lab.ablate import HeadAblation
     examples = pairs[:len(results[-1])]
     baseline = evaluate(model, task, examples, "cpu")
-    measured = ablated(model, task, examples, "cpu", 250, baseline, "cross", 0,
-                       HeadAblation(off, values))
+    measured = ablated(loaded, examples, baseline, {("cross", 0): HeadAblation(off, values)},
+                       AblateOptions())
     page_exact = sum(out == tgt for out, (_, tgt) in zip(results[-1], examples)) / len(examples)
     assert page_exact == measured["exact_match"]
 
@@ -179,9 +186,7 @@ def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path
 def differences_with_heads_off(run, result, heads_off, mode) -> tuple[float, float]:
     from minitfm.lab.ablate import edited_heads, switched_off
 
-    pairs = ablation_pairs(run.config, run.task) if mode == "mean" else []
-    with edited_heads(run.model, switched_off(run.model, run.task, pairs, "cpu", heads_off,
-                                              mode)):
+    with edited_heads(run.model, switched_off(run, heads_off, mode)):
         return differences(run.model, result)
 
 
@@ -189,7 +194,8 @@ def differences_with_heads_off(run, result, heads_off, mode) -> tuple[float, flo
 def test_an_exact_tie_goes_to_the_lower_id_as_torch_argmax_and_a_near_tie_is_flagged(
         runs, tmp_path):
     run_dir = runs["learned-post-untied"]
-    cfg, task, model, _ = page_of(run_dir)
+    loaded, _ = page_of(run_dir)
+    task, model = loaded.task, loaded.model
     src = task.parse("3 1 4")
     with torch.no_grad():
         memory, src_mask, _ = model.encode(torch.tensor([src]))
@@ -203,9 +209,9 @@ def test_an_exact_tie_goes_to_the_lower_id_as_torch_argmax_and_a_near_tie_is_fla
         return edit
 
     for scale, chosen in ((1.0, lower), (1.0 + 3e-7, None)):
-        _, _, edited, data = page_of(run_dir, tie(scale))
+        edited, data = page_of(run_dir, tie(scale))
         [result] = run_node(data, [{"text": "3 1 4"}], tmp_path)
-        expected = predict_lines(cfg, task, edited, "cpu", [(1, "3 1 4")]).rows[0]["output"]
+        expected = decoded(edited, "3 1 4").rows[0]["output"]
         assert result["output"] == expected  # PyTorch's answer, tie or not
         assert result["near_ties"][0]  # the page says the first step was (nearly) a tie
         if chosen is not None:  # exactly equal logits: the first maximal index, as torch
@@ -230,8 +236,8 @@ def test_typed_input_is_read_with_predicts_rules_and_messages(overrides, tmp_pat
     task = make_task(cfg.task)
     results = run_node({"task": task_spec(cfg, task)}, [{"text": t} for t in TYPED], tmp_path)
     for text, result in zip(TYPED, results):
-        expected = predict_lines(cfg, task, None, "cpu", [(1, text)]) if not \
-            parses(cfg, task, text) else None
+        reading = Loaded(Path("none.pt"), 0, cfg, task, None, "cpu")  # no model: only reading
+        expected = decoded(reading, text) if not parses(cfg, task, text) else None
         if expected is None:
             assert result == {"src": parses(cfg, task, text)}, text
         else:

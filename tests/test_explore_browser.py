@@ -13,6 +13,7 @@ from minitfm.app.api import load_run
 from minitfm.app.api import train_run as train  # with the attention recorder
 from minitfm.config import load_config
 from minitfm.lab.explorer import write_explorer
+from minitfm.lab.loaded import load
 from tests.helpers import TINY
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
@@ -40,7 +41,7 @@ def pages(tmp_path_factory):
     copy = root / "copy"
     train(load_config(None, [*TINY, "log.tensorboard=false", "train.steps=100",
                              "train.eval_every=25", "log.attention_every=eval"]), run_dir=copy)
-    found["copy"] = (copy, write_explorer(copy, "last").path)
+    found["copy"] = (copy, write_explorer(load(copy, "last")).path)
     data = root / "nasty.tsv"
     rows = [f"{a} {b}\t{b} {a}" for a in NASTY + ["x", "y"] for b in NASTY + ["x", "y"]]
     data.write_text("\n".join(rows) + "\n", encoding="utf-8")
@@ -51,7 +52,7 @@ def pages(tmp_path_factory):
         "model.n_decoder_layers=1", "model.d_ff=32", "model.max_len=8", "train.steps=20",
         "train.batch_size=16", "train.eval_every=20", "train.eval_samples=10",
         "log.tensorboard=false", "log.attention_every=0"]), run_dir=pairs)
-    found["pairs"] = (pairs, write_explorer(pairs, "last").path)
+    found["pairs"] = (pairs, write_explorer(load(pairs, "last")).path)
     return found
 
 

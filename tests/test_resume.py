@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from minitfm.config import load_config
+from minitfm.lab.probe import pick_probe
 from minitfm.lab.timeline import ATTENTION_FILE, read_timeline, recorded_probe
-from minitfm.lab.viz import pick_probe
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set

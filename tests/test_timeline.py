@@ -13,6 +13,7 @@ from PIL import Image
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
+from minitfm.lab.probe import attention_entropy
 from minitfm.lab.timeline import (
     ATTENTION_FILE,
     MAX_COLUMNS,
@@ -22,7 +23,6 @@ from minitfm.lab.timeline import (
     shown_columns,
     strip_figure,
 )
-from minitfm.lab.viz import attention_entropy
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
 from tests.helpers import QUICK, assert_clean_error, run_cli

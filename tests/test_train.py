@@ -13,7 +13,7 @@ from minitfm.app.progress import ConsoleReporter
 from minitfm.book.loop import lr_factor
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
-from minitfm.lab.evaluate import load_model
+from minitfm.lab.loaded import load
 from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
 from minitfm.lab.timeline import AttentionRecorder
 from minitfm.run import session
@@ -64,10 +64,10 @@ def test_checkpoint_round_trips(trained):
     run_dir, _ = trained
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert state["step"] == 50 and state["config"]["task"]["name"] == "copy"
-    cfg, task, model, step = load_model(run_dir / "checkpoints" / "last.pt")
-    for name, tensor in model.state_dict().items():
+    loaded = load(run_dir / "checkpoints" / "last.pt", device="cpu")
+    for name, tensor in loaded.model.state_dict().items():
         assert torch.equal(tensor, state["model"][name]), name
-    assert list(task.vocab.tokens) == state["vocab"]
+    assert list(loaded.task.vocab.tokens) == state["vocab"] and loaded.step == 50
 
 
 @pytest.mark.slow

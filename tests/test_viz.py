@@ -13,16 +13,8 @@ from rich.console import Console
 from minitfm.app.tables import attention_heatmaps, heatmap_legend
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
-from minitfm.lab.viz import (
-    KIND_TITLES,
-    KINDS,
-    alignment_score,
-    alignment_scores,
-    attention_figure,
-    map_blocks,
-    pick_probe,
-    run_probe,
-)
+from minitfm.lab.probe import KINDS, alignment_score, alignment_scores, pick_probe, run_probe
+from minitfm.lab.viz import KIND_TITLES, attention_figure, map_blocks, only
 from minitfm.run.session import train
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
@@ -91,15 +83,16 @@ def test_hard_alignment_score_counts_each_rows_argmax():
 def test_scores_of_a_padded_mixed_length_batch_are_those_of_its_examples(hard):
     """The held-out argmax share (and the mean weight): a padded batch of mixed lengths scores
     what its examples score one by one, each weighted by its target positions."""
-    from minitfm.lab.viz import head_scores
+    from minitfm.lab.probe import head_scores
 
     model, task = untrained(2, 2)
     model = model.to(torch.float64)  # no near-tie of an argmax turns on float rounding
     generator = torch.Generator().manual_seed(3)
     pairs = list(task.sample(12, generator))
     assert len({len(src) for src, _ in pairs}) >= 3  # mixed lengths: the batch is padded
-    batch, _ = head_scores(model, task, pairs, hard)  # (L, H)
-    alone = [head_scores(model, task, [pair], hard)[0] for pair in pairs]
+    kind = "hard" if hard else "soft"
+    batch = getattr(head_scores(model, task, pairs), kind)  # (L, H)
+    alone = [getattr(head_scores(model, task, [pair]), kind) for pair in pairs]
     weights = torch.tensor([float(len(task.alignment(src))) for src, _ in pairs])
     expected = sum(w * a for w, a in zip(weights, alone, strict=True)) / weights.sum()
     torch.testing.assert_close(batch, expected.to(batch.dtype), rtol=0, atol=1e-6)
@@ -116,12 +109,12 @@ def test_alignment_scores_none_without_an_ideal_alignment():
 
 @pytest.mark.slow
 def test_trained_copy_model_has_an_aligned_head(copy_run):
-    from minitfm.lab.evaluate import load_model
+    from minitfm.lab.loaded import load
     from minitfm.tasks.base import eval_set
 
-    cfg, task, model, _ = load_model(copy_run / "checkpoints" / "last.pt")
-    pairs = eval_set(task, 200, cfg.task.eval_seed)
-    scores = alignment_scores(model, task, pairs)  # (1 layer, 2 heads)
+    run = load(copy_run / "checkpoints" / "last.pt", device="cpu")
+    pairs = eval_set(run.task, 200, run.config.task.eval_seed)
+    scores = alignment_scores(run.model, run.task, pairs).soft  # (1 layer, 2 heads)
     assert scores.shape == (1, 2)
     # Uniform attention on the same pairs: the baseline a head must beat.
     lengths = torch.tensor([len(src) for src, _ in pairs], dtype=torch.float)
@@ -207,15 +200,16 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
                                                       layer, head):
     from pathlib import Path
 
-    from minitfm.lab.viz import figure_title
+    from minitfm.lab.loaded import Loaded
+    from minitfm.lab.visualize import figure_title
 
     model, task = untrained(n_layers, n_heads)
     src = task.parse(" ".join(str(i % 10) for i in range(n_tokens)))
     probe = run_probe(model, task, src)
-    blocks = map_blocks(probe, task, kinds, None if layer is None else [layer],
-                        None if head is None else [head])
-    title = figure_title(task, Path("runs/reverse-20260101-000000/checkpoints/best.pt"), 12345,
-                         probe, task.target(src))
+    blocks = [only(block, layer, head) for block in map_blocks(probe, task, kinds)]
+    loaded = Loaded(Path("runs/reverse-20260101-000000/checkpoints/best.pt"), 12345, None,
+                    task, model, "cpu")
+    title = figure_title(loaded, probe, task.target(src))
     fig = attention_figure(blocks, title)
     assert texts_outside(fig) == []
     shown = {text.get_text().replace("\n", " ") for text in fig.findobj(Text)}
@@ -335,9 +329,11 @@ def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
 
 
 def test_the_png_gives_each_cross_attention_head_its_alignment_scores(quick_run, tmp_path):
-    from minitfm.lab.viz import visualize
+    from minitfm.lab.loaded import load
+    from minitfm.lab.options import VisualizeOptions
+    from minitfm.lab.visualize import visualize
 
-    report = visualize(quick_run, out=tmp_path / "maps.png")
+    report = visualize(load(quick_run), VisualizeOptions(out=tmp_path / "maps.png"))
     cross = next(b for b in report.blocks if b.kind == "cross")
     held_out, here = report.held_out_scores, report.scores
     assert cross.head_notes.shape == tuple(held_out.shape)

@@ -28,22 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from minitfm.book.metrics import EVAL_BATCH_SIZE
-from minitfm.book.model import Seq2SeqTransformer
-from minitfm.config import SEED_RANGE, Config, load_config
+from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.evaluate import eval_report, load_model, predict_lines
-from minitfm.lab.viz import KINDS, map_blocks, read_input, run_probe
-from minitfm.run.devices import default_device
-from minitfm.run.rundir import API_NAMES, find_run_dir, pick_checkpoint, resolve_checkpoint
-from minitfm.tasks.base import Task, eval_set
-
-# The bounds of `minitfm eval`'s options, for the same arguments of `Run.evaluate`.
-EVAL_BOUNDS = {"samples": (1, 100_000), "min_len": (1, 65_536), "max_len": (1, 65_536),
-               "seed": (SEED_RANGE["ge"], SEED_RANGE["le"]), "batch_size": (1, 100_000)}
+from minitfm.lab.evaluate import eval_report, predict_lines
+from minitfm.lab.loaded import Loaded, load
+from minitfm.lab.options import EvalOptions, bounded
+from minitfm.lab.probe import KINDS, run_probe
+from minitfm.lab.visualize import read_input
+from minitfm.lab.viz import map_blocks
+from minitfm.run.rundir import API_NAMES, resolve_checkpoint
 
 
 @dataclass
@@ -69,21 +64,10 @@ class Attention:
         return queries, self.decoder_input if kind == "decoder" else self.source
 
 
-@dataclass
-class Run:
-    """A trained model loaded from a checkpoint, in eval mode, with its config and task."""
-
-    checkpoint: Path  # the .pt file
-    step: int  # the training step it was saved at
-    config: Config = field(repr=False)
-    task: Task = field(repr=False)
-    model: Seq2SeqTransformer = field(repr=False)
-    device: torch.device = field(repr=False)
-
-    @property
-    def run_dir(self) -> Path | None:
-        """The run directory holding the checkpoint (None for a loose .pt file)."""
-        return find_run_dir(self.checkpoint)
+class Run(Loaded):
+    """A trained model loaded from a checkpoint, in eval mode, with its config and task: the
+    lab's `Loaded` (attributes `checkpoint`, `step`, `run_dir`, `config`, `task`, `model`,
+    `device`) with the command line's calls."""
 
     def predict(self, inputs: str | Sequence[str], heads_off: Sequence = (),
                 mode: str = "zero") -> str | list[str]:
@@ -99,14 +83,11 @@ class Run:
         ['4 1 3', '7 2']
         >>> run.predict("3 1 4", heads_off=[("cross", 1, 2)], mode="mean")
         """
-        from minitfm.lab.ablate import ablation_pairs, edited_heads, switched_off
+        from minitfm.lab.ablate import edited_heads, switched_off
 
         texts = input_texts(inputs)
-        pairs = ablation_pairs(self.config, self.task) if mode == "mean" and heads_off else []
-        edits = switched_off(self.model, self.task, pairs, self.device, heads_off, mode)
-        with edited_heads(self.model, edits):
-            result = predict_lines(self.config, self.task, self.model, self.device,
-                                   list(enumerate(texts, 1)))
+        with edited_heads(self.model, switched_off(self, heads_off, mode)):
+            result = predict_lines(self, list(enumerate(texts, 1)))
         if result.error is not None:
             raise result.error
         if result.warning:
@@ -121,32 +102,27 @@ class Run:
         >>> maps.encoder[0].shape, maps.decoder[0].shape  # (H, S, S), (H, T, T)
         (torch.Size([4, 3, 3]), torch.Size([4, 4, 4]))
         """
-        cfg, task = self.config, self.task
         check_type("text", text, (str, type(None)), "a string in task syntax, or None")
-        held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed) if text is None \
-            else []
-        probe = run_probe(self.model, task, read_input(cfg, task, text, held_out, "text"))
-        blocks = {block.kind: block for block in map_blocks(probe, task)}
+        held_out = self.held_out() if text is None else []
+        probe = run_probe(self.model, self.task, read_input(self, text, held_out, "text"))
+        blocks = {block.kind: block for block in map_blocks(probe, self.task)}
         maps = probe.maps
         return Attention(blocks["encoder"].keys, blocks["decoder"].keys,
-                         task.format(probe.prediction), maps.encoder, maps.decoder, maps.cross)
+                         self.task.format(probe.prediction), maps.encoder, maps.decoder,
+                         maps.cross)
 
-    def evaluate(self, samples: int = 1000, min_len: int | None = None,
+    def evaluate(self, samples: int = EvalOptions.samples, min_len: int | None = None,
                  max_len: int | None = None, seed: int | None = None,
-                 batch_size: int = EVAL_BATCH_SIZE) -> dict:
+                 batch_size: int = EvalOptions.batch_size) -> dict:
         """The dict `minitfm eval --json` prints: exact match, token accuracy, loss, per length.
 
         >>> report = run.evaluate(min_len=17, max_len=32)  # beyond the trained lengths
         >>> report["exact_match"], report["per_length"]["17"]["exact_match"]
         """
-        given = {"samples": samples, "min_len": min_len, "max_len": max_len, "seed": seed,
-                 "batch_size": batch_size}
-        for name, value in given.items():
-            if value is not None or name in ("samples", "batch_size"):
-                check_integer(name, value, *EVAL_BOUNDS[name])
-        return eval_report(self.config, self.task, self.model, self.device, self.checkpoint,
-                           self.step, samples=samples, min_len=min_len, max_len=max_len,
-                           seed=seed, batch_size=batch_size)
+        options = EvalOptions(samples, min_len, max_len, seed, batch_size)
+        for name, value, low, high in bounded(options):  # the bounds of `minitfm eval`
+            check_integer(name, value, low, high)
+        return eval_report(self, options)
 
 
 def load_run(run: str | Path | None = None, checkpoint: str = "best") -> Run:
@@ -159,12 +135,15 @@ def load_run(run: str | Path | None = None, checkpoint: str = "best") -> Run:
     """
     check_type("run", run, (str, Path, type(None)), "a run directory or .pt file, or None")
     check_type("checkpoint", checkpoint, str, '"best" or "last"')
-    path, note = pick_checkpoint(run, checkpoint)
-    if note:
-        warnings.warn(note, stacklevel=2)
-    device = default_device()
-    cfg, task, model, step = load_model(path, device)
-    return Run(path, step, cfg, task, model, device)
+    try:
+        loaded = load(run, checkpoint)
+    except MinitfmError as err:
+        for note in getattr(err, "__notes__", ()):  # best.pt fell back to last.pt, then failed
+            warnings.warn(note, stacklevel=2)
+        raise
+    if loaded.note:
+        warnings.warn(loaded.note, stacklevel=2)
+    return Run(**vars(loaded))
 
 
 def train(config: str | Path | dict | Config | None = None, /, *,

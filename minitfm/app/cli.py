@@ -21,10 +21,9 @@ from typer.core import TyperCommand, TyperGroup
 from minitfm import __version__
 from minitfm.app.tables import (
     ablation_tables,
-    alignment_table,
-    attention_heatmaps,
+    attention_text,
     bench_tables,
-    heatmap_legend,
+    heading_lines,
     over_training_table,
     per_length_table,
     printable,
@@ -33,6 +32,13 @@ from minitfm.app.tables import (
     tasks_table,
 )
 from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.lab.options import (
+    MAX_SAMPLES,
+    AblateOptions,
+    EvalOptions,
+    VisualizeOptions,
+    option_field,
+)
 from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
@@ -139,6 +145,15 @@ THREADS_HELP = ("CPU threads: auto (the fastest alone, shared with other minitfm
                 "or a fixed count N.")
 
 
+def option(options: type, name: str):
+    """The typer.Option of the field `name` of a command's options (`lab/options.py`), where
+    its default, bounds and help are stated."""
+    spec = option_field(options, name)
+    meta, cli = spec.metadata, spec.metadata["cli"]
+    return typer.Option(spec.default, *cli.get("flags", ()), min=meta["low"], max=meta["high"],
+                        metavar=cli.get("metavar"), help=meta["help"])
+
+
 MAX_ERROR_CHARS = 500  # one line, however long the user's input was
 
 
@@ -180,31 +195,25 @@ def say(text: str) -> None:
     console.print(printable(text), markup=False, highlight=False)
 
 
-def heading_lines(title: str, width: int) -> list[str]:
-    """`a · b · c` broken at its ` · ` separators into lines of at most `width` where it can:
-    `matmul peak 60.9 GFLOP/s` stays in one piece."""
-    lines: list[str] = []
-    for item in filter(None, title.split(" · ")):
-        if lines and len(lines[-1]) + 3 + len(item) <= width:
-            lines[-1] += " · " + item
-        else:
-            lines.append(item)
-    return lines
-
-
 def out_of_memory(err: BaseException) -> bool:
     return isinstance(err, MemoryError) or "can't allocate memory" in str(err) \
         or "out of memory" in str(err)
 
 
-def chosen_checkpoint(run: Path | None, which: str) -> Path:
-    """The checkpoint file RUN means; a fallback from best.pt to last.pt is a note on stderr."""
-    from minitfm.run.rundir import pick_checkpoint
+def loaded_run(run: Path | None, which: str):
+    """The checkpoint RUN and --checkpoint mean, loaded (`lab.loaded.load`); a fallback from
+    best.pt to last.pt is a note on stderr."""
+    from minitfm.lab.loaded import load
 
-    path, note = pick_checkpoint(run, which)
-    if note:
-        err_console.print(f"note: {printable(note)}", markup=False)
-    return path
+    loaded = load(run, which)
+    if loaded.note:
+        note(loaded.note)
+    return loaded
+
+
+def note(message: str) -> None:
+    """Print one `note: ...` line on stderr."""
+    err_console.print(f"note: {printable(message)}", markup=False)
 
 
 def clean_errors(command=None, *, uses_torch: bool = True):
@@ -227,6 +236,8 @@ def clean_errors(command=None, *, uses_torch: bool = True):
         except Interrupted as err:
             fail(str(err), err.exit_code, "interrupted")
         except MinitfmError as err:
+            for line in getattr(err, "__notes__", ()):  # e.g. best.pt fell back to last.pt
+                note(line)
             fail(str(err), err.exit_code)
         except KeyboardInterrupt:
             fail(f"{stopped_by(signal.SIGINT)}: the command did not finish", 130, "interrupted")
@@ -370,16 +381,11 @@ def claim_threads(value: str):
 def eval_command(
     run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
     checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
-    samples: int = typer.Option(1000, min=1, max=100_000, help="Held-out sequences to decode."),
-    min_len: int | None = typer.Option(None, min=1, max=65_536, help="Shortest input length "
-                                          "(default: the trained task.min_len)."),
-    max_len: int | None = typer.Option(None, min=1, max=65_536, help="Longest input length; may "
-                                          "go beyond the trained range (default: task.max_len)."),
-    seed: int | None = typer.Option(None, min=-(2**63), max=2**63 - 1, help="Seed of the "
-                                       "held-out set (default: task.eval_seed)."),
-    # 250 is evaluate.EVAL_BATCH_SIZE, written out so that --help need not import torch.
-    batch_size: int = typer.Option(250, min=1, max=100_000, help="Sequences decoded at once; "
-                                    "lower it to save memory."),
+    samples: int = option(EvalOptions, "samples"),
+    min_len: int | None = option(EvalOptions, "min_len"),
+    max_len: int | None = option(EvalOptions, "max_len"),
+    seed: int | None = option(EvalOptions, "seed"),
+    batch_size: int = option(EvalOptions, "batch_size"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
     plot: Path | None = typer.Option(None, "--plot", metavar="FILE", help="Also draw exact "
@@ -394,12 +400,12 @@ def eval_command(
         from minitfm.lab.plots import check_output
 
         check_output(plot, "--plot", force)  # before the decoding, not after
+    options = EvalOptions(samples, min_len, max_len, seed, batch_size)
     with claim_threads(threads) as claim:
-        from minitfm.lab.evaluate import evaluate_run
+        from minitfm.lab.evaluate import eval_report
 
         claim.apply()
-        report = evaluate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, min_len,
-                              max_len, seed, batch_size)
+        report = eval_report(loaded_run(run, checkpoint), options)
     if as_json:
         print(json.dumps(report))
     else:
@@ -440,10 +446,14 @@ def predict(
                  if text.strip()]
         where = "line"
     with claim_threads(threads) as claim:
-        from minitfm.lab.evaluate import predict_texts
+        from minitfm.lab.evaluate import predict_lines
 
         claim.apply()
-        result = predict_texts(chosen_checkpoint(run, checkpoint), checkpoint, lines, where)
+        loaded = loaded_run(run, checkpoint)
+        if not lines:
+            raise MinitfmError("no input: give INPUT arguments or pipe one input per line on "
+                               "stdin")
+        result = predict_lines(loaded, lines, where)
     if result.warning:
         err_console.print(f"warning: {printable(result.warning)}", markup=False)
     for (number, _), row in zip(lines, result.rows):
@@ -472,18 +482,11 @@ def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | No
 @clean_errors
 def visualize_attention(
     run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
-    input_text: str | None = typer.Option(None, "--input", metavar="TEXT",
-                                          help="Input in task syntax (default: the held-out "
-                                               "example TensorBoard shows)."),
-    kind: str = typer.Option("all", metavar="KIND",
-                             help="Which maps: encoder, decoder, cross or all."),
-    layer: int | None = typer.Option(None, help="Only this layer (from 0); with "
-                                     "--over-training, the layer whose heads are drawn."),
-    head: int | None = typer.Option(None, help="Only this head (from 0)."),
-    out: Path | None = typer.Option(None, help="PNG path (default: a file in <run>/attention/ "
-                                    "named after the checkpoint and step, or "
-                                    "over-training-layer<L>.png; for a .pt outside any run, a "
-                                    "file beside it)."),
+    input_text: str | None = option(VisualizeOptions, "input_text"),
+    kind: str = option(VisualizeOptions, "kind"),
+    layer: int | None = option(VisualizeOptions, "layer"),
+    head: int | None = option(VisualizeOptions, "head"),
+    out: Path | None = option(VisualizeOptions, "out"),
     over_training: bool = typer.Option(
         False, "--over-training", help="Draw the cross-attention recorded at each evaluation "
         "of training (the run's attention.jsonl) as one PNG strip: a column per step, a row "
@@ -491,8 +494,7 @@ def visualize_attention(
         "--force."),
     gif: Path | None = typer.Option(None, metavar="FILE", help="With --over-training, also an "
                                     "animated GIF: a frame per recorded step."),
-    force: bool = typer.Option(False, "--force", help="Replace the --out (and --gif) file "
-                               "even if it is not a picture minitfm wrote."),
+    force: bool = option(VisualizeOptions, "force"),
     terminal: bool = typer.Option(True, "--terminal/--no-terminal",
                                   help="Also draw the heatmaps in the terminal; a bare --kind "
                                        "all draws only cross-attention there (the PNG has "
@@ -506,42 +508,22 @@ def visualize_attention(
                                             "--head": head, "--no-terminal": terminal,
                                             "--checkpoint": checkpoint, "--threads": threads})
         return show_over_training(run, layer, out, gif, force)
+    options = VisualizeOptions(input_text, kind, layer, head, out, force)
     with claim_threads(threads) as claim:
-        from minitfm.lab.viz import visualize
+        from minitfm.lab.visualize import check_options, visualize
 
         claim.apply()
-        report = visualize(chosen_checkpoint(run, checkpoint), checkpoint, input_text, kind,
-                           layer, head, out, force)
+        check_options(options)  # before the checkpoint is read
+        report = visualize(loaded_run(run, checkpoint), options)
     if report.note:
-        err_console.print(f"note: {report.note}", markup=False)
-    fmt, plain = report.task.format, {"markup": False, "highlight": False}
-    verdict = "correct" if report.probe.prediction == report.target else "wrong"
-    heading = f"{report.task.name} · {report.checkpoint} · step {report.step}"
-    for line in heading_lines(printable(heading), console.width):
-        console.print(line, **plain)
-    console.print(f"input:      {printable(fmt(report.probe.src))}", **plain)
-    if report.target is None:  # pairs: an input that is not in the data
-        console.print(f"prediction: {printable(fmt(report.probe.prediction))}", **plain)
-        console.print("expected:   (unknown: this input is not a held-out pair)", **plain)
-    else:
-        console.print(f"prediction: {printable(fmt(report.probe.prediction))}  ({verdict})",
-                      **plain)
-        console.print(f"expected:   {printable(fmt(report.target))}", **plain)
-    maps = attention_heatmaps(report.terminal_blocks) if terminal else []
-    needed = max(map(widest, maps), default=0)
-    if needed > console.width:  # wrapped, a map's rows would fall apart
-        console.print(f"(the terminal heatmaps need {needed} columns, this terminal has "
-                      f"{console.width}: see the PNG, or widen the terminal)", **plain)
-    elif terminal:
-        for renderable in maps:
-            console.print(renderable)
-        console.print(heatmap_legend(report.terminal_blocks))
-        if len(report.terminal_blocks) < len(report.blocks):
-            console.print("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
-                          "--head for the others, all of them are in the PNG)", **plain)
-    show(alignment_table(report))
-    console.print(f"wrote {printable(str(report.png))}", soft_wrap=True,
-                  **plain)  # a path, never cut in two
+        note(report.note)
+    for item in attention_text(report, terminal, console.width, widest):
+        if isinstance(item, str):
+            say(item)
+        else:
+            show(item)
+    console.print(f"wrote {printable(str(report.png))}", markup=False, highlight=False,
+                  soft_wrap=True)  # a path, never cut in two
 
 
 # What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
@@ -612,32 +594,24 @@ def widest(renderable) -> int:
 @clean_errors
 def ablate(
     run: Path | None = typer.Argument(None, metavar="[RUN]", help=RUN_HELP),
-    mode: str = typer.Option("zero", metavar="zero|mean", help="zero: a switched-off head "
-                             "outputs 0 (before W^O); mean: its mean output over the held-out "
-                             "set."),
-    samples: int = typer.Option(500, min=1, max=100_000, help="Held-out sequences to decode "
-                                "per ablation."),
+    mode: str = option(AblateOptions, "mode"),
+    samples: int = option(AblateOptions, "samples"),
     checkpoint: str = typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP),
-    # 250 is evaluate.EVAL_BATCH_SIZE, written out so that --help need not import torch.
-    batch_size: int = typer.Option(250, min=1, max=100_000, help="Sequences decoded at once; "
-                                    "lower it to save memory."),
-    out: Path | None = typer.Option(None, metavar="FILE", help="PNG path (default: a file in "
-                                    "<run>/ablate/ named after the checkpoint, step and mode; "
-                                    "for a .pt outside any run, a file beside it)."),
-    force: bool = typer.Option(False, "--force", help="Replace --out even if it is not a "
-                               "picture minitfm wrote."),
+    batch_size: int = option(AblateOptions, "batch_size"),
+    out: Path | None = option(AblateOptions, "out"),
+    force: bool = option(AblateOptions, "force"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of "
                                  "tables."),
     threads: str = typer.Option("auto", metavar="auto|N", help=THREADS_HELP),
 ) -> None:
     """Which heads matter: exact match with each attention head, then each layer, switched off."""
+    options = AblateOptions(mode, samples, batch_size, out, force)
     with claim_threads(threads) as claim:
-        from minitfm.lab.ablate import ablate_run, check_options
+        from minitfm.lab.ablate import ablate, check_options
 
         claim.apply()
-        check_options(mode, out, force)  # before RUN is looked for
-        report = ablate_run(chosen_checkpoint(run, checkpoint), checkpoint, samples, mode,
-                            batch_size, out, force)
+        check_options(options)  # before RUN is looked for
+        report = ablate(loaded_run(run, checkpoint), options)
     if as_json:
         print(json.dumps(report.as_dict()))
         return
@@ -659,9 +633,11 @@ def explore(
 ) -> None:
     """Write one offline web page where the trained model runs: type inputs, watch decoding
     and every attention map, switch heads off, scrub attention over training."""
-    from minitfm.lab.explorer import write_explorer
+    from minitfm.lab.explorer import check_page_path, write_explorer
 
-    page = write_explorer(chosen_checkpoint(run, checkpoint), checkpoint, out)
+    if out is not None:
+        check_page_path(out)  # before the checkpoint is read
+    page = write_explorer(loaded_run(run, checkpoint), out)
     console.print(f"wrote {page.path} ({page.size / 1000:,.0f} kB)", markup=False,
                   highlight=False, soft_wrap=True)
     if open_page:
@@ -734,7 +710,7 @@ def sweep(
     eval_lengths: list[str] | None = typer.Option(
         None, "--eval-lengths", metavar="A..B", help="Also evaluate on these input lengths "
         "(repeatable); the trained range always is."),
-    eval_samples: int = typer.Option(1000, min=1, max=100_000,
+    eval_samples: int = typer.Option(1000, min=1, max=MAX_SAMPLES,
                                      help="Held-out sequences per evaluation."),
     name: str | None = typer.Option(None, metavar="NAME",
                                     help="Sweep name (default: the config's file name, other "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 import unicodedata
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
 
     from minitfm.lab.ablate import AblationReport
     from minitfm.lab.timeline import OverTrainingReport
-    from minitfm.lab.viz import AttentionReport, MapBlock
+    from minitfm.lab.visualize import AttentionReport
+    from minitfm.lab.viz import MapBlock
 
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the palette's levels without colour
 
@@ -51,6 +53,18 @@ def ansi_c(ch: str) -> str:
     return ch
 
 
+
+def heading_lines(title: str, width: int) -> list[str]:
+    """`a · b · c` broken at its ` · ` separators into lines of at most `width` where it can:
+    `matmul peak 60.9 GFLOP/s` stays in one piece."""
+    lines: list[str] = []
+    for item in filter(None, title.split(" · ")):
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += " · " + item
+        else:
+            lines.append(item)
+    return lines
+
 # --- `minitfm eval` ---
 
 def per_length_table(report: dict) -> Table:
@@ -73,6 +87,40 @@ def per_length_table(report: dict) -> Table:
                      + (f"; {report['unknown_symbols']} symbols never trained on, read as <unk>"
                         if report.get("unknown_symbols") else ""))
     return table
+
+
+# --- `minitfm visualize-attention` ---
+
+def attention_text(report: AttentionReport, terminal: bool, width: int,
+                   widest: Callable[[Any], int]) -> list:
+    """What `visualize-attention` prints before the PNG's path, in order: plain lines (str:
+    heading, input, prediction, expected) and renderables (the terminal heatmaps when asked for
+    and when they fit `width`, which `widest` measures; their legend; the alignment table)."""
+    heading = f"{report.task.name} · {report.checkpoint} · step {report.step}"
+    out: list = [*heading_lines(printable(heading), width), *probe_lines(report)]
+    maps = attention_heatmaps(report.terminal_blocks) if terminal else []
+    needed = max(map(widest, maps), default=0)
+    if needed > width:  # wrapped, a map's rows would fall apart
+        out.append(f"(the terminal heatmaps need {needed} columns, this terminal has {width}: "
+                   f"see the PNG, or widen the terminal)")
+    elif terminal:
+        out += [*maps, heatmap_legend(report.terminal_blocks)]
+        if len(report.terminal_blocks) < len(report.blocks):
+            out.append("(terminal: cross-attention only; --kind encoder|decoder or --layer/"
+                       "--head for the others, all of them are in the PNG)")
+    return [*out, alignment_table(report)]
+
+
+def probe_lines(report: AttentionReport) -> list[str]:
+    """The input, the prediction (right or wrong) and the expected output, a line each."""
+    fmt, probe = report.task.format, report.probe
+    lines = [f"input:      {printable(fmt(probe.src))}"]
+    if report.target is None:  # pairs: an input that is not in the data
+        return [*lines, f"prediction: {printable(fmt(probe.prediction))}",
+                "expected:   (unknown: this input is not a held-out pair)"]
+    verdict = "correct" if probe.prediction == report.target else "wrong"
+    return [*lines, f"prediction: {printable(fmt(probe.prediction))}  ({verdict})",
+            f"expected:   {printable(fmt(report.target))}"]
 
 
 # --- `minitfm visualize-attention`: terminal heatmaps ---
@@ -138,7 +186,7 @@ def alignment_table(report: AttentionReport) -> Table | Text:
     """Every cross-attention head's alignment score, the best head in bold."""
     import numpy as np
 
-    from minitfm.lab.viz import ALIGNMENT_SAMPLES
+    from minitfm.lab.probe import ALIGNMENT_SAMPLES
 
     if report.scores is None:
         return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
@@ -163,8 +211,8 @@ def alignment_table(report: AttentionReport) -> Table | Text:
 
 def over_training_table(report: OverTrainingReport) -> Table:
     """A row per recorded step: its exact match and each cross-attention head's scores."""
+    from minitfm.lab.probe import ALIGNMENT_SAMPLES
     from minitfm.lab.timeline import head_text
-    from minitfm.lab.viz import ALIGNMENT_SAMPLES
 
     timeline, layer = report.timeline, report.layer
     aligned = timeline.alignment is not None
@@ -188,7 +236,8 @@ def over_training_table(report: OverTrainingReport) -> Table:
 def ablation_tables(report: AblationReport) -> list:
     """The headline, a table per kind (rows layers, columns heads and the whole layer), a key."""
     from minitfm.lab.ablate import MARKED_DROP, grid, headline
-    from minitfm.lab.viz import KIND_TITLES, KINDS
+    from minitfm.lab.probe import KINDS
+    from minitfm.lab.viz import KIND_TITLES
 
     lines = headline(report, str(report.checkpoint)).split("\n")  # each escaped, not the break
     out: list = [Text("\n".join(printable(line) for line in lines))]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minitfm.book.model import eval_mode, greedy_decode, sequence_loss
+from minitfm.config import EVAL_BATCH_SIZE  # sequences decoded at once (why 250: there)
 from minitfm.tasks.base import Task, make_batch
 
 Pair = tuple[list[int], list[int]]
@@ -95,11 +96,6 @@ def score(pairs: list[Pair], predictions: list[list[int]],
 def strip_eos(row: list[int], eos_id: int) -> list[int]:
     """Tokens up to (not including) the first EOS."""
     return row[:row.index(eos_id)] if eos_id in row else row
-
-
-# Sequences decoded at once: large enough for the matrix products to be efficient, small
-# enough that decoding a long evaluation needs little memory (docs/speed.md).
-EVAL_BATCH_SIZE = 250
 
 
 def length_chunks(lengths: list[int], batch_size: int) -> list[list[int]]:

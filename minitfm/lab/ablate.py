@@ -44,15 +44,14 @@ from minitfm.book.metrics import (
 )
 from minitfm.book.model import eval_mode
 from minitfm.errors import MinitfmError
-from minitfm.lab.evaluate import load_model
+from minitfm.lab.loaded import Loaded
+from minitfm.lab.options import MODES, AblateOptions
 from minitfm.lab.plots import check_output, save_png
-from minitfm.lab.viz import KIND_TITLES, KINDS
-from minitfm.run.devices import default_device
+from minitfm.lab.probe import KINDS
+from minitfm.lab.viz import KIND_TITLES
 from minitfm.run.limits import check_fits, decoding_parts
-from minitfm.run.rundir import find_run_dir, resolve_checkpoint
-from minitfm.tasks.base import Batch, Pair, Task, eval_set, make_batch
+from minitfm.tasks.base import Batch, Pair, make_batch
 
-MODES = ("zero", "mean")
 MARKED_DROP = 0.10  # heads whose removal costs more than 10 points of exact match are marked
 
 
@@ -154,26 +153,28 @@ def layer_counts(model) -> dict[str, int]:
 
 
 @torch.no_grad()
-def head_means(model, task: Task, pairs: list[Pair], device,
+def head_means(loaded: Loaded, pairs: list[Pair],
                batch_size: int = EVAL_BATCH_SIZE) -> dict[tuple[str, int], Tensor]:
     """Every head's mean output (H, K) over the non-pad queries of one teacher-forced pass."""
+    model, vocab = loaded.model, loaded.task.vocab
     means, n_layers = HeadMeans(), layer_counts(model)
     with eval_mode(model):
         for chunk in length_chunks([len(src) for src, _ in pairs], batch_size):
-            batch = make_batch([pairs[i] for i in chunk], task.vocab).to(device)
-            with edited_heads(model, means.recorders(batch, task.vocab.pad_id, n_layers)):
+            batch = make_batch([pairs[i] for i in chunk], vocab).to(loaded.device)
+            with edited_heads(model, means.recorders(batch, vocab.pad_id, n_layers)):
                 model(batch.src, batch.tgt_in)
     return means.means()
 
 
-def replacements(model, task: Task, pairs: list[Pair], device, mode: str,
+def replacements(loaded: Loaded, pairs: list[Pair], mode: str,
                  batch_size: int = EVAL_BATCH_SIZE) -> dict[tuple[str, int], Tensor]:
     """What a switched-off head outputs, (H, K) per (kind, layer): 0 or its mean."""
     if mode == "mean":
-        return head_means(model, task, pairs, device, batch_size)
-    n_heads, d_head = model.config.n_heads, model.config.d_model // model.config.n_heads
-    return {(kind, i): torch.zeros(n_heads, d_head, device=device)
-            for kind, n in layer_counts(model).items() for i in range(n)}
+        return head_means(loaded, pairs, batch_size)
+    cfg = loaded.model.config
+    n_heads, d_head = cfg.n_heads, cfg.d_model // cfg.n_heads
+    return {(kind, i): torch.zeros(n_heads, d_head, device=loaded.device)
+            for kind, n in layer_counts(loaded.model).items() for i in range(n)}
 
 
 # --- the ablations ---
@@ -200,78 +201,75 @@ class AblationReport:
                 "heads": self.heads, "layers": self.layers}
 
 
-def ablated(model, task: Task, pairs: list[Pair], device, batch_size: int, baseline: EvalResult,
-            kind: str, layer: int, ablation: HeadAblation) -> dict:
-    """Exact match with `ablation` in layer `layer` of `kind`, and its drop from `baseline`."""
-    with edited_heads(model, {(kind, layer): ablation}):
-        predictions = predict(model, task, [src for src, _ in pairs], device, batch_size)
+def ablated(loaded: Loaded, pairs: list[Pair], baseline: EvalResult,
+            edits: dict[tuple[str, int], HeadAblation], options: AblateOptions) -> dict:
+    """Exact match with `edits` (by kind and layer, see `edited_heads`), and its drop from
+    `baseline`."""
+    with edited_heads(loaded.model, edits):
+        predictions = predict(loaded.model, loaded.task, [src for src, _ in pairs],
+                              loaded.device, options.batch_size)
     total, _ = score(pairs, predictions)
     drop = (baseline.total.exact - total.exact) / max(total.count, 1)  # counts: no float noise
     return {"exact_match": total.exact_match, "drop": drop}
 
 
-def ablate_all(model, task: Task, pairs: list[Pair], device, batch_size: int,
-               baseline: EvalResult, values: dict[tuple[str, int], Tensor]):
+def ablate_all(loaded: Loaded, pairs: list[Pair], baseline: EvalResult,
+               values: dict[tuple[str, int], Tensor], options: AblateOptions):
     """Every head switched off in turn, then every layer's heads at once: (heads, layers)."""
     heads, layers = [], []
-    for kind, layer in ((kind, i) for kind, n in layer_counts(model).items() for i in range(n)):
-        value = values[(kind, layer)]  # (H, K)
-        off = torch.eye(value.size(0), dtype=torch.bool, device=value.device)  # (H, H)
-        for head in range(value.size(0)):
-            heads.append({"kind": kind, "layer": layer, "head": head,
-                          **ablated(model, task, pairs, device, batch_size, baseline, kind, layer,
-                                    HeadAblation(off[head], value))})
-        layers.append({"kind": kind, "layer": layer,
-                       **ablated(model, task, pairs, device, batch_size, baseline, kind, layer,
-                                 HeadAblation(off.any(dim=0), value))})
+    for kind, n in layer_counts(loaded.model).items():
+        for layer in range(n):
+            value = values[(kind, layer)]  # (H, K)
+            off = torch.eye(value.size(0), dtype=torch.bool, device=value.device)  # (H, H)
+            for head in range(value.size(0)):
+                edits = {(kind, layer): HeadAblation(off[head], value)}
+                heads.append({"kind": kind, "layer": layer, "head": head,
+                              **ablated(loaded, pairs, baseline, edits, options)})
+            edits = {(kind, layer): HeadAblation(off.any(dim=0), value)}
+            layers.append({"kind": kind, "layer": layer,
+                           **ablated(loaded, pairs, baseline, edits, options)})
     return heads, layers
 
 
-def ablate_model(model, task: Task, pairs: list[Pair], device, mode: str = "zero",
-                 batch_size: int = EVAL_BATCH_SIZE) -> tuple[EvalResult, list, list]:
+def ablate_model(loaded: Loaded, pairs: list[Pair],
+                 options: AblateOptions = AblateOptions()) -> tuple[EvalResult, list, list]:
     """The intact model's metrics (as `minitfm eval`), then every head and layer ablated."""
-    check_options(mode)
-    baseline = evaluate(model, task, pairs, device, batch_size)
-    values = replacements(model, task, pairs, device, mode, batch_size)
-    return baseline, *ablate_all(model, task, pairs, device, batch_size, baseline, values)
+    check_mode(options.mode)
+    baseline = evaluate(loaded.model, loaded.task, pairs, loaded.device, options.batch_size)
+    values = replacements(loaded, pairs, options.mode, options.batch_size)
+    return baseline, *ablate_all(loaded, pairs, baseline, values, options)
 
 
-def check_options(mode: str, out: Path | None = None, force: bool = False) -> None:
-    """`--mode` and `--out` (the picture rule, `plots.check_output`), refused before seconds of
-    decoding rather than after."""
+def check_mode(mode: str) -> None:
+    """`--mode`: one of MODES."""
     if mode not in MODES:
         raise MinitfmError(f"--mode ({mode!r}) must be one of {', '.join(MODES)}")
-    if out is not None:
-        check_output(out, "--out", force)
 
 
-def ablate_run(run, checkpoint: str = "best", samples: int = 500, mode: str = "zero",
-               batch_size: int = EVAL_BATCH_SIZE, out: Path | None = None,
-               force: bool = False) -> AblationReport:
-    """`minitfm ablate`: ablate every head and layer of a run's checkpoint; write the PNG (an
-    existing one only if minitfm wrote it, or with `force`)."""
-    check_options(mode, out, force)
-    path = resolve_checkpoint(run, checkpoint)
-    device = default_device()
-    cfg, task, model, step = load_model(path, device)
-    check_fits(decoding_parts(cfg, samples, cfg.task.max_len, batch_size), "evaluation")
-    png = out if out is not None else default_png(path, step, mode)
-    check_output(png, "--out", force)  # the default path too, before the decoding
-    pairs = eval_set(task, samples, cfg.task.eval_seed, cfg.task.min_len, cfg.task.max_len)
-    report = AblationReport(cfg.task.name, path, step, mode,
-                            *ablate_model(model, task, pairs, device, mode, batch_size))
+def check_options(options: AblateOptions) -> None:
+    """`--mode` and `--out` (the picture rule, `plots.check_output`), refused before the
+    checkpoint is read and seconds of decoding rather than after."""
+    check_mode(options.mode)
+    if options.out is not None:
+        check_output(options.out, "--out", options.force)
+
+
+def ablate(loaded: Loaded, options: AblateOptions = AblateOptions()) -> AblationReport:
+    """`minitfm ablate`: ablate every head and layer of a loaded run; write the PNG (an
+    existing one only if minitfm wrote it, or with `options.force`)."""
+    check_options(options)
+    cfg = loaded.config
+    check_fits(decoding_parts(cfg, options.samples, cfg.task.max_len, options.batch_size),
+               "evaluation")
+    png = options.out if options.out is not None else \
+        loaded.picture_path("ablate", f"step{loaded.step}-{options.mode}.png")
+    check_output(png, "--out", options.force)  # the default path too, before the decoding
+    pairs = loaded.ablation_pairs(options.samples)
+    report = AblationReport(cfg.task.name, loaded.checkpoint, loaded.step, options.mode,
+                            *ablate_model(loaded, pairs, options))
     report.png = png
-    save_png(ablation_figure(report), report.png, "--out", force)
+    save_png(ablation_figure(report), report.png, "--out", options.force)
     return report
-
-
-def default_png(checkpoint: Path, step: int, mode: str) -> Path:
-    """`<run>/ablate/<checkpoint>-step<N>-<mode>.png`; for a checkpoint outside any run,
-    `<checkpoint>-ablate-step<N>-<mode>.png` beside the file (as visualize-attention does)."""
-    run_dir = find_run_dir(checkpoint)
-    if run_dir is None:  # never write into a directory that is not ours
-        return checkpoint.with_name(f"{checkpoint.stem}-ablate-step{step}-{mode}.png")
-    return run_dir / "ablate" / f"{checkpoint.stem}-step{step}-{mode}.png"
 
 
 # --- tables and figure ---
@@ -327,14 +325,6 @@ def draw_drops(subfigure, kind: str, rows: list[list[dict]]) -> None:
 
 # --- heads switched off by name: Run.predict(heads_off=...) and `minitfm explore` ---
 
-ABLATE_SAMPLES = 500  # `minitfm ablate --samples`' default: the held-out pairs means come from
-
-
-def ablation_pairs(cfg, task: Task, samples: int = ABLATE_SAMPLES) -> list[Pair]:
-    """The held-out pairs `minitfm ablate` decodes and takes its means over (`ablate_run`)."""
-    return eval_set(task, samples, cfg.task.eval_seed, cfg.task.min_len, cfg.task.max_len)
-
-
 def check_heads(model, heads_off) -> list[tuple[str, int, int]]:
     """`heads_off` as (kind, layer, head) triples, each naming a head the model has."""
     n_layers, n_heads = layer_counts(model), model.config.n_heads
@@ -354,15 +344,17 @@ def check_heads(model, heads_off) -> list[tuple[str, int, int]]:
     return checked
 
 
-def switched_off(model, task: Task, pairs: list[Pair], device, heads_off,
+def switched_off(loaded: Loaded, heads_off,
                  mode: str = "zero") -> dict[tuple[str, int], HeadAblation]:
     """The edits that switch `heads_off` ((kind, layer, head) triples) off, as `ablate` does
-    (zero, or the mean over `pairs`), by (kind, layer): `with edited_heads(model, edits):`."""
-    check_options(mode)
-    heads = check_heads(model, heads_off)
+    (zero, or the mean over `loaded.ablation_pairs()`), by (kind, layer):
+    `with edited_heads(loaded.model, edits):`."""
+    check_mode(mode)
+    heads = check_heads(loaded.model, heads_off)
     if not heads:
         return {}
-    values = replacements(model, task, pairs, device, mode)
+    pairs = loaded.ablation_pairs() if mode == "mean" else []
+    values = replacements(loaded, pairs, mode)
     edits = {}
     for kind, layer, head in heads:
         value = values[(kind, layer)]  # (H, K)

@@ -1,45 +1,22 @@
 """What `minitfm eval` and `minitfm predict` report about a trained run.
 
 The measuring itself (greedy decoding, exact match, token accuracy, the loss) is the book's
-`book/metrics.py`; here it is applied to a checkpoint: lengths checked against the model's
-positions, the memory a decoding needs checked before it starts, outputs turned into text.
+`book/metrics.py`; here it is applied to a loaded run (`lab/loaded.py`): lengths checked
+against the model's positions, the memory a decoding needs checked before it starts, outputs
+turned into text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE, evaluate, predict
-from minitfm.book.model import Seq2SeqTransformer
 from minitfm.catalog import position_shortfall
-from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, quote
-from minitfm.fast.model import build_model
-from minitfm.run.checkpoint import check_vocab, does_not_fit, load_checkpoint
-from minitfm.run.devices import default_device
-from minitfm.run.limits import check_fits, decoding_parts, model_parts
-from minitfm.run.rundir import resolve_checkpoint
-from minitfm.tasks import make_task
+from minitfm.lab.loaded import Loaded
+from minitfm.lab.options import EvalOptions
+from minitfm.run.limits import check_fits, decoding_parts
 from minitfm.tasks.base import Task, eval_set
-
-
-def load_model(path: Path, device: torch.device | str = "cpu"
-               ) -> tuple[Config, Task, Seq2SeqTransformer, int]:
-    """(config, task, model in eval mode, step) from a checkpoint file."""
-    state = load_checkpoint(path)
-    try:
-        cfg = validate(state["config"])
-        task = make_task(cfg.task, state)
-        check_vocab(state, task, path)
-        check_fits(model_parts(cfg), "the model")
-        model = build_model(cfg, task)
-        model.load_state_dict(state["model"])
-    except (KeyError, RuntimeError, TypeError, ValueError) as err:
-        raise does_not_fit(path, err) from None
-    return cfg, task, model.to(device).eval(), state["step"]
 
 
 def check_representable(cfg, task: Task, max_len: int) -> None:
@@ -52,32 +29,21 @@ def check_representable(cfg, task: Task, max_len: int) -> None:
                            f"positions stop at {key} ({limit}); evaluate up to a shorter length")
 
 
-def evaluate_run(run, checkpoint: str = "best", samples: int = 1000, min_len: int | None = None,
-                 max_len: int | None = None, seed: int | None = None,
-                 batch_size: int = EVAL_BATCH_SIZE) -> dict:
-    """`minitfm eval`: decode held-out data with a run's checkpoint; a JSON-ready report."""
-    path = resolve_checkpoint(run, checkpoint)
-    device = default_device()
-    cfg, task, model, step = load_model(path, device)
-    return eval_report(cfg, task, model, device, path, step, samples=samples, min_len=min_len,
-                       max_len=max_len, seed=seed, batch_size=batch_size)
-
-
-def eval_report(cfg, task: Task, model, device, path, step: int, *, samples: int = 1000,
-                min_len: int | None = None, max_len: int | None = None, seed: int | None = None,
-                batch_size: int = EVAL_BATCH_SIZE) -> dict:
-    """The report of `evaluate_run` for a model already loaded from the checkpoint `path`."""
-    lo = min_len if min_len is not None else cfg.task.min_len
-    hi = max_len if max_len is not None else max(cfg.task.max_len, lo)
+def eval_report(loaded: Loaded, options: EvalOptions = EvalOptions()) -> dict:
+    """`minitfm eval`: decode held-out data with a loaded run; a JSON-ready report."""
+    cfg, task = loaded.config, loaded.task
+    lo = options.min_len if options.min_len is not None else cfg.task.min_len
+    hi = options.max_len if options.max_len is not None else max(cfg.task.max_len, lo)
     if lo > hi:
         raise MinitfmError(f"--min-len ({lo}) must be <= --max-len ({hi})")
     check_representable(cfg, task, hi)
-    check_fits(decoding_parts(cfg, samples, hi, batch_size), "evaluation")
-    pairs = eval_set(task, samples, cfg.task.eval_seed if seed is None else seed, lo, hi)
-    result = evaluate(model, task, pairs, device, batch_size)
+    check_fits(decoding_parts(cfg, options.samples, hi, options.batch_size), "evaluation")
+    seed = cfg.task.eval_seed if options.seed is None else options.seed
+    pairs = eval_set(task, options.samples, seed, lo, hi)
+    result = evaluate(loaded.model, task, pairs, loaded.device, options.batch_size)
     unknown = task.count_unknown(pairs)  # pairs: symbols never trained on, read as <unk>
-    return {**result.as_dict(), "checkpoint": str(path), "step": step, "task": cfg.task.name,
-            "trained_lengths": [cfg.task.min_len, cfg.task.max_len],
+    return {**result.as_dict(), "checkpoint": str(loaded.checkpoint), "step": loaded.step,
+            "task": cfg.task.name, "trained_lengths": [cfg.task.min_len, cfg.task.max_len],
             **({} if unknown is None else {"unknown_symbols": unknown})}
 
 
@@ -90,21 +56,12 @@ class Predictions:
     error: MinitfmError | None = None  # the first input that could not be read
 
 
-def predict_texts(run, checkpoint: str, lines: list[tuple[int, str]],
+def predict_lines(loaded: Loaded, lines: list[tuple[int, str]],
                   where: str = "input") -> Predictions:
-    """`minitfm predict`: decode (number, text) lines with a run's checkpoint."""
-    path = resolve_checkpoint(run, checkpoint)
-    device = default_device()
-    cfg, task, model, _ = load_model(path, device)
-    if not lines:
-        raise MinitfmError("no input: give INPUT arguments or pipe one input per line on stdin")
-    return predict_lines(cfg, task, model, device, lines, where)
-
-
-def predict_lines(cfg, task: Task, model, device, lines: list[tuple[int, str]],
-                  where: str = "input") -> Predictions:
-    """Parse lines up to the first bad one (its error names `where` and its number), decode
-    those, and write each output as its input is written ("12+34" -> "46")."""
+    """`minitfm predict`: parse (number, text) lines up to the first bad one (its error names
+    `where` and its number), decode those, and write each output as its input is written
+    ("12+34" -> "46")."""
+    cfg, task = loaded.config, loaded.task
     sources, error = [], None
     for number, text in lines:
         try:
@@ -117,7 +74,7 @@ def predict_lines(cfg, task: Task, model, device, lines: list[tuple[int, str]],
     longest = max(len(src) for src in sources)
     check_fits(decoding_parts(cfg, len(sources), longest, EVAL_BATCH_SIZE,
                               names=("the number of inputs", "the longest input")), "decoding")
-    outputs = predict(model, task, sources, device)
+    outputs = predict(loaded.model, task, sources, loaded.device)
     rows = []
     for (_, text), src, out in zip(lines, sources, outputs):
         expected = task.target(src)  # pairs: None for a source not in its data

@@ -33,15 +33,15 @@ from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.ablate import ablation_pairs, replacements
-from minitfm.lab.evaluate import input_limit, load_model
+from minitfm.lab.ablate import replacements
+from minitfm.lab.evaluate import input_limit
+from minitfm.lab.loaded import Loaded
 from minitfm.lab.plots import run_curves
+from minitfm.lab.probe import ALIGNMENT_SAMPLES, alignment_scores
 from minitfm.lab.timeline import read_timeline
-from minitfm.lab.viz import ALIGNMENT_SAMPLES, GAMMA, PALETTE, alignment_scores
-from minitfm.run.devices import default_device
+from minitfm.lab.viz import GAMMA, PALETTE
 from minitfm.run.files import write_atomic
-from minitfm.run.rundir import find_run_dir, resolve_checkpoint
-from minitfm.tasks.base import Task, eval_set
+from minitfm.tasks.base import Task
 
 PAGE_NAME = "explorer.html"
 SCRIPTS = ("task.js", "model.js", "page.js")  # in this order: page.js uses the other two
@@ -61,16 +61,12 @@ class ExplorerPage:
     seconds: float
 
 
-def write_explorer(run, checkpoint: str = "best", out: Path | None = None) -> ExplorerPage:
-    """`minitfm explore`: write a run's page (default `<run>/explorer.html`)."""
+def write_explorer(loaded: Loaded, out: Path | None = None) -> ExplorerPage:
+    """`minitfm explore`: write a loaded run's page (default `<run>/explorer.html`)."""
     start = time.perf_counter()
-    path = resolve_checkpoint(run, checkpoint)
-    run_dir = find_run_dir(path)
-    out = Path(out) if out is not None else default_path(path, run_dir)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise MinitfmError(f"--out ('{out}') must be an .html file")
-    cfg, task, model, step = load_model(path, default_device())
-    data = page_data(cfg, task, model, step, path, run_dir)
+    out = Path(out) if out is not None else default_path(loaded)
+    check_page_path(out)
+    data = page_data(loaded)
     html = render(data).encode("utf-8")
     try:
         write_atomic(out, html)
@@ -80,35 +76,39 @@ def write_explorer(run, checkpoint: str = "best", out: Path | None = None) -> Ex
     return ExplorerPage(out, len(html), time.perf_counter() - start)
 
 
-def default_path(checkpoint: Path, run_dir: Path | None) -> Path:
+def check_page_path(out: Path) -> None:
+    """`--out` must name an HTML file."""
+    if Path(out).suffix.lower() not in (".html", ".htm"):
+        raise MinitfmError(f"--out ('{out}') must be an .html file")
+
+
+def default_path(loaded: Loaded) -> Path:
     """`<run>/explorer.html`; for a checkpoint outside any run, `<name>-explorer.html` beside it."""
-    if run_dir is None:
-        return checkpoint.with_name(f"{checkpoint.stem}-explorer.html")
-    return run_dir / PAGE_NAME
+    if loaded.run_dir is None:
+        return loaded.checkpoint.with_name(f"{loaded.checkpoint.stem}-explorer.html")
+    return loaded.run_dir / PAGE_NAME
 
 
 # --- what the page embeds ---
 
-def page_data(cfg, task: Task, model, step: int, path: Path, run_dir: Path | None) -> dict:
+def page_data(loaded: Loaded) -> dict:
     """The one JSON document of the page (see the module docstring)."""
-    device = next(model.parameters()).device
-    pairs = ablation_pairs(cfg, task)  # means and live exact match: `minitfm ablate`'s set
+    cfg, task, model, run_dir = loaded.config, loaded.task, loaded.model, loaded.run_dir
+    pairs = loaded.ablation_pairs()  # means and live exact match: `minitfm ablate`'s set
     examples = pairs[:HELD_OUT_EXAMPLES]
-    predictions = predict(model, task, [src for src, _ in examples], device)
-    held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)[:ALIGNMENT_SAMPLES]
+    predictions = predict(model, task, [src for src, _ in examples], loaded.device)
     return {
-        "meta": meta(cfg, path, run_dir, step),
+        "meta": meta(loaded),
         "config": cfg.model_dump(mode="json"),
         "model": model_spec(model),
         "task": task_spec(cfg, task),
         "means": {f"{kind}.{layer}": floats(value)  # (H, K) each
-                  for (kind, layer), value in
-                  replacements(model, task, pairs, device, "mean").items()},
+                  for (kind, layer), value in replacements(loaded, pairs, "mean").items()},
         "mean_samples": len(pairs),
         "held_out": {"sources": [src for src, _ in examples],
                      "targets": [tgt for _, tgt in examples],
                      "predictions": predictions},  # PyTorch's, intact model
-        "alignment": alignment(model, task, held_out),
+        "alignment": alignment(model, task, loaded.held_out()[:ALIGNMENT_SAMPLES]),
         "timeline": timeline(run_dir),
         "curves": curves(run_dir),
         "per_length": last_eval(run_dir),
@@ -117,12 +117,13 @@ def page_data(cfg, task: Task, model, step: int, path: Path, run_dir: Path | Non
     }
 
 
-def meta(cfg, path: Path, run_dir: Path | None, step: int) -> dict:
+def meta(loaded: Loaded) -> dict:
     """Where the page comes from: run, checkpoint, step, seed, version, dates."""
+    path, run_dir = loaded.checkpoint, loaded.run_dir
     trained = datetime.datetime.fromtimestamp(path.stat().st_mtime).isoformat(timespec="seconds")
     return {"run": run_dir.name if run_dir is not None else None, "checkpoint": path.name,
-            "step": step, "seed": cfg.seed, "task": cfg.task.name, "version": __version__,
-            "saved": trained,
+            "step": loaded.step, "seed": loaded.config.seed, "task": loaded.config.task.name,
+            "version": __version__, "saved": trained,
             "written": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
@@ -183,12 +184,11 @@ def task_spec(cfg, task: Task) -> dict:
 
 def alignment(model, task: Task, pairs) -> dict | None:
     """Each cross-attention head's alignment score (L, H), as visualize-attention gives it."""
-    soft = alignment_scores(model, task, pairs)
-    if soft is None:
+    scores = alignment_scores(model, task, pairs)
+    if scores is None:
         return None
-    hard = alignment_scores(model, task, pairs, hard=True)
-    return {"samples": len(pairs), "soft": np.round(soft.numpy(), 4).tolist(),
-            "hard": np.round(hard.numpy(), 4).tolist()}
+    return {"samples": len(pairs), "soft": np.round(scores.soft.numpy(), 4).tolist(),
+            "hard": np.round(scores.hard.numpy(), 4).tolist()}
 
 
 # --- what the run recorded ---

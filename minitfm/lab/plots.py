@@ -26,7 +26,7 @@ from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.palette import LINE_COLOURS, line_style
 from minitfm.lab.runs import HIDDEN_KEYS, scan_metrics, short_label, skipped
 from minitfm.run.files import write_atomic
-from minitfm.run.rundir import find_run_dir, is_run_dir, latest_run, read_run_config
+from minitfm.run.rundir import find_run_dir, read_run_config, run_directory
 
 SOFTWARE = "minitfm"  # a PNG's `Software` text and a GIF's comment: minitfm wrote it
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
@@ -141,29 +141,12 @@ def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False,
               notes: list[str] | None = None) -> Path:
     """Loss and exact match against step of `runs` (default: the latest run), as one PNG;
     `notes` gets a line per run whose metrics.jsonl has lines that were skipped."""
-    run_dirs = [run_directory(Path(run)) for run in runs] or [latest_run()]
+    run_dirs = [run_directory(run) for run in runs] or [run_directory(None)]
     out = out if out is not None else default_plot_path(run_dirs)
     check_output(out, "--out", force)  # before any drawing
     curves = [run_curves(run_dir, notes) for run_dir in run_dirs]
     save_png(curves_figure(curves, run_labels(run_dirs)), out, "--out", force)
     return out
-
-
-def run_directory(path: Path, reads: str = "plot reads a run's metrics.jsonl") -> Path:
-    """The run directory a RUN argument means: the directory, or the run of a checkpoint
-    (`reads` says, for a checkpoint outside any run, why one is needed)."""
-    if not path.exists():
-        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
-    if path.is_file():
-        run_dir = find_run_dir(path)
-        if run_dir is None:
-            raise CheckpointError(f"checkpoint '{path}' is not inside a minitfm run "
-                                  f"(<run>/checkpoints/): {reads}")
-        return run_dir
-    if not is_run_dir(path):
-        raise CheckpointError(f"'{path}' is not a minitfm run directory (no config.yaml or "
-                              f"metrics.jsonl written by minitfm)")
-    return path
 
 
 def default_plot_path(run_dirs: list[Path]) -> Path:
@@ -247,7 +230,7 @@ def curves_figure(curves: list[dict], labels: list[str]):
 # --- `minitfm eval --plot` ---
 
 def length_chart(report: dict[str, Any], path: Path, force: bool = False) -> None:
-    """`eval --plot`: write `length_figure` of an `evaluate_run` report to `path`."""
+    """`eval --plot`: write `length_figure` of an `eval_report` report to `path`."""
     save_png(length_figure(report), path, "--plot", force)
 
 

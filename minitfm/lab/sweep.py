@@ -35,8 +35,16 @@ from statistics import mean, stdev
 from typing import Any
 
 from minitfm.catalog import TASKS, Shortfall, position_shortfall
-from minitfm.config import Config, flatten, load_config, parse_override, split_key_value
+from minitfm.config import (
+    EVAL_BATCH_SIZE,
+    Config,
+    flatten,
+    load_config,
+    parse_override,
+    split_key_value,
+)
 from minitfm.errors import ConfigError, Interrupted, MinitfmError, quote
+from minitfm.lab.options import MAX_LEN as MAX_EVAL_LEN  # `minitfm eval --max-len`'s bound
 from minitfm.lab.plots import save_png
 from minitfm.lab.runs import SWEEP_FILE, short_label, short_names
 from minitfm.run.files import make_dirs, write_atomic
@@ -55,8 +63,6 @@ from minitfm.run.threads import cores
 MINITFM = [sys.executable, "-m", "minitfm"]
 MAX_RUNS = 10_000  # a grid larger than this is a typo, not an experiment on one machine
 NAME_MAX = 255  # bytes of one file name (Linux and macOS file systems)
-MAX_EVAL_LEN = 65_536  # the bound of `minitfm eval --max-len`
-EVAL_BATCH_SIZE = 250  # `minitfm eval --batch-size`'s default, which the jobs use
 PROCESS_BYTES = 300_000_000  # one job's process with torch loaded (~280 MB measured, tiny run)
 STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
 from minitfm.lab.plots import SOFTWARE, check_output, write_picture
-from minitfm.lab.viz import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.lab.probe import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
 ATTENTION_FILE = "attention.jsonl"
@@ -111,8 +111,8 @@ class AttentionRecorder:
             self.evaluation[0] == step else (step, None, None)
         src, target = self.probe
         probe = run_probe(model, self.task, src, teacher=target, output=output)
-        alignment, entropy = head_scores(model, self.task, self.pairs)
-        return Snapshot(step, probe, target, alignment, entropy, exact_match)
+        scores = head_scores(model, self.task, self.pairs)
+        return Snapshot(step, probe, target, scores.soft, scores.entropy, exact_match)
 
     def write(self, snapshot: Snapshot) -> None:
         """Append the snapshot's line to attention.jsonl (when recording)."""
@@ -259,12 +259,11 @@ def over_training(run: Path | None, layer: int | None = None, out: Path | None =
                   gif: Path | None = None, force: bool = False) -> OverTrainingReport:
     """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF). An
     existing file is replaced if minitfm wrote it, or with `force` (`plots.check_output`)."""
-    from minitfm.lab.plots import run_directory, save_png
+    from minitfm.lab.plots import save_png
     from minitfm.lab.viz import lettering
-    from minitfm.run.rundir import latest_run
+    from minitfm.run.rundir import run_directory
 
-    run_dir = latest_run() if run is None else \
-        run_directory(Path(run), "--over-training reads the run's attention.jsonl")
+    run_dir = run_directory(run, "--over-training reads the run's attention.jsonl")
     timeline = read_timeline(run_dir)
     layer, why = pick_layer(timeline, layer)
     png = out if out is not None else run_dir / "attention" / f"over-training-layer{layer}.png"

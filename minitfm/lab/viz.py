@@ -1,16 +1,5 @@
 """Attention you can see: heatmap figures (PNG), pictures for TensorBoard, the maps and colour
-levels of the terminal heatmaps (drawn by `app.tables`), alignment scores.
-
-One input is run through the model (a `Probe`): greedy decoding first, then one teacher-forced
-pass on BOS + the decoded tokens. With a causal decoder that pass gives exactly the maps of
-free decoding, so the row of query position t shows where the model looked to write output t.
-
-The alignment score of a cross-attention head is the mean weight it puts on the ideal source
-position (`task.alignment`) over the real target positions (EOS excluded). It is measured on
-teacher-forced maps of the *true* target: the ideal positions are defined for the true target,
-so a wrong prediction cannot shift which row is scored against which position. On the same
-maps, a head's attention entropy is the mean over its rows of -sum_j a_j ln a_j (nats): ln S
-for uniform attention over S keys, 0 for a single key (`head_scores` gives both).
+levels of the terminal heatmaps (drawn by `app.tables`), from a `Probe` (`lab/probe.py`).
 
 The PNG figures are drawn with matplotlib; TensorBoard's pictures, one per kind at every
 evaluation, with numpy and Pillow (`MapGrid`), milliseconds each instead of about a second.
@@ -18,8 +7,7 @@ Both write in DejaVu Sans; a symbol it has no glyph for (Korean, say) is drawn f
 installed font that has one, else written as its code point (U+D55C), as is a control
 character (`Lettering`): never an empty box, never a warning per glyph.
 
-Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
-query and key len (as in book/attention.py, where K is the head width).
+Shapes: L layers, H n_heads, T_q and T_k query and key len.
 matplotlib and Pillow are imported inside functions, so `minitfm --help` does not pay for them.
 """
 
@@ -34,25 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 
-from minitfm.book.metrics import strip_eos
-from minitfm.book.model import AttentionMaps, eval_mode, greedy_decode
-from minitfm.errors import MinitfmError, quote
-from minitfm.lab.plots import save_png, wrap_to_width, wrap_words
-from minitfm.run.devices import default_device
-from minitfm.tasks.base import EOS_ID, Pair, Task, make_batch
+from minitfm.lab.plots import wrap_to_width, wrap_words
+from minitfm.lab.probe import KINDS, Probe
+from minitfm.tasks.base import Task
 
-KINDS = ("encoder", "decoder", "cross")
 KIND_TITLES = {
     "encoder": "encoder self-attention (query: source, key: source)",
     "decoder": "decoder self-attention (query: decoder input, key: decoder input)",
     "cross": "cross-attention (query: decoder input, key: source)",
 }
-PROBE_MAX_TOKENS = 16  # longer probes make unreadable axis labels
-MAX_DRAWN_TOKENS = 64  # --input: a map of 64 x 130 cells per head is already a poster
-ALIGNMENT_SAMPLES = 200  # held-out pairs the alignment score is averaged over
 GAMMA = 0.5  # colour ∝ weight**GAMMA: diffuse rows (~1/S each) stay visible next to sharp ones
 PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, dark to light
            "#28ae80", "#5ec962", "#addc30", "#fde725")
@@ -67,116 +46,6 @@ TITLE_SIZES = (11, 10)  # points: the figure's title, each kind's title
 HEAD_SIZE, TICK_SIZE = 9, 9  # points: each map's title, the tokens on its axes
 TITLE_MARGIN = 0.3  # inches of a figure's width that no title line may use (both sides)
 FONT = "DejaVu Sans"  # matplotlib's own font, and MapGrid's (`font_path`)
-
-
-@dataclass
-class Probe:
-    """One input run through the model: its tokens and per-layer maps (H, T_q, T_k) on the CPU."""
-
-    src: list[int]
-    decoded: list[int]  # the greedy output, EOS included when the model wrote it
-    decoder_input: list[int]  # BOS + decoded[:-1]: what the decoder read at each step
-    maps: AttentionMaps
-
-    @property
-    def prediction(self) -> list[int]:
-        return strip_eos(self.decoded, EOS_ID)
-
-
-@torch.no_grad()
-def run_probe(model, task: Task, src: list[int], teacher: list[int] | None = None,
-              output: list[int] | None = None) -> Probe:
-    """Greedy-decode `src`, then teacher-force BOS + the output to get the maps of decoding.
-
-    With `teacher` (e.g. the true target) the maps are teacher-forced on it instead: their axes
-    stay the same whatever the model writes, as TensorBoard's frames of one probe need. With
-    `output` (EOS stripped, as an evaluation that just decoded `src` has it), no decoding.
-    """
-    vocab, device = task.vocab, next(model.parameters()).device
-    with eval_mode(model):
-        source = torch.tensor([src], device=device)  # (1, S)
-        if output is None:
-            cap = task.max_target_len(len(src)) + 1  # + EOS
-            decoded = greedy_decode(model, source, vocab, cap)[0].tolist()
-        else:
-            decoded = [*output, vocab.eos_id]
-        read = decoded if teacher is None else [*teacher, vocab.eos_id]
-        decoder_input = ([vocab.bos_id] + read)[:len(read)]  # the last output is not read
-        _, maps = model(source, torch.tensor([decoder_input], device=device),
-                        return_attention=True)
-    first = AttentionMaps(*([m[0].float().cpu() for m in layer_maps]  # (H, T_q, T_k) each
-                            for layer_maps in (maps.encoder, maps.decoder, maps.cross)))
-    return Probe(src, decoded, decoder_input, first)
-
-
-def pick_probe(pairs: list[Pair], max_tokens: int = PROBE_MAX_TOKENS) -> Pair:
-    """The first pair of the longest size that fits `max_tokens` (deterministic, informative)."""
-    def size(pair: Pair) -> int:
-        return max(len(pair[0]), len(pair[1]) + 1)  # source, or BOS + target
-
-    fitting = [pair for pair in pairs if size(pair) <= max_tokens] or pairs
-    longest = max(size(pair) for pair in fitting)
-    return next(pair for pair in fitting if size(pair) == longest)
-
-
-# --- alignment score ---
-
-def alignment_score(cross: Tensor, ideal: Tensor, hard: bool = False) -> Tensor:
-    """Mean weight on the ideal source: cross (B, H, T, S), ideal (B, T) with -1 = skip -> (H,).
-
-    `hard` scores each row's argmax instead (1 if the strongest key is the ideal one).
-    """
-    if hard:
-        cross = F.one_hot(cross.argmax(dim=-1), cross.size(-1))  # (B, H, T, S)
-    valid = ideal >= 0  # (B, T)
-    index = ideal.clamp(min=0)[:, None, :, None].expand(-1, cross.size(1), -1, 1)  # (B, H, T, 1)
-    mass = cross.float().gather(-1, index).squeeze(-1)  # (B, H, T)
-    mass = mass * valid[:, None, :]  # rows that are no target position (EOS, PAD) count 0
-    return mass.sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
-
-
-def attention_entropy(weights: Tensor, valid: Tensor) -> Tensor:
-    """Mean entropy, in nats, of each query's attention distribution: weights (B, H, T_q, T_k),
-    valid (B, T_q) the query rows to count -> (H,). Uniform over n keys gives ln n; one key, 0."""
-    per_row = -torch.special.xlogy(weights.float(), weights.float()).sum(-1)  # (B, H, T_q)
-    per_row = per_row * valid[:, None, :]  # 0 log 0 = 0: masked (PAD) keys add nothing
-    return per_row.sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
-
-
-def has_alignment(task: Task, pairs: list[Pair]) -> bool:
-    """Whether every one of `pairs` (at least one) has an ideal alignment."""
-    return bool(pairs) and all(task.alignment(src) is not None for src, _ in pairs)
-
-
-def ideal_positions(task: Task, pairs: list[Pair], T: int) -> Tensor:
-    """Each target position's ideal source position (B, T), -1 past the target."""
-    return torch.tensor([(a := task.alignment(src)) + [-1] * (T - len(a)) for src, _ in pairs])
-
-
-def alignment_scores(model, task: Task, pairs: list[Pair], hard: bool = False) -> Tensor | None:
-    """Alignment score (L, H) of every cross-attention head on `pairs`; None without an ideal."""
-    if not has_alignment(task, pairs):  # before running the model
-        return None
-    return head_scores(model, task, pairs, hard)[0]
-
-
-@torch.no_grad()
-def head_scores(model, task: Task, pairs: list[Pair],
-                hard: bool = False) -> tuple[Tensor | None, Tensor]:
-    """Alignment score (None without an ideal) and attention entropy of every cross-attention
-    head on `pairs`, each (L, H), from one pass teacher-forced on the true targets. The entropy
-    counts the rows that write a target token or EOS (not PAD)."""
-    batch = make_batch(pairs, task.vocab).to(next(model.parameters()).device)
-    with eval_mode(model):
-        _, maps = model(batch.src, batch.tgt_in, return_attention=True)
-    cross = maps.cross  # per layer (B, H, T, S)
-    T = batch.tgt_in.size(1)  # BOS + longest target; its row t writes target token t
-    valid = batch.tgt_out != task.vocab.pad_id  # (B, T)
-    entropy = torch.stack([attention_entropy(c, valid) for c in cross]).cpu()  # (L, H)
-    if not has_alignment(task, pairs):
-        return None, entropy
-    ideal = ideal_positions(task, pairs, T).to(batch.src.device)  # (B, T)
-    return torch.stack([alignment_score(c, ideal, hard) for c in cross]).cpu(), entropy
 
 
 # --- figures ---
@@ -196,9 +65,8 @@ class MapBlock:
 
 
 def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
-               layers: list[int] | None = None, heads: list[int] | None = None,
                written: bool = False) -> list[MapBlock]:
-    """The selected kinds, layers (default all) and heads (default all) of a probe's maps.
+    """Every layer and head of a probe's maps, of the kinds asked for (`only` narrows a block).
 
     With `written` (a probe decoded freely, not teacher-forced), the decoder's query rows say
     which token each read and which it wrote, `<bos>→3`, as the explorer's rows do: row t
@@ -212,14 +80,20 @@ def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
     note = "rows: the token each step read → the token it wrote" if written else None
     blocks = []
     for kind in kinds:
-        per_layer = getattr(probe.maps, kind)
-        chosen_layers = list(range(len(per_layer))) if layers is None else layers
-        chosen_heads = list(range(per_layer[0].size(0))) if heads is None else heads
-        chosen = [per_layer[i][chosen_heads] for i in chosen_layers]  # (H, T_q, T_k) each
-        weights = torch.stack(chosen)  # (L, H, T_q, T_k)
-        blocks.append(MapBlock(kind, chosen_layers, chosen_heads, weights.numpy(), *axes[kind],
+        weights = torch.stack(getattr(probe.maps, kind))  # (L, H, T_q, T_k)
+        n_layers, n_heads = weights.shape[:2]
+        blocks.append(MapBlock(kind, list(range(n_layers)), list(range(n_heads)),
+                               weights.numpy(), *axes[kind],
                                note=None if kind == "encoder" else note))
     return blocks
+
+
+def only(block: MapBlock, layer: int | None = None, head: int | None = None) -> MapBlock:
+    """`block` with only layer `layer` and head `head` (None: all of them)."""
+    layers = block.layers if layer is None else [layer]
+    heads = block.heads if head is None else [head]
+    return replace(block, layers=layers, heads=heads,
+                   weights=block.weights[np.ix_(layers, heads)])  # (L', H', T_q, T_k)
 
 
 def attention_figure(blocks: list[MapBlock], title: str):
@@ -558,154 +432,3 @@ def level(weight: float) -> int:
     if not np.isfinite(weight):  # a diverged model's NaN: the blank end of the scale
         return 0
     return min(int(max(weight, 0.0) ** GAMMA * len(PALETTE)), len(PALETTE) - 1)
-
-
-# --- `minitfm visualize-attention` ---
-
-@dataclass
-class AttentionReport:
-    """What `visualize-attention` shows: the probe, where the PNG went, the alignment scores."""
-
-    task: Task
-    checkpoint: Path
-    step: int
-    probe: Probe
-    target: list[int]
-    blocks: list[MapBlock]
-    png: Path
-    scores: Tensor | None  # (L, H) on this input
-    held_out_scores: Tensor | None  # (L, H) on ALIGNMENT_SAMPLES held-out pairs
-    held_out_hits: Tensor | None  # (L, H) the same with each row's argmax (hard=True)
-    terminal_blocks: list[MapBlock]  # what the terminal shows (see `terminal_selection`)
-    note: str | None = None  # symbols the PNG labels by code point (`Lettering.note`)
-
-
-def visualize(run, checkpoint: str = "best", input_text: str | None = None, kind: str = "all",
-              layer: int | None = None, head: int | None = None,
-              out: Path | None = None, force: bool = False) -> AttentionReport:
-    """Run one input through a checkpoint, write its attention maps as a PNG, score alignment.
-    An existing PNG is replaced if minitfm wrote it, or with `force` (`plots.check_output`)."""
-    from minitfm.lab.evaluate import load_model
-    from minitfm.lab.plots import check_output
-    from minitfm.run.rundir import resolve_checkpoint
-    from minitfm.tasks.base import eval_set
-
-    kinds = parse_kind(kind)
-    if out is not None:
-        check_output(out, "--out", force)  # before the checkpoint is read
-    path = resolve_checkpoint(run, checkpoint)
-    cfg, task, model, step = load_model(path, default_device())
-    check_selection(cfg, kinds, layer, head)
-    png = out if out is not None else default_png(path, step, kind, layer, head)
-    check_output(png, "--out", force)  # before anything is drawn
-    held_out = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)  # as in training
-    src = read_input(cfg, task, input_text, held_out)
-    probe = run_probe(model, task, src)
-    target = task.target(src)
-    pairs = held_out[:ALIGNMENT_SAMPLES]
-    here, scores = alignment_scores(model, task, [(src, target)]), \
-        alignment_scores(model, task, pairs)
-    blocks = [with_scores(b, here, scores) for b in map_blocks(
-        probe, task, kinds, None if layer is None else [layer], None if head is None else [head],
-        written=True)]
-    note = draw_attention(blocks, figure_title(task, path, step, probe, target), png, force)
-    shown = terminal_selection(kind, layer, head)
-    return AttentionReport(task, path, step, probe, target, blocks, png, here, scores,
-                           alignment_scores(model, task, pairs, hard=True),
-                           [b for b in blocks if b.kind in shown], note)
-
-
-def with_scores(block: MapBlock, here: Tensor | None, held_out: Tensor | None) -> MapBlock:
-    """A cross-attention block with each head's alignment scores (L, H) under its title, the
-    best held-out head marked; other kinds, and tasks without an ideal alignment, as they are."""
-    if block.kind != "cross" or here is None or held_out is None:
-        return block
-    best = divmod(int(held_out.argmax()), held_out.size(1))
-    notes = np.array([[f"alignment {held_out[i, h]:.2f} · here {here[i, h]:.2f}"
-                       + (" ← best" if (i, h) == best else "") for h in block.heads]
-                      for i in block.layers], dtype=object)
-    explained = (f"alignment: mean weight on the ideal source position, on {ALIGNMENT_SAMPLES} "
-                 f"held-out pairs (here: on this input alone)")
-    return replace(block, head_notes=notes, note="\n".join(filter(None, (explained, block.note))))
-
-
-def draw_attention(blocks: list[MapBlock], title: str, png: Path, force: bool) -> str | None:
-    """Write `attention_figure` to `png`, each symbol in a font that has it; the note for the
-    user if some are labelled by code point (`Lettering`)."""
-    letters = lettering([title, *(token for b in blocks for token in (*b.queries, *b.keys))])
-    with letters.fonts():
-        fig = attention_figure([letters.block(b) for b in blocks], letters.text(title))
-        save_png(fig, png, "--out", force)
-    return letters.note()
-
-
-def parse_kind(kind: str) -> tuple[str, ...]:
-    """`--kind`: one of KINDS, or all of them."""
-    if kind == "all":
-        return KINDS
-    if kind not in KINDS:
-        raise MinitfmError(f"--kind ({kind!r}) must be one of {', '.join(KINDS)}, all")
-    return (kind,)
-
-
-def terminal_selection(kind: str, layer: int | None, head: int | None) -> tuple[str, ...]:
-    """Kinds drawn in the terminal: a bare `--kind all` means cross only (the PNG has all)."""
-    if kind == "all" and layer is None and head is None:
-        return ("cross",)
-    return parse_kind(kind)
-
-
-def check_selection(cfg, kinds: tuple[str, ...], layer: int | None, head: int | None) -> None:
-    """`--layer` and `--head` must exist in every kind asked for."""
-    n_encoder, n_decoder = cfg.model.n_encoder_layers, cfg.model.n_decoder_layers
-    n_layers = min(n_encoder if kind == "encoder" else n_decoder for kind in kinds)
-    if layer is not None and not 0 <= layer < n_layers:
-        raise MinitfmError(f"--layer ({layer}) must be in 0..{n_layers - 1} for --kind "
-                           f"{'/'.join(kinds)}: the model has {n_encoder} encoder and "
-                           f"{n_decoder} decoder layers")
-    n_heads = cfg.model.n_heads
-    if head is not None and not 0 <= head < n_heads:
-        raise MinitfmError(f"--head ({head}) must be in 0..{n_heads - 1}: the model has "
-                           f"{n_heads} heads per layer")
-
-
-def read_input(cfg, task: Task, text: str | None, held_out: list[Pair],
-               option: str = "--input") -> list[int]:
-    """`--input` parsed in task syntax (messages call it `option`), or (none given) the
-    held-out probe of training."""
-    from minitfm.lab.evaluate import input_limit
-
-    if text is None:
-        return pick_probe(held_out)[0]
-    limit = input_limit(cfg, task)
-    try:
-        return task.parse(text, max_tokens=min(limit or MAX_DRAWN_TOKENS, MAX_DRAWN_TOKENS))
-    except MinitfmError as err:
-        raise type(err)(f"{option} ({quote(text)}): {err}") from None
-
-
-def default_png(checkpoint: Path, step: int, kind: str, layer: int | None,
-                head: int | None) -> Path:
-    """`<run>/attention/<checkpoint>-step<N>[-<kind>][-layer<L>][-head<H>].png`; for a
-    checkpoint outside any run, `<checkpoint>-attention-step<N>....png` beside the file."""
-    from minitfm.run.rundir import find_run_dir
-
-    suffix = f"step{step}"
-    suffix += "" if kind == "all" else f"-{kind}"
-    suffix += "" if layer is None else f"-layer{layer}"
-    suffix += "" if head is None else f"-head{head}"
-    run_dir = find_run_dir(checkpoint)
-    if run_dir is None:  # never write into a directory that is not ours
-        return checkpoint.with_name(f"{checkpoint.stem}-attention-{suffix}.png")
-    return run_dir / "attention" / f"{checkpoint.stem}-{suffix}.png"
-
-
-def figure_title(task: Task, checkpoint: Path, step: int, probe: Probe, target: list[int]) -> str:
-    """Task, checkpoint and step; the input, the prediction and (if wrong) the target."""
-    fmt = task.format
-    if target is None:  # pairs: an input that is not in the data
-        verdict = "(expected: unknown)"
-    else:
-        verdict = "✓" if probe.prediction == target else f"✗ (expected {fmt(target)})"
-    return (f"{task.name} · {checkpoint.name} · step {step}\n"
-            f"input {fmt(probe.src)} → prediction {fmt(probe.prediction)} {verdict}")

@@ -167,7 +167,7 @@ def check_keys(state: dict[str, Any], keys: dict[str, tuple], path: Path, prefix
                                   f"{type(value).__name__})")
 
 
-def does_not_fit(path: Path, err: Exception) -> CheckpointError:
+def checkpoint_mismatch(path: Path, err: Exception) -> CheckpointError:
     """A checkpoint whose tensors or keys this version cannot use: one line, naming the cause."""
     return CheckpointError(f"checkpoint '{path}' does not fit this minitfm version "
                            f"({type(err).__name__}: {str(err).splitlines()[0][:100]})")

@@ -139,6 +139,28 @@ def find_run_dir(checkpoint: Path) -> Path | None:
     return None
 
 
+
+def run_directory(run: str | Path | None,
+                  reads: str = "plot reads a run's metrics.jsonl") -> Path:
+    """The run directory a RUN argument means: the directory, the run of a checkpoint, or (None)
+    the most recent run under ./runs (`reads` says, for a checkpoint outside any run, why one
+    is needed). `pick_checkpoint` is its twin for the commands that read a checkpoint."""
+    if run is None:
+        return latest_run()
+    path = Path(run)
+    if not path.exists():
+        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
+    if path.is_file():
+        run_dir = find_run_dir(path)
+        if run_dir is None:
+            raise CheckpointError(f"checkpoint '{path}' is not inside a minitfm run "
+                                  f"(<run>/checkpoints/): {reads}")
+        return run_dir
+    if not is_run_dir(path):
+        raise CheckpointError(f"'{path}' is not a minitfm run directory (no config.yaml or "
+                              f"metrics.jsonl written by minitfm)")
+    return path
+
 # --- one training process at a time, and a prepared directory ---
 
 @dataclass(frozen=True)
@@ -274,7 +296,7 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
 
 
 # What minitfm writes into a run, folder by folder: training's records, checkpoints and event
-# files; the pictures of visualize-attention (`viz.default_png`, `timeline.over_training`),
+# files; the pictures of visualize-attention (`visualize.default_png`, `timeline.over_training`),
 # ablate and plot; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
 MADE_FILES = {
     ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|eval-\d+-\d+\.json"

@@ -42,7 +42,7 @@ from minitfm.fast.model import build_model
 from minitfm.run import distributed
 from minitfm.run.checkpoint import (
     check_vocab,
-    does_not_fit,
+    checkpoint_mismatch,
     load_checkpoint,
     optimizer_state,
     save_checkpoint,
@@ -340,7 +340,7 @@ def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
     try:
         state.load_state_dict(checkpoint)
     except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
-        raise does_not_fit(path, err) from None
+        raise checkpoint_mismatch(path, err) from None
 
 
 @dataclass

@@ -1,0 +1,91 @@
+"""The options of the commands that look at a trained run, one dataclass per command.
+
+Each field states its option once: the default, the bounds (`low`..`high`, for numbers) and the
+help text. The command line builds its Typer options from them (`app/cli.py`, `option`), the
+Python API checks its arguments against the same bounds (`app/api.py`), and the lab functions
+take the object whole: `eval_report(loaded, EvalOptions(max_len=32))`. RUN and --checkpoint
+are not options of a command but of the loading (`lab/loaded.py`).
+
+No torch here, and nothing slow to import: `minitfm --help` reads this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from minitfm.config import EVAL_BATCH_SIZE, SEED_RANGE
+
+MAX_SAMPLES = 100_000  # held-out sequences a command decodes, and sequences decoded at once
+MAX_LEN = 65_536  # input lengths a command may ask for (task.max_len's own bound)
+MODES = ("zero", "mean")  # what a switched-off head outputs (lab/ablate.py)
+BATCH_HELP = "Sequences decoded at once; lower it to save memory."
+
+
+def option(default: Any, help_text: str, low: int | None = None, high: int | None = None,
+           **cli: Any) -> Any:
+    """A field that is one option: its default, help text and bounds; `cli` holds how the
+    command line spells it when its name does not say it (`flags`, `metavar`)."""
+    return field(default=default, metadata={"help": help_text, "low": low, "high": high,
+                                            "cli": cli})
+
+
+def option_field(options: type, name: str) -> Field:
+    """The field `name` of an options class (a KeyError for a name it has not)."""
+    return {spec.name: spec for spec in fields(options)}[name]
+
+
+def bounded(options: object) -> list[tuple[str, Any, int, int]]:
+    """(name, value, low, high) of each option with bounds that is set (an optional option left
+    at None is not checked)."""
+    return [(spec.name, getattr(options, spec.name), spec.metadata["low"], spec.metadata["high"])
+            for spec in fields(options) if spec.metadata["low"] is not None
+            and not (spec.default is None and getattr(options, spec.name) is None)]
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """`minitfm eval` and `Run.evaluate`: which held-out sequences, decoded how many at once."""
+
+    samples: int = option(1000, "Held-out sequences to decode.", 1, MAX_SAMPLES)
+    min_len: int | None = option(None, "Shortest input length (default: the trained "
+                                 "task.min_len).", 1, MAX_LEN)
+    max_len: int | None = option(None, "Longest input length; may go beyond the trained range "
+                                 "(default: task.max_len).", 1, MAX_LEN)
+    seed: int | None = option(None, "Seed of the held-out set (default: task.eval_seed).",
+                              SEED_RANGE["ge"], SEED_RANGE["le"])
+    batch_size: int = option(EVAL_BATCH_SIZE, BATCH_HELP, 1, MAX_SAMPLES)
+
+
+@dataclass(frozen=True)
+class AblateOptions:
+    """`minitfm ablate`: what a switched-off head outputs, on how many held-out sequences, and
+    where the picture goes."""
+
+    mode: str = option("zero", "zero: a switched-off head outputs 0 (before W^O); mean: its "
+                       "mean output over the held-out set.", metavar="|".join(MODES))
+    samples: int = option(500, "Held-out sequences to decode per ablation.", 1, MAX_SAMPLES)
+    batch_size: int = option(EVAL_BATCH_SIZE, BATCH_HELP, 1, MAX_SAMPLES)
+    out: Path | None = option(None, "PNG path (default: a file in <run>/ablate/ named after the "
+                              "checkpoint, step and mode; for a .pt outside any run, a file "
+                              "beside it).", metavar="FILE")
+    force: bool = option(False, "Replace --out even if it is not a picture minitfm wrote.",
+                         flags=("--force",))
+
+
+@dataclass(frozen=True)
+class VisualizeOptions:
+    """`minitfm visualize-attention`: which input, which maps, where the picture goes."""
+
+    input_text: str | None = option(None, "Input in task syntax (default: the held-out example "
+                                    "TensorBoard shows).", flags=("--input",), metavar="TEXT")
+    kind: str = option("all", "Which maps: encoder, decoder, cross or all.", metavar="KIND")
+    layer: int | None = option(None, "Only this layer (from 0); with --over-training, the layer "
+                               "whose heads are drawn.")
+    head: int | None = option(None, "Only this head (from 0).")
+    out: Path | None = option(None, "PNG path (default: a file in <run>/attention/ named after "
+                              "the checkpoint and step, or over-training-layer<L>.png; for a "
+                              ".pt outside any run, a file beside it).")
+    force: bool = option(False, "Replace the --out (and --gif) file even if it is not a "
+                         "picture minitfm wrote.", flags=("--force",))

@@ -25,10 +25,10 @@ from minitfm.errors import MinitfmError
 from minitfm.lab.ablate import ablated, ablation_pairs, replacements
 from minitfm.lab.evaluate import load_model, predict_lines
 from minitfm.lab.explorer import embed_json, page_data, task_spec
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Task
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 NODE = shutil.which("node")
 EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore"

@@ -19,9 +19,9 @@ from minitfm.book.positions import (
 )
 from minitfm.config import POSITIONALS, ModelConfig, load_config
 from minitfm.errors import ConfigError
-from minitfm.run.session import train
 from minitfm.tasks import make_task, positions_short
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 from tests.test_model import BOS, EOS, PAD, VOCAB, padded, reference_decode, symbols
 
 DTYPE = torch.float64

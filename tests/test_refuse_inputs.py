@@ -131,7 +131,7 @@ import json, sys, tempfile
 from pathlib import Path
 from minitfm.config import load_config
 from minitfm.run.limits import training_parts
-from minitfm.run.session import train
+from tests.helpers import train_bare as train
 def status(key):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))

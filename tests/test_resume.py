@@ -252,11 +252,12 @@ import minitfm.run.session as session
 from minitfm.app.cli import main
 
 markers = Path(sys.argv.pop(1))
-after_step, replace = session.RunCallbacks.after_step, os.replace
+after_step, replace = session.Training.after_step, os.replace
 
-def stepped(self, step):
-    after_step(self, step)
+def stepped(self, *args):
+    going_on = after_step(self, *args)
     (markers / "running").touch()
+    return going_on
 
 def blocked(src, dst, *args, **kwargs):
     if Path(dst).name == "last.pt":
@@ -265,7 +266,7 @@ def blocked(src, dst, *args, **kwargs):
             time.sleep(0.01)
     return replace(src, dst, *args, **kwargs)
 
-session.RunCallbacks.after_step, os.replace = stepped, blocked
+session.Training.after_step, os.replace = stepped, blocked
 main()
 """
 

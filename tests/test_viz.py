@@ -23,9 +23,9 @@ from minitfm.lab.viz import (
     pick_probe,
     run_probe,
 )
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

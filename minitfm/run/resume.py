@@ -3,7 +3,7 @@
 The checkpoint holds the config it was trained with. A resume takes it, applies the edits of the
 run's config.yaml (read once) and then the KEY=VALUE overrides, prices the result against this
 machine's memory (once), and refuses any change to task.* or model.*: those would change the
-task or the weights.
+task or the weights. `model.code` alone may change: it picks which code runs the same weights.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.rundir import find_run_dir
 from minitfm.run.state import RunState
 
-FIXED_SECTIONS = ("task", "model")  # what a resume may not change
+FIXED_SECTIONS = ("task", "model")  # what a resume may not change...
+CHANGEABLE = ("model.code",)  # ...but for these keys: the code, not the weights
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
                   path: Path | None = None) -> Resumed:
     """The checkpoint's config with the edits of its run's config.yaml (see `config_edits`;
     `path` is the checkpoint file), then `overrides` (`key=value` text or (key, value) pairs)
-    applied; task and model may not change."""
+    applied; task and model may not change (but `CHANGEABLE`)."""
     saved = checkpoint["config"]
     data = {section: dict(v) if isinstance(v, dict) else v for section, v in saved.items()}
     edits = config_edits(saved, path)
@@ -66,7 +67,7 @@ def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
 
 def fixed(key: str) -> bool:
     """Whether the dotted `key` may not change on resume."""
-    return key.split(".")[0] in FIXED_SECTIONS
+    return key.split(".")[0] in FIXED_SECTIONS and key not in CHANGEABLE
 
 
 def edited_file(checkpoint: Path | None) -> Path | None:

@@ -80,8 +80,8 @@ def test_the_bar_shows_every_step_when_refreshed():
     console = Console(file=drawn, force_terminal=True, width=80, color_system=None)
     reporter = ConsoleReporter(console, Console(file=io.StringIO()))
     cfg = load_config(None, TINY)
-    reporter.on_start(Started(Path("run"), cfg, SimpleNamespace(describe=lambda: "copy"), [],
-                              0, 6, torch.device("cpu"), ""))
+    reporter.on_start(Started(Path("run"), cfg, SimpleNamespace(describe=lambda: "copy"),
+                              torch.nn.Linear(2, 2), [], 0, torch.device("cpu"), ""))
     try:
         for step in range(1, 31):
             reporter.on_step(Stepped(step))

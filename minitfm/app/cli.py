@@ -301,9 +301,8 @@ def train_command(
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint
             from minitfm.run.resume import resume_config
-            resumed = resume_config(load_checkpoint(ckpt), overrides, ckpt)
-            console.print(to_yaml(resumed.cfg), end="", markup=False, highlight=False,
-                          soft_wrap=True)
+            resumed = resume_config(load_checkpoint(ckpt), overrides, ckpt).cfg
+            console.print(to_yaml(resumed), end="", markup=False, highlight=False, soft_wrap=True)
             return
         return train_on_console(None, resume=ckpt, overrides=overrides, run_dir=run_dir,
                                 overwrite=overwrite)

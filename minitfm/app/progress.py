@@ -138,9 +138,10 @@ class ConsoleReporter(Instrument):
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
         self._print(f"run directory: {printable(shown(run.run_dir))}", markup=False,
                     highlight=False)
+        params = sum(p.numel() for p in run.model.parameters())
         threads = f", {run.threads}" if run.threads and device.type == "cpu" else ""
-        self._print(f"task {cfg.task.name} ({run.task.describe()}), {run.parameters:,} "
-                    f"parameters, device {device}{threads}, steps {run.step}/{cfg.train.steps}",
+        self._print(f"task {cfg.task.name} ({run.task.describe()}), {params:,} parameters, "
+                    f"device {device}{threads}, steps {run.step}/{cfg.train.steps}",
                     highlight=False)
         if run.ranks > 1:  # under torchrun only rank 0 reports, for all of them
             self._print(f"{run.ranks} ranks × train.batch_size {cfg.train.batch_size} = "

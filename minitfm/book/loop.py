@@ -120,8 +120,8 @@ class Events(Protocol):
         """Greedy evaluation on held-out data; its exact match."""
 
     def should_stop(self, state: TrainState) -> bool:
-        """The step is over, evaluated or not: whether to pause here. The run saves what it
-        saves after a step here, so that a save comes after the step's evaluation."""
+        """The step is over, evaluated or not: whether to pause here (a signal came, say). The
+        run saves the step's checkpoint here, after its evaluation."""
 
 
 def run_loop(state: TrainState, events: Events) -> str:

@@ -33,9 +33,9 @@ class Started:
     run_dir: Path
     cfg: Config
     task: Task
-    eval_pairs: list[Pair]  # the held-out set every evaluation decodes
+    model: torch.nn.Module = field(repr=False)  # for an instrument that looks inside (hooks)
+    eval_pairs: list[Pair] = field(repr=False)  # the held-out set every evaluation decodes
     step: int
-    parameters: int  # of the model
     device: torch.device
     threads: str  # this process's CPU threads, described (see threads.ThreadClaim)
     ranks: int = 1  # processes under torchrun, each with train.batch_size sequences a step

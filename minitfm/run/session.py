@@ -136,7 +136,7 @@ class Training:
         self.eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
         self.meter = LossMeter(state.step, cfg.train, state.dist.average)  # mean over ranks
         self.stop = StopSignal()
-        self.started = time.perf_counter()
+        self.started = time.perf_counter()  # the run's clock (elapsed_s, wall_s), from `run`
         self.evaluated: tuple[int, EvalResult] | None = None  # the latest evaluation, its step
         self.looked: int | None = None  # the step of the latest attention snapshot
         self.signum = 0  # the signal every rank agreed to stop on (0: none)
@@ -147,9 +147,11 @@ class Training:
         the instruments are closed however it ends."""
         state = self.state
         with self.stop, closing(self.instruments):
-            self.tell(Started(self.run_dir, state.cfg, state.task, self.eval_pairs, state.step,
-                              sum(p.numel() for p in state.model.parameters()), state.device,
-                              self.pacer.claim.describe(), state.dist.world_size))
+            self.started = time.perf_counter()
+            self.tell(Started(self.run_dir, state.cfg, state.task, state.model, self.eval_pairs,
+                              state.step, state.device, self.pacer.claim.describe(),
+                              state.dist.world_size))
+            self.meter.since = time.perf_counter()  # tokens/s counts the steps from here
             try:
                 ended = run_loop(state, self)
                 summary = self.pause() if ended == "paused" else self.finish()
@@ -197,11 +199,11 @@ class Training:
         save_now = save_due(step, cfg, self.evaluated is not None and self.evaluated[0] == step)
         if look_now or save_now:
             self.meter.read()
-        with self.meter.aside():
-            if look_now:
-                self.snapshot()
-            if save_now:
-                self.save("last")
+            with self.meter.aside():
+                if look_now:
+                    self.snapshot()
+                if save_now:
+                    self.save("last")
         self.signum = self.stop.agreed(state.dist)
         if self.signum or step == self.stop_at:
             return True

@@ -92,7 +92,7 @@ class TensorBoardLogger(Instrument):
         self.writer.flush()
 
     def on_snapshot(self, due: SnapshotDue) -> None:
-        """The attention recorder's snapshot of this step, drawn (see `attention`)."""
+        """The attention recorder's snapshot of this step, drawn (see `attention_images`)."""
         if self.writer is not None and self.attention is not None:
             snapshot = self.attention.take(due.step, due.model)
             if snapshot is not None:

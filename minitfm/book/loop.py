@@ -70,13 +70,13 @@ class TrainState:
     step: int = 0
     best_exact_match: float = -1.0  # the best evaluation so far (-1: none yet)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    # What a step calls for the logits: the model itself, unless the run wraps it (see
+    # What a step calls for the logits: the model itself, or the run's wrapper around it (see
     # minitfm.run.state.step_forward).
-    forward: Callable[[Tensor, Tensor], Tensor] | None = None
+    model_or_wrapper: Callable[[Tensor, Tensor], Tensor] | None = None
 
     def __post_init__(self) -> None:
-        if self.forward is None:
-            self.forward = self.model
+        if self.model_or_wrapper is None:
+            self.model_or_wrapper = self.model
 
 
 def next_lr(state: TrainState) -> float:
@@ -88,7 +88,7 @@ def train_step(state: TrainState, batch: Batch) -> tuple[Tensor, Tensor]:
     """One optimizer step on `batch`; returns the (detached) mean loss per target token and
     the gradient norm before clipping, both tensors left for the run to read."""
     cfg = state.cfg.train
-    logits = state.forward(batch.src, batch.tgt_in)  # (B, T, V)
+    logits = state.model_or_wrapper(batch.src, batch.tgt_in)  # (B, T, V)
     loss = sequence_loss(logits, batch.tgt_out, state.task.vocab.pad_id, cfg.label_smoothing)
     state.optimizer.zero_grad()
     loss.backward()

@@ -92,7 +92,7 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> RunSta
     optimizer = make_optimizer(model, cfg.train)
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
     return RunState(cfg, task, model, optimizer, data_rng, device=device,
-                    forward=step_forward(model, device, dist), dist=dist)
+                    model_or_wrapper=step_forward(model, device, dist), dist=dist)
 
 
 def step_forward(model: torch.nn.Module, device: torch.device,

@@ -170,11 +170,12 @@ class RunLock:
             make_dirs(self.run_dir)
         except OSError as err:
             raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
-                                  f"({err.strerror}): check log.dir or --run-dir") from None
+                                  f"({err.strerror}): check log.dir or "
+                                  f"{option('run_dir')}") from None
         self.file = open(self.run_dir / ".lock", "a+")
         lock_exclusively(self.file, lambda pid: CheckpointError(
             f"run directory '{self.run_dir}' is in use by another training process (pid {pid}): "
-            f"wait for it to finish or use another --run-dir"))
+            f"wait for it to finish or use another {option('run_dir')}"))
         return self
 
     def __exit__(self, *exc) -> None:

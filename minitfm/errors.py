@@ -1,9 +1,14 @@
 """Errors a user can cause, each carrying the exit code the CLI should use.
 
-Library code raises these with an actionable one-line message; only `cli` prints them.
+Library code raises these with an actionable one-line message; only `cli` prints them. A message
+that names one of `train`'s options names it by key (`option`), and the face that shows the
+message spells it its way (`MinitfmError.spelled`): `--resume` on the command line, `resume=`
+in the Python API.
 """
 
+import re
 import reprlib
+from collections.abc import Mapping
 
 QUOTE_LIMIT = 80  # characters of a user's value quoted in a message
 
@@ -21,10 +26,30 @@ def quote(value, limit: int = QUOTE_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+OPTION_MARK = re.compile("\0(\\w+)\0([^\0]*)\0")  # a NUL never occurs in a path or a key
+
+
+def option(key: str, run: object = "") -> str:
+    """One of train's options, named in a message by `key`: "resume", "run_dir", "overwrite",
+    or "resume_of" and "again" (the option, and the whole call, that continue the run `run`)."""
+    return f"\0{key}\0{run}\0"
+
+
+def spell(text: str, spelling: Mapping[str, str]) -> str:
+    """`text` with each `option` spelled by `spelling` (key -> text; `{}` takes the run)."""
+    return OPTION_MARK.sub(lambda mark: spelling[mark[1]].format(mark[2]), text)
+
+
 class MinitfmError(Exception):
     """A mistake the user can fix (bad config, argument, file): exit code 2."""
 
     exit_code = 2
+
+    def spelled(self, spelling: Mapping[str, str]) -> "MinitfmError":
+        """This error, the options its message names spelled by the face about to show it."""
+        if self.args and isinstance(self.args[0], str):
+            self.args = (spell(self.args[0], spelling), *self.args[1:])
+        return self
 
 
 class ConfigError(MinitfmError):

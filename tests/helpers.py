@@ -41,3 +41,11 @@ def assert_clean_error(result, code: int, *needles: str) -> None:
     assert message.startswith("error: ") and "\n" not in message, message
     for needle in needles:
         assert needle in message, (needle, message)
+
+
+def train_bare(cfg, **options):
+    """`run.session.start_training` with no instruments (the run's own files only: the quickest
+    run); `options` are the fields of `RunOptions` (run_dir=, resume=, stop_at=, ...)."""
+    from minitfm.run.session import RunOptions, start_training
+
+    return start_training(cfg, RunOptions(**options))

@@ -19,9 +19,9 @@ from minitfm.lab.ablate import (
 )
 from minitfm.lab.loaded import load
 from minitfm.lab.options import AblateOptions
-from minitfm.run.session import train
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 D, H = 16, 4
 K = D // H

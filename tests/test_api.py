@@ -49,7 +49,7 @@ def test_train_is_the_api_function_and_no_module_swaps_its_class():
 
     assert minitfm.train is train is api.train and callable(train)
     assert type(session) is types.ModuleType  # a plain module: no class swapped at import
-    assert session.train.__module__ == "minitfm.run.session"  # the loop the CLI calls
+    assert session.start_training.__module__ == "minitfm.run.session"  # what the CLI calls
 
 
 @pytest.mark.parametrize("kwargs", [{"min_len": 5, "max_len": 9, "samples": 200},

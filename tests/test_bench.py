@@ -430,5 +430,5 @@ def test_reference_evaluates_on_minitfms_schedule(monkeypatch, steps, script, ex
     monkeypatch.setattr(reference, "train_step", count_step)
     monkeypatch.setattr(reference, "exact_match", scripted)
     ref = SimpleNamespace(model=torch.nn.Linear(2, 2))
-    assert reference.train(ref, cfg_ns, task, torch.device("cpu")) == expected
+    assert reference.train_reference(ref, cfg_ns, task, torch.device("cpu")) == expected
     assert calls == expected_calls

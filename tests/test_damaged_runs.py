@@ -23,8 +23,8 @@ from minitfm.config import load_config
 from minitfm.errors import CheckpointError
 from minitfm.lab.timeline import ATTENTION_FILE, read_timeline
 from minitfm.run.rundir import RunLock, read_summary
-from minitfm.run.session import train
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 REPO = Path(__file__).resolve().parent.parent
 # 20 steps, evaluated (and attention recorded) at steps 10 and 20: about a second.

@@ -29,7 +29,7 @@ from minitfm.book.loop import train_step
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import init_state
+from minitfm.run.state import init_state
 from minitfm.tasks.base import make_batch
 from tests.helpers import TINY, run_cli
 

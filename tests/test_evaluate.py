@@ -7,9 +7,9 @@ import pytest
 from minitfm.book.metrics import length_chunks, predict, score, strip_eos
 from minitfm.config import load_config
 from minitfm.lab.loaded import load
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 
 def test_exact_match_and_token_accuracy_by_hand():

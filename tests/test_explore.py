@@ -27,10 +27,10 @@ from minitfm.lab.evaluate import predict_lines
 from minitfm.lab.explorer import embed_json, page_data, task_spec
 from minitfm.lab.loaded import Loaded, load
 from minitfm.lab.options import AblateOptions
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Task
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 NODE = shutil.which("node")
 EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore"

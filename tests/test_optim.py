@@ -11,9 +11,9 @@ from minitfm.config import TrainConfig, load_config
 from minitfm.errors import RunFailed
 from minitfm.lab.bench import torch_adamw as bench_adamw
 from minitfm.run.checkpoint import load_checkpoint, optimizer_state
-from minitfm.run.session import train
 from tests.book.test_optim import loss_of, small_model, torch_adamw
 from tests.helpers import TINY
+from tests.helpers import train_bare as train
 
 
 def tiny(*overrides: str):
@@ -93,12 +93,13 @@ def test_the_logged_loss_is_the_mean_of_the_steps_since_the_last_line(tmp_path):
 @pytest.mark.cuda  # conftest skips it where no CUDA device is present
 def test_a_cuda_training_step_never_waits_for_the_gpu(tmp_path):
     """No host sync in the step: any would raise under sync debug mode "error"."""
-    from minitfm.book.loop import LossMeter, train_step
-    from minitfm.run.session import init_state
+    from minitfm.book.loop import train_step
+    from minitfm.run.schedule import LossMeter
+    from minitfm.run.state import init_state
     from minitfm.tasks.base import make_batch
 
     state = init_state(tiny("device=cuda"), torch.device("cuda"))
-    meter = LossMeter(0)
+    meter = LossMeter(0, state.cfg.train)
     batches = [make_batch(state.task.sample(16, state.data_rng), state.task.vocab)
                for _ in range(3)]
     train_step(state, batches[0].to("cuda"))  # first step: lazy CUDA initialisation
@@ -110,5 +111,5 @@ def test_a_cuda_training_step_never_waits_for_the_gpu(tmp_path):
             meter.add(loss, batch.n_target_tokens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    meter.read(state)
+    meter.read()
     assert len(meter.losses) == 2 and all(x == x for x in meter.losses)

@@ -26,6 +26,7 @@ from minitfm.app.cli import clean_errors, heading_lines, show
 from minitfm.app.progress import ConsoleReporter
 from minitfm.app.tables import bench_tables
 from minitfm.config import load_config
+from minitfm.run.instruments import Started, Stepped, TrainLine
 from tests.helpers import TINY, command_names, run_cli
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -74,22 +75,19 @@ def assert_fits(lines: list[str], columns: int = 80) -> None:
 
 
 def test_the_bar_shows_every_step_when_refreshed():
-    """ConsoleReporter.step driven by hand, a frame forced after each: no 10 Hz clock."""
+    """ConsoleReporter.on_step driven by hand, a frame forced after each: no 10 Hz clock."""
     drawn = io.StringIO()
     console = Console(file=drawn, force_terminal=True, width=80, color_system=None)
     reporter = ConsoleReporter(console, Console(file=io.StringIO()))
     cfg = load_config(None, TINY)
-    state = SimpleNamespace(cfg=cfg, step=0, model=torch.nn.Linear(2, 2),
-                            task=SimpleNamespace(describe=lambda: "copy"),
-                            dist=SimpleNamespace(world_size=1))
-    reporter.start(Path("run"), state, torch.device("cpu"))
+    reporter.on_start(Started(Path("run"), cfg, SimpleNamespace(describe=lambda: "copy"),
+                              torch.nn.Linear(2, 2), [], 0, torch.device("cpu"), ""))
     try:
         for step in range(1, 31):
-            reporter.step(step)
+            reporter.on_step(Stepped(step))
             reporter.progress.refresh()
             if step % 10 == 0:  # a train line: the figures change too
-                reporter.train_line({"step": step, "loss": 1 / step, "lr": 1e-3,
-                                     "tokens_per_s": 1000.0})
+                reporter.on_train_line(TrainLine(step, 1 / step, 1000.0, 1e-3, 0.5, 1.0))
                 reporter.progress.refresh()
     finally:
         reporter.stop("done", 30)

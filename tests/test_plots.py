@@ -17,8 +17,8 @@ from minitfm.lab.plots import (
     run_curves,
     run_labels,
 )
-from minitfm.run.session import train
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SHORT = [*TINY, "train.steps=40", "train.eval_every=20", "train.target_exact_match=null",

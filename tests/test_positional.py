@@ -20,10 +20,10 @@ from minitfm.book.positions import (
 from minitfm.catalog import POSITIONALS, position_shortfall
 from minitfm.config import ModelConfig, load_config
 from minitfm.errors import ConfigError
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from tests.book.test_model import BOS, EOS, PAD, TOKENS, VOCAB, padded, reference_decode, symbols
 from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 DTYPE = torch.float64
 

@@ -6,7 +6,8 @@ import torch
 
 from minitfm.config import load_config
 from minitfm.run import session, threads
-from minitfm.run.session import NullReporter
+from minitfm.run.instruments import Instrument, Note, Stepped
+from minitfm.run.session import RunOptions
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from tests.helpers import TINY
 
@@ -21,22 +22,24 @@ def register(registry, pid: int):
     return entry
 
 
-class Neighbour(NullReporter):
-    """A reporter through which a neighbour ends after step 3 and another starts after step 4
-    (the pacer looks right after `step`); it keeps the run's messages and thread counts."""
+class Neighbour(Instrument):
+    """An instrument through which a neighbour ends after step 3 and another starts after step
+    4 (the pacer looks right after `on_step`); it keeps the run's notes and thread counts."""
 
     def __init__(self, registry, entry):
         self.registry, self.entry, self.messages, self.threads = registry, entry, [], {}
 
-    def step(self, step: int) -> None:
+    def on_step(self, stepped: Stepped) -> None:
+        step = stepped.step
         self.threads[step] = torch.get_num_threads()  # before the pacer looks
         if step == 3:
             self.entry.close()  # its lock goes with it, as when its process ends
         elif step == 4:
             self.entry = register(self.registry, 999102)
 
-    def message(self, text: str) -> None:
-        self.messages.append(text)
+    def on_note(self, note: Note) -> None:
+        if not note.warning:  # not the warmup's, before the run
+            self.messages.append(note.text)
 
 
 def train_beside_a_neighbour(monkeypatch, tmp_path, setting) -> Neighbour:
@@ -51,8 +54,8 @@ def train_beside_a_neighbour(monkeypatch, tmp_path, setting) -> Neighbour:
     reporter = Neighbour(registry, register(registry, 999101))
     try:
         with ThreadClaim(setting, registry) as claim:
-            summary = session.train(cfg, run_dir=tmp_path / "run", reporter=reporter,
-                                    threads=claim)
+            summary = session.start_training(
+                cfg, RunOptions(run_dir=tmp_path / "run", threads=claim), [reporter])
     finally:
         reporter.entry.close()
         torch.set_num_threads(1)  # the suite's pinned count (conftest)

@@ -145,7 +145,7 @@ import json, sys, tempfile
 from pathlib import Path
 from minitfm.config import load_config
 from minitfm.run.limits import training_parts
-from minitfm.run.session import train
+from minitfm.run.session import RunOptions, start_training
 def status(key):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
@@ -153,7 +153,7 @@ cfg = load_config(None, sys.argv[1:])
 estimate = sum(size for _, _, size in training_parts(cfg))
 before = status("VmRSS:")
 with tempfile.TemporaryDirectory() as tmp:
-    train(cfg, run_dir=Path(tmp) / "run")
+    start_training(cfg, RunOptions(run_dir=Path(tmp) / "run"))
 print(json.dumps({"estimate": estimate, "used": status("VmHWM:") - before}))
 """
 

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from minitfm.config import load_config
+from minitfm.errors import MinitfmError
 from minitfm.lab.probe import pick_probe
 from minitfm.lab.timeline import ATTENTION_FILE, read_timeline, recorded_probe
 from minitfm.run.checkpoint import load_checkpoint
@@ -102,6 +103,24 @@ def test_an_unedited_config_gives_no_note(run):
     result = run_cli("train", "--resume", run, "train.steps=5")
     assert result.exit_code == 0, result.stderr
     assert "differs" not in result.stderr and last_step(run) == 5
+
+
+def test_model_code_may_change_on_resume_by_edit_or_override(run):
+    """model.code picks which code runs the weights, not the weights: a resume may switch it."""
+    from minitfm.run.resume import resume_config
+
+    checkpoint = load_checkpoint(run / "checkpoints" / "last.pt")
+    last = run / "checkpoints" / "last.pt"
+    assert resume_config(checkpoint, ["model.code=book"], last).cfg.model.code == "book"
+    with pytest.raises(MinitfmError, match="model.d_model cannot change on"):
+        resume_config(checkpoint, ["model.code=book", "model.d_model=64"], last)
+    edit_config(run, "model.code", "book")
+    resumed = resume_config(checkpoint, [], last)
+    assert resumed.cfg.model.code == "book" and resumed.edits == [("model.code", "fast", "book")]
+    result = run_cli("train", "--resume", run, "train.steps=5")
+    assert result.exit_code == 0, result.stderr
+    assert "continuing with its model.code: 'fast' -> 'book'" in result.stderr
+    assert load_checkpoint(last)["config"]["model"]["code"] == "book" and last_step(run) == 5
 
 
 @pytest.mark.parametrize("key,value,needles", [
@@ -252,11 +271,12 @@ import minitfm.run.session as session
 from minitfm.app.cli import main
 
 markers = Path(sys.argv.pop(1))
-after_step, replace = session.RunCallbacks.after_step, os.replace
+after_step, replace = session.Training.after_step, os.replace
 
-def stepped(self, step):
-    after_step(self, step)
+def stepped(self, *args):
+    going_on = after_step(self, *args)
     (markers / "running").touch()
+    return going_on
 
 def blocked(src, dst, *args, **kwargs):
     if Path(dst).name == "last.pt":
@@ -265,7 +285,7 @@ def blocked(src, dst, *args, **kwargs):
             time.sleep(0.01)
     return replace(src, dst, *args, **kwargs)
 
-session.RunCallbacks.after_step, os.replace = stepped, blocked
+session.Training.after_step, os.replace = stepped, blocked
 main()
 """
 

@@ -2,15 +2,18 @@
 the target that may call one sooner but never decide anything themselves."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from minitfm.app.api import train_run as train
-from minitfm.book import loop
-from minitfm.book.loop import LossMeter, check_due, run_loop
+from minitfm.book.loop import run_loop
 from minitfm.config import load_config
-from minitfm.run.session import init_state
+from minitfm.run import schedule
+from minitfm.run.schedule import LossMeter, check_due
+from minitfm.run.session import Training
+from minitfm.run.state import init_state
 from tests.helpers import QUICK, TINY
 
 
@@ -20,69 +23,61 @@ def state_for(*overrides: str):
     return init_state(cfg, torch.device("cpu"))
 
 
-class Scripted:
-    """Callbacks whose evaluations and checks return scripted exact matches; records calls."""
+class Scripted(Training):
+    """The run's events with scripted exact matches for its evaluations and checks; it records
+    those calls and its saves of last.pt, and writes nothing."""
 
-    def __init__(self, state, evaluations: dict, checks: dict):
-        self.state, self.evaluations, self.checks = state, evaluations, checks
+    def __init__(self, state, evaluations: dict, checks: dict, run_dir):
+        super().__init__(state, run_dir, [], pacer=None)
+        self.evaluations, self.checks = evaluations, checks
         self.calls: list[tuple[str, int]] = []
 
-    def shared_losses(self, losses):
-        return losses
-
-    def train_line(self, step, meter, grad_norm):
-        meter.flush()
-
-    def evaluate(self, step):
+    def run_eval(self):
+        step = self.state.step
         self.calls.append(("evaluate", step))
         exact = self.evaluations.get(step, 0.0)
         self.state.best_exact_match = max(self.state.best_exact_match, exact)  # as run_eval
-        return exact
+        return SimpleNamespace(exact_match=exact)
 
-    def check(self, step):
-        self.calls.append(("check", step))
-        return self.checks.get(step, 0.0)
+    def check(self):
+        self.calls.append(("check", self.state.step))
+        return self.checks.get(self.state.step, 0.0)
 
-    def snapshot(self, step): ...
+    def save(self, name):
+        self.calls.append(("save", self.state.step))
 
-    def save(self, step):
-        self.calls.append(("save", step))
-
-    def should_stop(self, step):
-        return False
-
-    def after_step(self, step): ...
+    def follow_threads(self, step): ...
 
 
-def test_checks_start_once_an_evaluation_reached_two_thirds_of_the_target():
+def test_checks_start_once_an_evaluation_reached_two_thirds_of_the_target(tmp_path):
     state = state_for()
-    callbacks = Scripted(state, evaluations={20: 0.55, 40: 0.65}, checks={})
-    assert run_loop(state, callbacks) == "finished"
-    checks = [step for kind, step in callbacks.calls if kind == "check"]
+    run = Scripted(state, evaluations={20: 0.55, 40: 0.65}, checks={}, run_dir=tmp_path)
+    assert run_loop(state, run) == "finished"
+    checks = [step for kind, step in run.calls if kind == "check"]
     assert checks == [45, 50, 55]  # 0.65 >= 0.9 * 2 / 3 at step 40 (0.55 is not); none at 40, 60
-    assert [s for k, s in callbacks.calls if k == "evaluate"] == [20, 40, 60]
+    assert [s for k, s in run.calls if k == "evaluate"] == [20, 40, 60]
 
 
-def test_a_check_calls_an_evaluation_which_alone_stops_the_run():
+def test_a_check_calls_an_evaluation_which_alone_stops_the_run(tmp_path):
     state = state_for()
     # The check at 45 sees the target, the evaluation it calls does not: the run goes on.
     # At 50 the check sees it again, and so does the evaluation: the run stops there.
-    callbacks = Scripted(state, evaluations={20: 0.7, 45: 0.85, 50: 0.95},
-                         checks={25: 0.5, 45: 0.95, 50: 0.95})
-    assert run_loop(state, callbacks) == "stopped at target"
+    run = Scripted(state, evaluations={20: 0.7, 45: 0.85, 50: 0.95},
+                   checks={25: 0.5, 45: 0.95, 50: 0.95}, run_dir=tmp_path)
+    assert run_loop(state, run) == "stopped at target"
     assert state.step == 50
-    after_20 = callbacks.calls[callbacks.calls.index(("save", 20)) + 1:]
+    after_20 = run.calls[run.calls.index(("save", 20)) + 1:]
     assert after_20 == [("check", 25), ("check", 30), ("check", 35), ("evaluate", 40),
                         ("save", 40), ("check", 45), ("evaluate", 45), ("save", 45),
                         ("check", 50), ("evaluate", 50)]
 
 
 @pytest.mark.parametrize("override", ["train.target_exact_match=null", "train.check_every=0"])
-def test_no_checks_without_a_target_or_with_check_every_0(override):
+def test_no_checks_without_a_target_or_with_check_every_0(override, tmp_path):
     state = state_for(override)
-    callbacks = Scripted(state, evaluations={20: 0.95}, checks={})
-    run_loop(state, callbacks)
-    assert not [call for call in callbacks.calls if call[0] == "check"]
+    run = Scripted(state, evaluations={20: 0.95}, checks={}, run_dir=tmp_path)
+    run_loop(state, run)
+    assert not [call for call in run.calls if call[0] == "check"]
 
 
 def test_check_due_follows_the_best_evaluation_so_far_which_checkpoints_keep():
@@ -100,12 +95,12 @@ def test_check_due_follows_the_best_evaluation_so_far_which_checkpoints_keep():
 def test_train_line_tokens_per_second_leaves_out_time_set_aside(monkeypatch):
     state = state_for()
     clock = iter([0.0, 1.0, 1.0 + 5.0, 2.0 + 5.0])  # start, aside, aside's end, flush
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
-    meter = LossMeter(0)
+    monkeypatch.setattr(schedule.time, "perf_counter", lambda: next(clock))
+    meter = LossMeter(0, state.cfg.train)
     meter.add(torch.tensor(1.0), 1000)
     with meter.aside():  # 5 s of evaluation
         pass
-    meter.read(state)
+    meter.read()
     assert meter.flush()["tokens_per_s"] == pytest.approx(1000 / 2.0)  # 2 s of steps
 
 

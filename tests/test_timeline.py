@@ -105,7 +105,7 @@ def test_a_task_without_an_ideal_alignment_records_entropy_and_maps_only(tmp_pat
     recorder = AttentionRecorder(task, eval_set(task, 20, 0), tmp_path / ATTENTION_FILE, True)
     snapshot = recorder.take(7, model)
     assert snapshot.alignment is None and snapshot.entropy.shape == (2, 2)
-    assert recorder.take(7, model) is None  # one snapshot per step
+    assert recorder.take(7, model) is snapshot  # one snapshot per step
     recorder.write(snapshot)
     (line,) = records(tmp_path)
     assert line["alignment"] is None and np.array(line["entropy"]).shape == (2, 2)

@@ -14,11 +14,11 @@ from minitfm.book.loop import lr_factor
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.loaded import load
-from minitfm.lab.tb import Logger, NullLogger, TensorBoardLogger
+from minitfm.lab.tb import TensorBoardLogger
 from minitfm.lab.timeline import AttentionRecorder
-from minitfm.run import session
+from minitfm.run import instruments
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.session import NullReporter, Reporter
+from minitfm.run.instruments import Instrument, MetricsFile, TrainLine
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
 
@@ -104,9 +104,9 @@ def test_last_pt_follows_every_evaluation(tmp_path):
     """A run killed at any moment (even by SIGKILL) resumes from its latest evaluation."""
     last, seen = tmp_path / "run" / "checkpoints" / "last.pt", []
 
-    class Watcher(NullReporter):
-        def train_line(self, record: dict) -> None:  # before the evaluation of the same step
-            seen.append((record["step"], load_checkpoint(last)["step"] if last.exists() else 0))
+    class Watcher(Instrument):
+        def on_train_line(self, line: TrainLine) -> None:  # before the step's evaluation
+            seen.append((line.step, load_checkpoint(last)["step"] if last.exists() else 0))
 
     train(tiny("train.steps=30", "train.eval_every=10", "train.checkpoint_every=0",
                "log.log_every=5", "train.target_exact_match=null", "log.tensorboard=false"),
@@ -223,58 +223,33 @@ def test_first_losses_match_the_golden_values(tmp_path):
     assert losses == pytest.approx(GOLDEN_LOSSES, rel=1e-3)
 
 
-def protocol_methods(protocol) -> dict[str, list[str]]:
-    """Each method a Protocol declares, with its parameter names."""
-    return {name: list(inspect.signature(getattr(protocol, name)).parameters)
-            for name in vars(protocol) if callable(getattr(protocol, name))
-            and (not name.startswith("_") or name in ("__enter__", "__exit__"))}
+INSTRUMENTS = (MetricsFile, ConsoleReporter, TensorBoardLogger, AttentionRecorder)
 
 
-@pytest.mark.parametrize("protocol, implementations", [
-    (Reporter, (NullReporter, ConsoleReporter)), (Logger, (NullLogger, TensorBoardLogger)),
-    (session.Logger, (session.NullLogger, NullLogger, TensorBoardLogger))])
-def test_reporters_and_loggers_have_their_protocols_methods(protocol, implementations):
-    declared = protocol_methods(protocol)
-    assert len(declared) >= 5, declared
-    for cls in implementations:
-        for name, parameters in declared.items():
-            assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
-                (cls, name)
+def hooks() -> dict[str, list[str]]:
+    """Each method of `Instrument`, with its parameter names."""
+    return {name: list(inspect.signature(method).parameters)
+            for name, method in vars(Instrument).items() if inspect.isfunction(method)}
 
 
-def test_recorders_have_their_protocols_methods():
-    declared = protocol_methods(session.Recorder)
-    assert set(declared) == {"evaluated", "take", "write"}, declared
-    for cls in (session.NullRecorder, AttentionRecorder):
-        for name, parameters in declared.items():
-            assert list(inspect.signature(getattr(cls, name)).parameters) == parameters, \
-                (cls, name)
+@pytest.mark.parametrize("cls", INSTRUMENTS)
+def test_instruments_override_the_instrument_methods_as_declared(cls):
+    declared = hooks()
+    overridden = [name for name in declared if name in vars(cls)]
+    assert overridden, cls
+    for name in overridden:
+        assert list(inspect.signature(getattr(cls, name)).parameters) == declared[name], \
+            (cls, name)
+    extra = [name for name in vars(cls) if name.startswith("on_") and name not in declared]
+    assert not extra, (cls, extra)
 
 
-def called_methods(receiver: str) -> set[str]:
-    """The methods the loop and the session call on `receiver` (`reporter`, `ctx.reporter`...)."""
-    import ast
-    from pathlib import Path
-
-    package = Path(__file__).resolve().parents[1] / "minitfm"
-    called = set()
-    for path in (package / "book" / "loop.py", package / "run" / "session.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                owner = node.func.value
-                name = owner.attr if isinstance(owner, ast.Attribute) else \
-                    getattr(owner, "id", None)
-                if name == receiver:
-                    called.add(node.func.attr)
-    return called
-
-
-@pytest.mark.parametrize("receiver, protocol", [
-    ("reporter", Reporter), ("logger", session.Logger), ("recorder", session.Recorder)])
-def test_the_protocols_declare_every_method_training_calls(receiver, protocol):
-    called = called_methods(receiver)
-    assert {"start", "warning", "step"} <= called_methods("reporter")  # the search finds calls
-    assert called and called <= set(protocol_methods(protocol)), called
+def test_every_event_names_an_instrument_method():
+    events = [cls for cls in vars(instruments).values()
+              if isinstance(cls, type) and hasattr(cls, "hook")]
+    assert len(events) >= 8, events
+    assert {cls.hook for cls in events} <= set(hooks()), events
+    assert {cls.hook for cls in events} | {"close"} == set(hooks())  # no method goes unheard
 
 
 def imported_modules(path) -> set[str]:
@@ -299,20 +274,54 @@ def test_the_loop_and_the_session_import_nothing_above_them():
             if name.split(".")[0] not in sys.stdlib_module_names}
     assert {name for name in ours if not name.startswith(
         ("torch", "minitfm.config", "minitfm.errors", "minitfm.tasks", "minitfm.book"))} == set()
-    session = imported_modules(package / "run" / "session.py")
-    assert not [name for name in session if name.startswith(
-        ("minitfm.app", "minitfm.lab.tb", "minitfm.lab.timeline"))], session
+    for module in ("session", "instruments", "schedule", "state", "resume"):
+        imported = imported_modules(package / "run" / f"{module}.py")
+        assert not [name for name in imported if name.startswith(("minitfm.app", "minitfm.lab"))], \
+            (module, imported)
 
 
 def test_the_session_alone_logs_and_records_nothing(tmp_path):
     """TensorBoard and attention.jsonl come from the instruments `app` hands in."""
-    from minitfm.run.session import train as bare_train
+    from tests.helpers import train_bare
 
-    bare_train(tiny("train.steps=10", "train.eval_every=5", "log.attention_every=5"),
+    train_bare(tiny("train.steps=10", "train.eval_every=5", "log.attention_every=5"),
                run_dir=tmp_path / "run")
     assert (tmp_path / "run" / "checkpoints" / "last.pt").is_file()
+    assert (tmp_path / "run" / "metrics.jsonl").is_file()  # the run's own record
     assert not list((tmp_path / "run").glob("events.out.tfevents.*"))
     assert not (tmp_path / "run" / "attention.jsonl").exists()
+
+
+class EventLog(Instrument):
+    """Every event it hears: its class name and step."""
+
+    def __init__(self):
+        self.seen = []
+
+    def hear(self, event) -> None:
+        self.seen.append((type(event).__name__, getattr(event, "step", None)))
+
+    on_start = on_note = on_train_line = on_evaluation = on_snapshot = on_saved = on_step = \
+        on_end = hear
+
+
+def test_a_new_instrument_is_one_class_handed_in(tmp_path):
+    """Each event reaches an instrument in order; the end comes once, after the last save."""
+    from minitfm.run.session import RunOptions, start_training
+
+    log = EventLog()
+    start_training(tiny("train.steps=10", "train.warmup_steps=12", "train.eval_every=5",
+                        "log.log_every=5", "log.attention_every=5",
+                        "train.target_exact_match=null"),
+                   RunOptions(run_dir=tmp_path / "run"), [log])
+    first, second = (r["exact_match"] for r in metrics(tmp_path / "run", "eval"))
+    best = [("Saved", 10)] if second > first else []  # best.pt, when the second is better
+    assert log.seen == [
+        ("Note", None), ("Started", 0), *[("Stepped", step) for step in range(1, 5)],  # warmup
+        ("TrainLine", 5), ("Evaluation", 5), ("Saved", 5), ("SnapshotDue", 5), ("Saved", 5),
+        *[("Stepped", step) for step in range(5, 10)],
+        ("TrainLine", 10), ("Evaluation", 10), *best, ("SnapshotDue", 10), ("Saved", 10),
+        ("Stepped", 10), ("Saved", 10), ("Ended", None)]  # the end saves last.pt again
 
 
 def test_a_run_directory_in_use_is_refused_in_one_line(tmp_path):

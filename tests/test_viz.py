@@ -15,9 +15,9 @@ from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.lab.probe import KINDS, alignment_score, alignment_scores, pick_probe, run_probe
 from minitfm.lab.viz import KIND_TITLES, attention_figure, map_blocks, only
-from minitfm.run.session import train
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
+from tests.helpers import train_bare as train
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -38,7 +38,12 @@ from minitfm.lab.options import EvalOptions, bounded
 from minitfm.lab.probe import KINDS, run_probe
 from minitfm.lab.visualize import read_input
 from minitfm.lab.viz import map_blocks
-from minitfm.run.rundir import API_NAMES, resolve_checkpoint
+from minitfm.run.instruments import Instrument
+from minitfm.run.rundir import resolve_checkpoint
+
+# How messages name `train`'s options here (see `errors.option`): as this API's arguments.
+API_OPTIONS = {"resume": "resume=", "resume_of": "resume='{}'", "run_dir": "run_dir=",
+               "overwrite": "overwrite=True", "again": "train(resume='{}')"}
 
 
 @dataclass
@@ -168,7 +173,7 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     check_train_arguments(config, run_dir, resume, overwrite, progress)
     pairs = [(key.replace("__", "."), value) for key, value in overrides.items()]
     options: dict[str, Any] = {"run_dir": None if run_dir is None else Path(run_dir),
-                               "overwrite": overwrite, "names": API_NAMES}
+                               "overwrite": overwrite}
     if resume is not None:  # the config comes from the checkpoint, as on the command line
         cfg = None
         options.update(resume=resolve_checkpoint(resume, "last"), overrides=pairs)
@@ -177,7 +182,10 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     keep_freed_memory()  # as the CLI does: fewer page faults, faster steps
     reporter = ConsoleReporter() if progress else None
     try:
-        summary = train_run(cfg, reporter=reporter, **options)
+        summary = train_run(cfg, reporter, **options)
+    except MinitfmError as err:
+        err.spelled(API_OPTIONS)  # the options as this API's arguments
+        raise
     finally:
         if reporter is not None:
             reporter.stop()
@@ -227,11 +235,21 @@ def input_texts(inputs: Any) -> list[str]:
     return texts
 
 
-def train_run(cfg: Config | None, **options: Any) -> dict[str, Any]:
-    """One run as `minitfm train` makes it: `run.session.train` with the instruments attached
-    (TensorBoard event files, attention.jsonl); `options` are that function's; the summary."""
-    from minitfm.lab.tb import open_logger
-    from minitfm.lab.timeline import open_recorder
-    from minitfm.run.session import train
+def instruments(reporter: Instrument | None = None) -> list[Instrument]:
+    """What watches a run of `minitfm train`, besides the metrics.jsonl it writes itself: the
+    attention recorder (attention.jsonl), TensorBoard (drawing the recorder's snapshots) and
+    `reporter`, the console's progress, if any. A new instrument is one line here."""
+    from minitfm.lab.tb import TensorBoardLogger
+    from minitfm.lab.timeline import AttentionRecorder
 
-    return train(cfg, open_logger=open_logger, open_recorder=open_recorder, **options)
+    attention = AttentionRecorder()
+    return [attention, TensorBoardLogger(attention), *([reporter] if reporter else [])]
+
+
+def train_run(cfg: Config | None, reporter: Instrument | None = None,
+              **options: Any) -> dict[str, Any]:
+    """One run as `minitfm train` makes it, its `instruments` attached; `options` are the
+    fields of `run.session.RunOptions`; the summary."""
+    from minitfm.run.session import RunOptions, start_training
+
+    return start_training(cfg, RunOptions(**options), instruments(reporter))

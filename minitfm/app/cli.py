@@ -42,6 +42,9 @@ from minitfm.lab.options import (
 from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
 PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
+# How messages name `train`'s options here (see `errors.option`): as this command line's.
+CLI_OPTIONS = {"resume": "--resume", "resume_of": "--resume {}", "run_dir": "--run-dir",
+               "overwrite": "--overwrite", "again": "minitfm train --resume {}"}
 
 
 class Output(Console):
@@ -234,11 +237,11 @@ def clean_errors(command=None, *, uses_torch: bool = True):
                     import torch  # noqa: F401
             return command(*args, **kwargs)
         except Interrupted as err:
-            fail(str(err), err.exit_code, "interrupted")
+            fail(str(err.spelled(CLI_OPTIONS)), err.exit_code, "interrupted")
         except MinitfmError as err:
             for line in getattr(err, "__notes__", ()):  # e.g. best.pt fell back to last.pt
                 note(line)
-            fail(str(err), err.exit_code)
+            fail(str(err.spelled(CLI_OPTIONS)), err.exit_code)
         except KeyboardInterrupt:
             fail(f"{stopped_by(signal.SIGINT)}: the command did not finish", 130, "interrupted")
         except BrokenPipeError:  # `minitfm ... | head`: the reader has gone, nothing to say
@@ -280,9 +283,9 @@ def main_options(
     keep_freed_memory()  # reuse freed activations instead of page-faulting them in every step
 
 
-@app.command()
+@app.command("train")
 @clean_errors
-def train(
+def train_command(
     args: list[str] | None = typer.Argument(
         None, metavar="[CONFIG] [KEY=VALUE]...",
         help="A YAML config (default: the built-in reverse task) then overrides such as "
@@ -308,12 +311,12 @@ def train(
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint
-            from minitfm.run.session import resume_config
-            console.print(to_yaml(resume_config(load_checkpoint(ckpt), overrides, ckpt)), end="",
-                          markup=False, highlight=False, soft_wrap=True)
+            from minitfm.run.resume import resume_config
+            resumed = resume_config(load_checkpoint(ckpt), overrides, ckpt).cfg
+            console.print(to_yaml(resumed), end="", markup=False, highlight=False, soft_wrap=True)
             return
-        return run_training(None, resume=ckpt, overrides=overrides, run_dir=run_dir,
-                            overwrite=overwrite)
+        return train_on_console(None, resume=ckpt, overrides=overrides, run_dir=run_dir,
+                                overwrite=overwrite)
     cfg = load_config(config_path, overrides)
     if print_config:
         from minitfm.run.limits import check_fits, training_parts
@@ -321,7 +324,7 @@ def train(
         console.print(to_yaml(cfg), end="", markup=False, highlight=False,
                       soft_wrap=True)  # a long path stays on its line: the output is YAML
         return
-    run_training(cfg, run_dir=run_dir, overwrite=overwrite)
+    train_on_console(cfg, run_dir=run_dir, overwrite=overwrite)
 
 
 def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, list[str]]:
@@ -345,7 +348,9 @@ def is_file(text: str) -> bool:
         return False
 
 
-def run_training(cfg, **kwargs) -> None:
+def train_on_console(cfg, **options) -> None:
+    """`minitfm train`'s run (`options` are those of `run.session.RunOptions`), its progress on
+    the console."""
     from minitfm.run.threads import ThreadClaim
 
     # Registered before torch loads, so that other minitfm processes see this one at once;
@@ -356,7 +361,7 @@ def run_training(cfg, **kwargs) -> None:
 
         reporter = ConsoleReporter(console, err_console)
         try:
-            train_run(cfg, reporter=reporter, threads=claim, **kwargs)
+            train_run(cfg, reporter, threads=claim, **options)
         except MinitfmError as err:
             if getattr(err, "silent", False):  # under torchrun rank 0 prints every rank's error
                 raise typer.Exit(err.exit_code) from None

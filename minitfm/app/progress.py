@@ -11,6 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from minitfm.app.tables import printable, shell_quote
+from minitfm.run.instruments import Ended, Evaluation, Instrument, Note, Started, Stepped, TrainLine
 
 MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
 ENDINGS = {"finished": "done", "stopped at target": "target reached",
@@ -92,9 +93,9 @@ def fit(parts: list[tuple[int, str]], room: int) -> str:
     return "  ".join(shown)
 
 
-class ConsoleReporter:
+class ConsoleReporter(Instrument):
     """Shows step, loss, exact match, lr, tokens/s and ETA; at the end why the run stopped, a
-    summary table and the commands to try next."""
+    summary table and the commands to try next (an instrument: see `run.instruments`)."""
 
     def __init__(self, console: Console | None = None, err_console: Console | None = None):
         self.console = console or Console()
@@ -123,24 +124,28 @@ class ConsoleReporter:
         self.output_lost = self.console.quiet = True
         silence(self.console.file)
 
-    def warning(self, text: str) -> None:
-        """One line on stderr, before the run starts."""
-        self.err_console.print(f"warning: {printable(text)}", markup=False)
+    def on_note(self, note: Note) -> None:
+        """A warning: one line on stderr, before the run starts; a note between lines (the
+        thread count changed)."""
+        if note.warning:
+            self.err_console.print(f"warning: {printable(note.text)}", markup=False)
+        else:
+            self._print(printable(note.text), highlight=False)
 
-    def start(self, run_dir: Path, state, device, threads: str = "") -> None:
+    def on_start(self, run: Started) -> None:
         """The run directory, task, model size and device; then the bar, on a terminal."""
-        cfg = state.cfg
+        cfg, device = run.cfg, run.device
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
-        self._print(f"run directory: {printable(shown(run_dir))}", markup=False, highlight=False)
-        params = sum(p.numel() for p in state.model.parameters())
-        threads = f", {threads}" if threads and device.type == "cpu" else ""
-        self._print(f"task {cfg.task.name} ({state.task.describe()}), {params:,} parameters, "
-                    f"device {device}{threads}, steps {state.step}/{cfg.train.steps}",
+        self._print(f"run directory: {printable(shown(run.run_dir))}", markup=False,
                     highlight=False)
-        ranks = state.dist.world_size  # under torchrun only rank 0 reports, for all of them
-        if ranks > 1:
-            self._print(f"{ranks} ranks × train.batch_size {cfg.train.batch_size} = "
-                        f"global batch {ranks * cfg.train.batch_size} sequences per step",
+        params = sum(p.numel() for p in run.model.parameters())
+        threads = f", {run.threads}" if run.threads and device.type == "cpu" else ""
+        self._print(f"task {cfg.task.name} ({run.task.describe()}), {params:,} parameters, "
+                    f"device {device}{threads}, steps {run.step}/{cfg.train.steps}",
+                    highlight=False)
+        if run.ranks > 1:  # under torchrun only rank 0 reports, for all of them
+            self._print(f"{run.ranks} ranks × train.batch_size {cfg.train.batch_size} = "
+                        f"global batch {run.ranks * cfg.train.batch_size} sequences per step",
                         highlight=False)
         if self.live:
             bar = BarColumn(bar_width=None, table_column=Column(max_width=50))  # fills the rest
@@ -148,38 +153,35 @@ class ConsoleReporter:
                                      console=self.console)
             self.progress.start()
             self.task_id = self.progress.add_task(
-                "train", total=cfg.train.steps, completed=state.step, loss="-", exact="-",
+                "train", total=cfg.train.steps, completed=run.step, loss="-", exact="-",
                 lr="-", speed="", end="")
 
-    def step(self, step: int) -> None:
+    def on_step(self, stepped: Stepped) -> None:
         """After every step: the bar moves (its figures change at each train line)."""
         if self.progress is not None:
-            self.progress.update(self.task_id, completed=step)
+            self.progress.update(self.task_id, completed=stepped.step)
 
-    def train_line(self, record: dict) -> None:
+    def on_train_line(self, line: TrainLine) -> None:
         """The bar's figures on a terminal, else one log line."""
-        figures = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
-                   "speed": f"{record['tokens_per_s']:,.0f} tok/s"}
+        figures = {"loss": f"{line.loss:.4f}", "lr": f"{line.lr:.2e}",
+                   "speed": f"{line.tokens_per_s:,.0f} tok/s"}
         if self.progress is not None:
-            self.progress.update(self.task_id, completed=record["step"], **figures)
+            self.progress.update(self.task_id, completed=line.step, **figures)
         else:
-            self._print(f"step {record['step']:>6}  loss {figures['loss']}  exact "
+            self._print(f"step {line.step:>6}  loss {figures['loss']}  exact "
                         f"{self.exact_match}  lr {figures['lr']}  {figures['speed']}",
                         highlight=False)
 
-    def eval_line(self, record: dict) -> None:
+    def on_evaluation(self, evaluation: Evaluation) -> None:
         """One line per evaluation, terminal or not."""
+        step = evaluation.step
         # Between evaluations the progress shows this one's figure: its step says how old it is.
-        self.exact_match = f"{record['exact_match']:.1%} (step {record['step']})"
+        self.exact_match = f"{evaluation.exact_match:.1%} (step {step})"
         if self.progress is not None:
             self.progress.update(self.task_id, exact=self.exact_match)
-        self._print(f"eval step {record['step']:>6}  loss {record['loss']:.4f}  token acc "
-                    f"{record['token_accuracy']:.2%}  exact match {record['exact_match']:.2%}",
+        self._print(f"eval step {step:>6}  loss {evaluation.loss:.4f}  token acc "
+                    f"{evaluation.token_accuracy:.2%}  exact match {evaluation.exact_match:.2%}",
                     highlight=False)
-
-    def message(self, text: str) -> None:
-        """A note between lines (the thread count changed)."""
-        self._print(printable(text), highlight=False)
 
     def stop(self, end: str = "stopped", step: int | None = None) -> None:
         """Leave the bar's last frame saying how it ended, instead of an ETA."""
@@ -189,8 +191,9 @@ class ConsoleReporter:
             self.progress.stop()
             self.progress = None
 
-    def finish(self, summary: dict) -> None:
+    def on_end(self, ended: Ended) -> None:
         """Why the run ended, its figures, and what to try next."""
+        summary = ended.summary
         self.stop(ENDINGS[summary["status"]], summary["step"])
         self._print(Text(ending(summary, self.target), style="bold"))
         self._print(summary_table(summary))

@@ -7,9 +7,10 @@ the way a user of torch or of x-transformers would write it.
 The recipe is minitfm's, read from the config: the same training stream (`task.sample` from
 `torch.Generator().manual_seed(seed)`), `torch.manual_seed(seed)` before the model, AdamW with
 betas (0.9, 0.98) and weight decay on matrices only, minitfm's lr schedule (`lr_factor`), the
-gradient clip, cross-entropy ignoring PAD, and `run_loop`'s evaluation schedule: a full greedy
-evaluation every train.eval_every steps, quick checks on a fifth of the held-out set every
-train.check_every steps once an evaluation reached two thirds of the target, a stop at the target.
+gradient clip, cross-entropy ignoring PAD, and a run's evaluation schedule (`run.schedule`): a
+full greedy evaluation every train.eval_every steps, quick checks on a fifth of the held-out set
+every train.check_every steps once an evaluation reached two thirds of the target, a stop at the
+target.
 
 A plain trainer writes nothing: no TensorBoard, no checkpoints, no attention pictures.
 minitfm's own run writes all of those, and must still win.
@@ -31,12 +32,13 @@ import sys
 import torch
 from torch import Tensor, nn
 
-from minitfm.book.loop import check_due, check_pairs, due, lr_factor, reached_target
+from minitfm.book.loop import due, lr_factor, reached_target
 from minitfm.book.metrics import EVAL_BATCH_SIZE, length_chunks, strip_eos
 from minitfm.book.model import eval_mode, sequence_loss
 from minitfm.book.positions import sinusoids
 from minitfm.config import Config, ModelConfig, TrainConfig, load_config
 from minitfm.errors import ConfigError, MinitfmError
+from minitfm.run.schedule import check_due, check_pairs
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Batch, Task, eval_set, make_batch
 
@@ -215,7 +217,7 @@ def train_step(ref, optimizer: torch.optim.Optimizer, batch: Batch, lr: float,
     optimizer.step()
 
 
-def train(ref, cfg: Config, task: Task, device: torch.device) -> dict:
+def train_reference(ref, cfg: Config, task: Task, device: torch.device) -> dict:
     """Train `ref` with minitfm's recipe and evaluation schedule (see the module docstring)."""
     train_cfg = cfg.train
     optimizer = torch_adamw(ref.model, train_cfg)
@@ -255,7 +257,7 @@ def run(trainer: str, overrides: list[str]) -> dict:
     torch.manual_seed(cfg.seed)
     ref = REFERENCES[trainer](cfg, task)
     ref.model.to(device).train()
-    return {"trainer": trainer, "seed": cfg.seed, **train(ref, cfg, task, device)}
+    return {"trainer": trainer, "seed": cfg.seed, **train_reference(ref, cfg, task, device)}
 
 
 def main(argv: list[str]) -> int:

@@ -11,10 +11,10 @@ groups are numbered in the order a learner reads them:
 - `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`;
 - `6_entropy/layer<L>/head<H>`: each cross-attention head's attention entropy (nats).
 
-Pictures and per-head scores come from the attention snapshots that training takes every
-`log.attention_every` steps (by default at every evaluation) and at the end (see `timeline`,
-which also records them to attention.jsonl); the pictures are drawn with numpy and Pillow (see
-`viz.MapGrid`), so that they cost little next to training.
+Pictures and per-head scores come from the attention snapshots that the attention recorder
+takes every `log.attention_every` steps (by default at every evaluation) and at the end (see
+`timeline`, which also records them to attention.jsonl); the pictures are drawn with numpy and
+Pillow (see `viz.MapGrid`), so that they cost little next to training.
 Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
 """
 
@@ -23,12 +23,15 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from minitfm.config import Config, flatten, to_yaml
-from minitfm.run.session import Logger, NullLogger  # what the run logs to, and nothing
+from minitfm.run.instruments import Ended, Evaluation, Instrument, SnapshotDue, Started, TrainLine
+
+if TYPE_CHECKING:
+    from minitfm.lab.timeline import AttentionRecorder
 
 TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/grad_norm",
               "tokens_per_s": "5_train/tokens_per_s"}
@@ -43,21 +46,28 @@ N_SAMPLES = 5
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-class TensorBoardLogger(NullLogger):
-    """Writes event files into the run directory (continued on --resume)."""
+class TensorBoardLogger(Instrument):
+    """Writes event files into the run directory (continued on --resume), when log.tensorboard
+    is true; its pictures are the snapshots of `attention` (None: no pictures)."""
 
-    def __init__(self, run_dir: Path, cfg: Config, task):
+    def __init__(self, attention: AttentionRecorder | None = None):
+        self.attention = attention
+        self.writer = None  # made when the run starts, if log.tensorboard
+        self.previous_hook = None
+        self.cfg = self.task = None
+        self.grids: dict = {}  # kind -> its viz.MapGrid, made at the first picture
+
+    def on_start(self, run: Started) -> None:
+        """Open the event files, with the config as text."""
+        if not run.cfg.log.tensorboard:
+            return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir))
+        self.writer = SummaryWriter(log_dir=str(run.run_dir))
         self.previous_hook = threading.excepthook
         threading.excepthook = self._quiet_write_errors
-        self.cfg, self.task = cfg, task
-        self.grids: dict = {}  # kind -> its viz.MapGrid, made at the first picture
-        self.writer.add_text("config", "```\n" + to_yaml(cfg) + "\n```", 0)
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self.cfg, self.task = run.cfg, run.task
+        self.writer.add_text("config", "```\n" + to_yaml(run.cfg) + "\n```", 0)
 
     def _quiet_write_errors(self, args) -> None:
         """The event writer's thread on a full disk: training reports the failure in one line
@@ -65,15 +75,28 @@ class TensorBoardLogger(NullLogger):
         if not issubclass(args.exc_type, OSError):
             self.previous_hook(args)
 
-    def train(self, step: int, record: dict) -> None:
-        for key, tag in TRAIN_TAGS.items():
-            self.writer.add_scalar(tag, record[key], step)
+    def on_train_line(self, line: TrainLine) -> None:
+        if self.writer is not None:
+            record = line.record()
+            for key, tag in TRAIN_TAGS.items():
+                self.writer.add_scalar(tag, record[key], line.step)
 
-    def eval(self, step: int, record: dict, pairs: list, predictions: list) -> None:
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        if self.writer is None:
+            return
+        record, step = evaluation.record(), evaluation.step
         for key, tag in EVAL_TAGS.items():
             self.writer.add_scalar(tag, record[key], step)
-        self.writer.add_text("samples", self._samples_table(pairs, predictions), step)
+        self.writer.add_text("samples", self._samples_table(evaluation.pairs,
+                                                            evaluation.predictions), step)
         self.writer.flush()
+
+    def on_snapshot(self, due: SnapshotDue) -> None:
+        """The attention recorder's snapshot of this step, drawn (see `attention_images`)."""
+        if self.writer is not None and self.attention is not None:
+            snapshot = self.attention.take(due.step, due.model)
+            if snapshot is not None:
+                self.attention_images(snapshot)
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
         fmt = self.task.format
@@ -83,7 +106,7 @@ class TensorBoardLogger(NullLogger):
                         f"{'yes' if pred == tgt else 'no'} |")
         return "\n".join(rows)
 
-    def attention(self, snapshot) -> None:
+    def attention_images(self, snapshot) -> None:
         """Heatmaps of every kind on the probe; each cross-attention head's alignment score
         (tasks with an ideal alignment) and entropy."""
         from minitfm.lab.viz import map_blocks
@@ -131,28 +154,34 @@ class TensorBoardLogger(NullLogger):
         verdict = "✓" if prediction == target else "✗"
         return f"step {step} · greedy output {self.task.format(prediction)} {verdict}"
 
-    def finish(self, summary: dict) -> None:
-        """The run's hyperparameters (see `hparam_values`), in its own event file.
+    def on_end(self, ended: Ended) -> None:
+        """The run's hyperparameters (see `hparam_values`), in its own event file; then close.
 
         No experiment summary: TensorBoard then builds the HPARAMS table from every run's keys
         (ticking first the keys that differ between runs) and takes its metrics from the
-        scalars above, in name order: loss and accuracy first. So no `hparam/*` copies.
+        scalars above, in name order: loss and accuracy first. So no `hparam/*` copies. A run
+        paused before any evaluation has nothing to compare yet; an interrupted one is closed.
         """
         from torch.utils.tensorboard.summary import hparams
 
-        if "exact_match" not in summary:  # paused before any evaluation: nothing to compare yet
-            return
-        # add_hparams would open a second writer; the same summaries go into ours instead.
-        _, start, end = hparams(hparam_values(self.cfg), {EVAL_TAGS["exact_match"]: 0.0})
-        for summary_proto in (start, end):
-            self.writer.file_writer.add_summary(summary_proto, summary["step"])
-        self.writer.flush()
+        summary = ended.summary
+        if self.writer is not None and "exact_match" in summary \
+                and summary["status"] != "interrupted":
+            # add_hparams would open a second writer; the same summaries go into ours instead.
+            _, start, end = hparams(hparam_values(self.cfg), {EVAL_TAGS["exact_match"]: 0.0})
+            for summary_proto in (start, end):
+                self.writer.file_writer.add_summary(summary_proto, summary["step"])
+            self.writer.flush()
+        self.close()
 
     def close(self) -> None:
+        if self.writer is None:
+            return
         try:
             self.writer.close()
         finally:
             threading.excepthook = self.previous_hook
+            self.writer = None
 
 
 def image_summary(tag: str, picture: np.ndarray):
@@ -192,10 +221,3 @@ def hparam_values(cfg: Config) -> dict:
     (not name, device, threads or log.*, which say where a run went and how fast)."""
     return {key: value for key, value in flatten(cfg.model_dump()).items()
             if key == "seed" or key.partition(".")[0] in HPARAM_SECTIONS}
-
-
-def open_logger(run_dir: Path, cfg: Config, task) -> Logger:
-    """A TensorBoard logger, or one that does nothing when `log.tensorboard` is false."""
-    if not cfg.log.tensorboard:
-        return NullLogger()
-    return TensorBoardLogger(run_dir, cfg, task)

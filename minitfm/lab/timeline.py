@@ -33,6 +33,7 @@ from torch import Tensor
 from minitfm.errors import CheckpointError, MinitfmError, quote
 from minitfm.lab.plots import SOFTWARE, check_output, write_picture
 from minitfm.lab.probe import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.run.instruments import Evaluation, Instrument, SnapshotDue, Started
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
 ATTENTION_FILE = "attention.jsonl"
@@ -75,44 +76,68 @@ def rounded(values, decimals: int) -> list:
     return np.round(np.asarray(values, dtype=np.float64), decimals).tolist()
 
 
-class AttentionRecorder:
-    """Takes the snapshots of a run and appends them to attention.jsonl (`path`; None: not
-    recorded, the snapshots go to TensorBoard only). Inactive (rank > 0 under torchrun, or
-    nothing wants them), it takes none."""
+class AttentionRecorder(Instrument):
+    """Takes the attention snapshots of a run and appends them to attention.jsonl (`path`;
+    None: not recorded, the snapshots go to TensorBoard only). Inactive (until a run's start
+    aims it, or when nothing wants them), it takes none. An instrument (see
+    `run.instruments`): the run says when a snapshot is due."""
 
-    def __init__(self, task: Task, eval_pairs: list[Pair], path: Path | None, active: bool,
-                 recorded: Pair | None = None):
+    def __init__(self, task: Task | None = None, eval_pairs: list[Pair] = (),
+                 path: Path | None = None, active: bool = False, recorded: Pair | None = None):
+        self.aim(task, eval_pairs, path, active, recorded)
+
+    def aim(self, task: Task | None, eval_pairs: list[Pair], path: Path | None, active: bool,
+            recorded: Pair | None = None) -> None:
+        """Look at `task`'s attention on a probe from `eval_pairs`, recording to `path`."""
         self.task, self.path = task, path
         # The same probe at every step, so the maps show how one example's attention evolves:
         # on resume the one already `recorded` (train.eval_samples may have changed), else
-        # picked from the held-out set. An equal held-out pair is used itself, so that
-        # `evaluated` finds its output.
+        # picked from the held-out set. An equal held-out pair is used itself, so that an
+        # evaluation's output for it is found.
         probe = recorded or (pick_probe(eval_pairs) if eval_pairs else None)
         self.probe = next((pair for pair in eval_pairs if pair == probe), probe) if active \
             else None
         self.pairs = eval_pairs[:ALIGNMENT_SAMPLES]
-        self.last_step: int | None = None
+        self.taken: Snapshot | None = None
         self.evaluation: tuple[int, list[int] | None, float] | None = None
 
-    def evaluated(self, step: int, pairs: list[Pair], predictions: list, exact_match: float):
-        """An evaluation at `step`: its exact match, and the probe's output if it decoded it
-        (the snapshot at this step then decodes nothing)."""
-        output = next((prediction for pair, prediction in zip(pairs, predictions, strict=True)
+    def on_start(self, run: Started) -> None:
+        """Aim at the run: active when TensorBoard or attention.jsonl wants snapshots; a
+        resumed run goes on with the probe its attention.jsonl holds."""
+        cfg, path = run.cfg, run.run_dir / ATTENTION_FILE
+        active = cfg.log.tensorboard or cfg.log.attention_record
+        recorded = recorded_probe(path, run.task) if active else None
+        self.aim(run.task, run.eval_pairs, path if cfg.log.attention_record else None, active,
+                 recorded)
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        """Its exact match, and the probe's output if it decoded it (the snapshot at this step
+        then decodes nothing)."""
+        output = next((prediction for pair, prediction in
+                       zip(evaluation.pairs, evaluation.predictions, strict=True)
                        if pair is self.probe), None)
-        self.evaluation = step, output, exact_match
+        self.evaluation = evaluation.step, output, evaluation.exact_match
+
+    def on_snapshot(self, due: SnapshotDue) -> None:
+        """The snapshot of this step, to attention.jsonl."""
+        snapshot = self.take(due.step, due.model)
+        if snapshot is not None:
+            self.write(snapshot)
 
     def take(self, step: int, model) -> Snapshot | None:
-        """The snapshot of `model` at `step`; None when inactive or already taken (the end of
-        training comes again when it fell on an interval)."""
-        if self.probe is None or step == self.last_step:
+        """The snapshot of `model` at `step`, taken once per step (TensorBoard draws the one
+        recorded); None when inactive."""
+        if self.probe is None:
             return None
-        self.last_step = step
+        if self.taken is not None and self.taken.step == step:
+            return self.taken
         _, output, exact_match = self.evaluation if self.evaluation and \
             self.evaluation[0] == step else (step, None, None)
         src, target = self.probe
         probe = run_probe(model, self.task, src, teacher=target, output=output)
         scores = head_scores(model, self.task, self.pairs)
-        return Snapshot(step, probe, target, scores.soft, scores.entropy, exact_match)
+        self.taken = Snapshot(step, probe, target, scores.soft, scores.entropy, exact_match)
+        return self.taken
 
     def write(self, snapshot: Snapshot) -> None:
         """Append the snapshot's line to attention.jsonl (when recording)."""
@@ -121,16 +146,6 @@ class AttentionRecorder:
         line = json.dumps(snapshot.record(self.task), separators=(",", ":"))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
-
-
-def open_recorder(run_dir: Path, cfg, task: Task, eval_pairs: list[Pair],
-                  is_main: bool) -> AttentionRecorder:
-    """The run's recorder: active on rank 0 when TensorBoard or attention.jsonl wants snapshots;
-    a resumed run goes on with the probe its attention.jsonl holds."""
-    path = run_dir / ATTENTION_FILE if cfg.log.attention_record else None
-    active = is_main and (cfg.log.tensorboard or cfg.log.attention_record)
-    recorded = recorded_probe(run_dir / ATTENTION_FILE, task) if active else None
-    return AttentionRecorder(task, eval_pairs, path, active, recorded)
 
 
 def recorded_probe(path: Path, task: Task) -> Pair | None:

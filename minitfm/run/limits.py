@@ -4,7 +4,7 @@ A config that cannot fit is refused with one line naming the key that makes it l
 value and the estimate, instead of an allocator traceback minutes later (or a machine
 swapping). The estimates count float32 tensors the way `fast/kernels.py` keeps them for backward;
 they are meant to be right within a factor of about two, which is enough to tell "fits" from
-"needs a terabyte". A run checks as it starts (`run.session.train`); no torch here, so
+"needs a terabyte". A run checks as it starts (`run.session.start_training`); no torch here, so
 `--print-config` and a sweep's plan refuse the same configs without loading it.
 """
 

@@ -22,14 +22,13 @@ import stat
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from minitfm.config import Config, to_yaml
-from minitfm.errors import CheckpointError, MinitfmError, RunFailed, quote
+from minitfm.errors import CheckpointError, MinitfmError, RunFailed, option, quote
 from minitfm.run.files import make_dirs, write_atomic
 from minitfm.yamlfile import MAX_CONFIG_BYTES, error_line, load_yaml
 
@@ -163,21 +162,6 @@ def run_directory(run: str | Path | None,
 
 # --- one training process at a time, and a prepared directory ---
 
-@dataclass(frozen=True)
-class OptionNames:
-    """How messages name train's options: the CLI's flags, or the Python API's arguments."""
-
-    resume: str = "--resume"
-    resume_of: str = "--resume {}"  # continue the run {}
-    run_dir: str = "--run-dir"
-    overwrite: str = "--overwrite"
-    again: str = "minitfm train --resume {}"  # the whole call that continues the run {}
-
-
-CLI_NAMES = OptionNames()
-API_NAMES = OptionNames("resume=", "resume='{}'", "run_dir=", "overwrite=True",
-                        "train(resume='{}')")
-
 def lock_exclusively(file, in_use: Callable[[str], Exception]) -> None:
     """Take an exclusive `flock` on an open lock file and write this process's pid into it;
     if another process holds it, close the file and raise `in_use(its pid)`."""
@@ -209,11 +193,12 @@ class RunLock:
             make_dirs(self.run_dir)
         except OSError as err:
             raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
-                                  f"({err.strerror}): check log.dir or --run-dir") from None
+                                  f"({err.strerror}): check log.dir or "
+                                  f"{option('run_dir')}") from None
         self.file = open(self.run_dir / ".lock", "a+")
         lock_exclusively(self.file, lambda pid: CheckpointError(
             f"run directory '{self.run_dir}' is in use by another training process (pid {pid}): "
-            f"wait for it to finish or use another --run-dir"))
+            f"wait for it to finish or use another {option('run_dir')}"))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -222,24 +207,23 @@ class RunLock:
 
 
 def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
-                 held: ExitStack, names: OptionNames = CLI_NAMES) -> Path:
-    """Pick, check, lock (until `held` closes) and prepare the run directory; messages name
-    the options as `names` spells them."""
+                 held: ExitStack) -> Path:
+    """Pick, check, lock (until `held` closes) and prepare the run directory."""
     try:
         if resume is not None:
             if overwrite:
-                raise MinitfmError(f"{names.overwrite} cannot be combined with {names.resume}: "
-                                   f"a resumed run keeps its files")
-            run_dir = resume_run_dir(resume, run_dir, names)
+                raise MinitfmError(f"{option('overwrite')} cannot be combined with "
+                                   f"{option('resume')}: a resumed run keeps its files")
+            run_dir = resume_run_dir(resume, run_dir)
         else:
             run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
-            check_fresh(run_dir, overwrite, names)
+            check_fresh(run_dir, overwrite)
         created = not run_dir.exists()
         held.enter_context(RunLock(run_dir))
     except OSError as err:  # a name too long, a path through a file, no permission
         where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
         raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
-                              f"check log.dir, name or {names.run_dir}") from None
+                              f"check log.dir, name or {option('run_dir')}") from None
     try:
         write_run_files(run_dir, cfg, fresh=resume is None)
     except OSError as err:
@@ -249,39 +233,39 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
     return run_dir
 
 
-def check_fresh(run_dir: Path, overwrite: bool, names: OptionNames = CLI_NAMES) -> None:
+def check_fresh(run_dir: Path, overwrite: bool) -> None:
     """A run may go into a new or empty directory, or replace a minitfm run with `overwrite`."""
     if run_dir.exists() and not run_dir.is_dir():
         raise CheckpointError(f"cannot create the run directory '{run_dir}' (a file of that "
-                              f"name exists): check log.dir or {names.run_dir}")
+                              f"name exists): check log.dir or {option('run_dir')}")
     if not run_dir.exists() or all(p.name == ".lock" for p in run_dir.iterdir()):
         return
     if not is_run_dir(run_dir):
         raise MinitfmError(f"directory '{run_dir}' is not empty and holds no minitfm run (no "
                            f"config.yaml or metrics.jsonl written by minitfm): pick another "
-                           f"{names.run_dir}; {names.overwrite} replaces only minitfm runs")
+                           f"{option('run_dir')}; {option('overwrite')} replaces only minitfm "
+                           f"runs")
     if not overwrite:
         raise MinitfmError(f"run directory '{run_dir}' already exists: continue it with "
-                           f"{names.resume_of.format(run_dir)}, pick another {names.run_dir}, "
-                           f"or pass {names.overwrite}")
+                           f"{option('resume_of', run_dir)}, pick another {option('run_dir')}, "
+                           f"or pass {option('overwrite')}")
 
 
-def resume_run_dir(checkpoint: Path, run_dir: Path | None,
-                   names: OptionNames = CLI_NAMES) -> Path:
+def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
     """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
     own = find_run_dir(checkpoint)
     if own is not None:
         if run_dir is not None and run_dir.resolve() != own:
-            raise MinitfmError(f"{names.run_dir} ('{run_dir}') cannot be combined with "
-                               f"{names.resume} of run '{own}': a run goes on in its own "
-                               f"directory; {names.run_dir} is for a checkpoint kept outside "
-                               f"any run")
+            raise MinitfmError(f"{option('run_dir')} ('{run_dir}') cannot be combined with "
+                               f"{option('resume')} of run '{own}': a run goes on in its own "
+                               f"directory; {option('run_dir')} is for a checkpoint kept "
+                               f"outside any run")
         return own
     if run_dir is None:
         raise MinitfmError(f"checkpoint '{checkpoint}' is not inside a minitfm run "
-                           f"(<run>/checkpoints/): to continue it, give {names.run_dir} (a new "
-                           f"or empty directory, or a minitfm run directory)")
-    check_fresh(run_dir, overwrite=True, names=names)  # a minitfm run, new or empty: no other
+                           f"(<run>/checkpoints/): to continue it, give {option('run_dir')} (a "
+                           f"new or empty directory, or a minitfm run directory)")
+    check_fresh(run_dir, overwrite=True)  # a minitfm run, new or empty: no other
     return run_dir
 
 

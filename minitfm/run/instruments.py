@@ -1,0 +1,191 @@
+"""Instruments: whatever watches a run train, all plugged in one way.
+
+A run turns its steps into the events below (`Started`, `TrainLine`, `Evaluation`, ...) and
+tells each one to every instrument of its list, in the list's order, on rank 0 only under
+torchrun. An instrument is a class with a method per event it wants (`Instrument` does nothing
+for the others). The run writes its own `metrics.jsonl` through one (`MetricsFile`); `app`
+composes the others: the console's progress, TensorBoard, the attention recorder. A new
+training-time instrument is its class and one line there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from minitfm.run.files import append_metrics
+
+if TYPE_CHECKING:  # for annotations only: this module loads no torch
+    import torch
+
+    from minitfm.config import Config
+    from minitfm.tasks.base import Pair, Task
+
+
+@dataclass(frozen=True)
+class Started:
+    """The run starts, or goes on from a checkpoint at `step`."""
+
+    hook: ClassVar[str] = "on_start"
+    run_dir: Path
+    cfg: Config
+    task: Task
+    model: torch.nn.Module = field(repr=False)  # for an instrument that looks inside (hooks)
+    eval_pairs: list[Pair] = field(repr=False)  # the held-out set every evaluation decodes
+    step: int
+    device: torch.device
+    threads: str  # this process's CPU threads, described (see threads.ThreadClaim)
+    ranks: int = 1  # processes under torchrun, each with train.batch_size sequences a step
+
+
+@dataclass(frozen=True)
+class Note:
+    """A line for whoever reads the run: a warning before it starts, or a change on the way
+    (the thread count followed other minitfm processes)."""
+
+    hook: ClassVar[str] = "on_note"
+    text: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class TrainLine:
+    """Every log.log_every steps: the mean loss and target tokens/s of the steps since the
+    last line (evaluations and saves set aside), the next step's lr, the gradient norm."""
+
+    hook: ClassVar[str] = "on_train_line"
+    step: int
+    loss: float
+    tokens_per_s: float
+    lr: float
+    grad_norm: float
+    elapsed_s: float  # since the run (or this resume) started
+
+    def record(self) -> dict[str, Any]:
+        """The line of metrics.jsonl."""
+        return {"step": self.step, "split": "train", "loss": self.loss,
+                "tokens_per_s": self.tokens_per_s, "lr": self.lr, "grad_norm": self.grad_norm,
+                "elapsed_s": self.elapsed_s}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A greedy evaluation on the held-out set: its figures, and the pairs this process decoded
+    with their predictions."""
+
+    hook: ClassVar[str] = "on_evaluation"
+    step: int
+    loss: float
+    token_accuracy: float
+    exact_match: float
+    samples: int
+    elapsed_s: float
+    pairs: list[Pair] = field(repr=False)
+    predictions: list[list[int]] = field(repr=False)
+
+    def record(self) -> dict[str, Any]:
+        """The line of metrics.jsonl."""
+        return {"step": self.step, "split": "eval", "loss": self.loss,
+                "token_accuracy": self.token_accuracy, "exact_match": self.exact_match,
+                "samples": self.samples, "elapsed_s": self.elapsed_s}
+
+
+@dataclass(frozen=True)
+class SnapshotDue:
+    """Time for a look at the attention: every log.attention_every steps, and at the end."""
+
+    hook: ClassVar[str] = "on_snapshot"
+    step: int
+    model: torch.nn.Module = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A checkpoint was written: `last.pt` or `best.pt`."""
+
+    hook: ClassVar[str] = "on_saved"
+    step: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """A step is done and the run goes on."""
+
+    hook: ClassVar[str] = "on_step"
+    step: int
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The run finished, stopped at its target, paused or was interrupted: its summary (the
+    dict of summary.json; `status` says which)."""
+
+    hook: ClassVar[str] = "on_end"
+    summary: dict[str, Any]
+
+
+class Instrument:
+    """Something that watches a run: one method per event, each doing nothing until a
+    subclass overrides it."""
+
+    def on_start(self, run: Started) -> None:
+        """Before the first step: where the run goes, what it trains."""
+
+    def on_note(self, note: Note) -> None:
+        """A warning or a note."""
+
+    def on_train_line(self, line: TrainLine) -> None:
+        """A train line."""
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        """An evaluation."""
+
+    def on_snapshot(self, due: SnapshotDue) -> None:
+        """A look at the attention is due."""
+
+    def on_saved(self, saved: Saved) -> None:
+        """A checkpoint was written."""
+
+    def on_step(self, stepped: Stepped) -> None:
+        """A step is done."""
+
+    def on_end(self, ended: Ended) -> None:
+        """The run ended (an error ends it without this event)."""
+
+    def close(self) -> None:
+        """However the run ended: let go of files (a second call does nothing)."""
+
+
+def tell(instruments: Iterable[Instrument], event: Any) -> None:
+    """Hand `event` to each instrument, by the method the event names."""
+    for instrument in instruments:
+        getattr(instrument, event.hook)(event)
+
+
+@contextmanager
+def closing(instruments: Iterable[Instrument]) -> Iterator[None]:
+    """Close every instrument on the way out, however the block ends."""
+    with ExitStack() as stack:
+        for instrument in instruments:
+            stack.callback(instrument.close)
+        yield
+
+
+class MetricsFile(Instrument):
+    """The run's metrics.jsonl: one JSON line per train line and per evaluation."""
+
+    def __init__(self) -> None:
+        self.run_dir: Path | None = None
+
+    def on_start(self, run: Started) -> None:
+        self.run_dir = run.run_dir
+
+    def on_train_line(self, line: TrainLine) -> None:
+        append_metrics(self.run_dir, line.record())
+
+    def on_evaluation(self, evaluation: Evaluation) -> None:
+        append_metrics(self.run_dir, evaluation.record())

@@ -1,0 +1,140 @@
+"""Going on from a checkpoint: the config a resumed run trains with, and its state restored.
+
+The checkpoint holds the config it was trained with. A resume takes it, applies the edits of the
+run's config.yaml (read once) and then the KEY=VALUE overrides, prices the result against this
+machine's memory (once), and refuses any change to task.* or model.*: those would change the
+task or the weights. `model.code` alone may change: it picks which code runs the same weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from minitfm.config import Config, parse_override, resolve_data_paths, set_path, validate
+from minitfm.errors import CheckpointError, ConfigError, MinitfmError, option
+from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch
+from minitfm.run.limits import check_fits, training_parts
+from minitfm.run.rundir import find_run_dir
+from minitfm.run.state import RunState
+from minitfm.yamlfile import read_yaml
+
+FIXED_SECTIONS = ("task", "model")  # what a resume may not change...
+CHANGEABLE = ("model.code",)  # ...but for these keys: the code, not the weights
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A run to go on with: its checkpoint, the config it trains with now, and the edits of its
+    config.yaml in that config (those no KEY=VALUE overrode), for the note that says so."""
+
+    checkpoint: dict[str, Any]
+    cfg: Config
+    edits: list[tuple[str, Any, Any]]
+
+
+def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
+                  path: Path | None = None) -> Resumed:
+    """The checkpoint's config with the edits of its run's config.yaml (see `config_edits`;
+    `path` is the checkpoint file), then `overrides` (`key=value` text or (key, value) pairs)
+    applied; task and model may not change (but `CHANGEABLE`)."""
+    saved = checkpoint["config"]
+    data = {section: dict(v) if isinstance(v, dict) else v for section, v in saved.items()}
+    edits = config_edits(saved, path)
+    for key, old, new in edits:
+        if fixed(key):
+            raise MinitfmError(f"{key} was edited in '{edited_file(path)}' ({old!r} -> "
+                               f"{new!r}), but it cannot change on {option('resume')}: it "
+                               f"would change the model or task; undo the edit, or start a new "
+                               f"run with that config")
+        set_path(data, key, new)
+    for item in overrides:
+        set_path(data, *(item if isinstance(item, tuple) else parse_override(item)))
+    cfg = validate(data)
+    check_fits(training_parts(cfg), "training")  # before anything is allocated or written
+    for section in FIXED_SECTIONS:
+        before, after = saved.get(section) or {}, getattr(cfg, section).model_dump()
+        for key in before:
+            if fixed(f"{section}.{key}") and before[key] != after[key]:
+                raise MinitfmError(f"{section}.{key} cannot change on {option('resume')} "
+                                   f"({before[key]!r} -> {after[key]!r}): it would change the "
+                                   f"model or task; start a new run instead")
+    given = {item[0] if isinstance(item, tuple) else item.partition("=")[0].strip()
+             for item in overrides}  # a KEY=VALUE wins over the file
+    return Resumed(checkpoint, cfg, [edit for edit in edits if edit[0] not in given])
+
+
+def fixed(key: str) -> bool:
+    """Whether the dotted `key` may not change on resume."""
+    return key.split(".")[0] in FIXED_SECTIONS and key not in CHANGEABLE
+
+
+def edited_file(checkpoint: Path | None) -> Path | None:
+    """The config.yaml of the run holding `checkpoint` (None: a loose file, or no such file)."""
+    run_dir = find_run_dir(checkpoint) if checkpoint is not None else None
+    path = run_dir / "config.yaml" if run_dir is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def config_edits(saved: dict[str, Any], checkpoint: Path | None) -> list[tuple[str, Any, Any]]:
+    """(key, checkpoint's value, file's value) for each key the run's config.yaml states
+    otherwise than the checkpoint's config `saved` does: a hand edit, or the overrides of a
+    resume killed before its first save. Resume rewrites the file: an edit is applied or
+    refused, never silently lost."""
+    path = edited_file(checkpoint)
+    if path is None:
+        return []
+    instead = "or remove it to continue with the checkpoint's config"
+    try:
+        data = read_yaml(path)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (read on resume: fix the file, {instead})") from None
+    resolve_data_paths(data, path.parent)  # as load_config reads a config file
+    try:
+        stated = validate(data).model_dump()
+    except ConfigError as err:
+        raise ConfigError(f"run config '{path}' (read on resume): {err}; fix the file, "
+                          f"{instead}") from None
+    before = validate(saved).model_dump()  # every key, also one an older checkpoint lacks
+    changed = [(key, lookup(before, key), lookup(stated, key)) for key in stated_keys(data)]
+    return [(key, old, new) for key, old, new in changed if old != new]
+
+
+def stated_keys(data: dict[str, Any]) -> list[str]:
+    """The dotted keys a config file states (a key left out is no edit): `seed`, `train.steps`."""
+    keys = []
+    for name, value in data.items():
+        keys += [f"{name}.{key}" for key in value] if isinstance(value, dict) else [name]
+    return keys
+
+
+def lookup(data: dict[str, Any], key: str) -> Any:
+    """`data["a"]["b"]` for the dotted `key` "a.b"."""
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def edits_note(edits: list[tuple[str, Any, Any]], run_dir: Path) -> str:
+    """What a resume took from the run's config.yaml rather than from the checkpoint."""
+    changes = ", ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in edits)
+    return (f"'{run_dir / 'config.yaml'}' differs from the checkpoint's config: continuing "
+            f"with its {changes}")
+
+
+def restore(state: RunState, checkpoint: dict[str, Any], path: Path) -> None:
+    """Load a checkpoint into a fresh state; a mismatch is the checkpoint's fault, not a bug."""
+    # The data first: pairs files that gained a symbol changed the vocabulary too, and the
+    # files, not this minitfm version, are the cause.
+    for key, value in state.task.checkpoint_data().items():
+        if checkpoint.get(key) != value:  # pairs: files changed since the checkpoint
+            raise CheckpointError(f"checkpoint '{path}' was trained on other data than "
+                                  f"task.train_path and task.eval_path hold now: resuming "
+                                  f"would change the task; start a new run")
+    check_vocab(checkpoint, state.task, path)
+    try:
+        state.load_state_dict(checkpoint)
+    except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as err:
+        raise checkpoint_mismatch(path, err) from None

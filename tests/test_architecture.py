@@ -125,3 +125,14 @@ def test_no_module_swaps_its_class_or_sys_modules(name):
         for target in targets:
             text = ast.unparse(target)
             assert "__class__" not in text and "sys.modules" not in text, f"{name}: {text}"
+
+
+def test_the_books_tests_read_only_the_book_and_what_is_below_it():
+    """`make test-book` checks the chapters alone: its tests import nothing above the book."""
+    above = ("minitfm.fast", "minitfm.run", "minitfm.lab", "minitfm.app")
+    for path in sorted((PACKAGE.parent / "tests" / "book").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert not node.module.startswith(above), f"{path.name}: {node.module}"
+            if isinstance(node, ast.ImportFrom) and node.module == "tests.helpers":
+                pytest.fail(f"{path.name} imports tests.helpers (the CLI's): use tests.book")

@@ -4,28 +4,12 @@ import json
 
 import pytest
 
-from minitfm.book.metrics import length_chunks, predict, score, strip_eos
+from minitfm.book.metrics import predict
 from minitfm.config import load_config
 from minitfm.lab.loaded import load
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
-
-
-def test_exact_match_and_token_accuracy_by_hand():
-    pairs = [([5], [5, 6, 7]), ([5], [5, 6]), ([5, 6], [7, 8]), ([5, 6], [7])]
-    predictions = [[5, 6, 7], [5, 6, 7], [7], [8, 7]]
-    total, per_length = score(pairs, predictions)
-    # right; one extra token (2 of 3); one missing token (1 of 2); wrong + extra (0 of 2)
-    assert total.exact_match == 0.25
-    assert total.token_accuracy == pytest.approx((3 + 2 + 1 + 0) / (3 + 3 + 2 + 2))
-    assert per_length[1].count == 2 and per_length[1].exact_match == 0.5
-    assert per_length[2].token_accuracy == pytest.approx(1 / 4)
-
-
-def test_strip_eos():
-    assert strip_eos([4, 5, 2, 0, 0], eos_id=2) == [4, 5]
-    assert strip_eos([4, 5, 6], eos_id=2) == [4, 5, 6]
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +40,6 @@ def test_eval_beyond_trained_lengths_is_marked(run):
     report = json.loads(run_cli("eval", run, "--min-len", "7", "--max-len", "9", "--json",
                                 "--samples", "200").stdout)
     assert set(report["per_length"]) == {"7", "8", "9"}
-
-
-def test_length_chunks_group_similar_lengths():
-    assert length_chunks([3, 1, 2, 1, 3], 2) == [[1, 3], [2, 0], [4]]
-    assert length_chunks([], 4) == []
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import yaml
 
 import minitfm.book.attention as book_attention
 from minitfm.book.attention import AttentionScope, MultiHeadAttention, attention
@@ -24,9 +25,12 @@ from minitfm.fast.model import (
     FastTransformer,
     build_model,
 )
+from minitfm.lab.loaded import load
+from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
 from tests.book.helpers import DTYPE, assert_all_close, causal, grads, leaf
 from tests.book.test_model import BOS, EOS, PAD, VOCAB, padded, symbols
+from tests.helpers import TINY, run_cli
 from tests.test_positional import IDS, SETTINGS
 
 
@@ -263,3 +267,19 @@ def test_the_fast_attention_module_takes_the_books_scope():
     scope = AttentionScope(causal(5))
     torch.testing.assert_close(fast(x, x, x, scope)[0], book(x, x, x, scope)[0], rtol=0,
                                atol=1e-12)
+
+
+def test_a_run_of_the_books_code_says_so_and_records_it(tmp_path):
+    """model.code is printed in the run's header and kept in config.yaml and the checkpoints;
+    the run's checkpoint then loads into either code."""
+    run_dir = tmp_path / "run"
+    result = run_cli("train", *TINY, "train.steps=4", "model.code=book", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    assert ", code book, device " in result.stdout
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["code"] == "book"
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert checkpoint["config"]["model"]["code"] == "book"
+    assert type(load(run_dir).model) is Seq2SeqTransformer
+    assert run_cli("eval", run_dir, "--samples", "20").exit_code == 0
+    default = run_cli("train", *TINY, "train.steps=2", "--run-dir", tmp_path / "default")
+    assert ", code fast, device " in default.stdout

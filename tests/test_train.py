@@ -2,7 +2,6 @@
 
 import inspect
 import json
-import math
 import re
 
 import pytest
@@ -10,7 +9,6 @@ import torch
 
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.app.progress import ConsoleReporter
-from minitfm.book.loop import lr_factor
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.loaded import load
@@ -153,28 +151,6 @@ def test_existing_run_dir_needs_resume_or_overwrite(trained):
     run_dir, _ = trained
     result = run_cli("train", *TINY, "--run-dir", run_dir)
     assert_clean_error(result, 2, "already exists", "--resume")
-
-
-@pytest.mark.parametrize("schedule", ["cosine", "constant", "inverse_sqrt"])
-def test_schedules_warm_up_linearly(schedule):
-    cfg = load_config(None, [f"train.schedule={schedule}", "train.warmup_steps=10",
-                             "train.steps=100"]).train
-    warmup = [(s + 1) / 10 for s in range(10)]
-    assert [lr_factor(s, cfg) for s in range(10)] == pytest.approx(warmup)
-    assert lr_factor(10, cfg) == pytest.approx(1.0)
-    end = {"cosine": 0.0, "constant": 1.0, "inverse_sqrt": (10 / 100) ** 0.5}[schedule]
-    assert lr_factor(99, cfg) == pytest.approx(end, abs=0.02)
-    # After warmup, the whole curve from its definition: a linear decay fails at every step
-    # but the midpoint, where cosine is 0.5 (step 55); inverse_sqrt is 0.5 at 4x warmup (40).
-    curve = {"cosine": lambda s: 0.5 * (1 + math.cos(math.pi * (s - 10) / 90)),
-             "constant": lambda s: 1.0, "inverse_sqrt": lambda s: math.sqrt(10 / s)}[schedule]
-    after = range(10, 100)
-    assert [lr_factor(s, cfg) for s in after] == pytest.approx([curve(s) for s in after],
-                                                               rel=1e-12, abs=1e-15)
-    half = {"cosine": 55, "constant": None, "inverse_sqrt": 40}[schedule]
-    if half is not None:
-        assert lr_factor(half, cfg) == pytest.approx(0.5, rel=1e-12)
-        assert lr_factor(half - 1, cfg) > 0.5 > lr_factor(half + 1, cfg)
 
 
 def test_cli_train_prints_run_dir_and_summary(tmp_path):

@@ -141,8 +141,8 @@ class ConsoleReporter(Instrument):
         params = sum(p.numel() for p in run.model.parameters())
         threads = f", {run.threads}" if run.threads and device.type == "cpu" else ""
         self._print(f"task {cfg.task.name} ({run.task.describe()}), {params:,} parameters, "
-                    f"device {device}{threads}, steps {run.step}/{cfg.train.steps}",
-                    highlight=False)
+                    f"code {cfg.model.code}, device {device}{threads}, "
+                    f"steps {run.step}/{cfg.train.steps}", highlight=False)
         if run.ranks > 1:  # under torchrun only rank 0 reports, for all of them
             self._print(f"{run.ranks} ranks × train.batch_size {cfg.train.batch_size} = "
                         f"global batch {run.ranks * cfg.train.batch_size} sequences per step",

@@ -17,6 +17,7 @@ from minitfm.errors import MinitfmError
 from minitfm.lab import reference
 from minitfm.lab.bench import (
     ReferenceTransformer,
+    build,
     make_setup,
     reference_subprocess,
     solve_step,
@@ -151,6 +152,8 @@ def test_bench_quick_json():
     # is not guaranteed on a loaded machine): each figure is what the others say it is.
     assert row["ratio"] == pytest.approx(row["minitfm_tokens_per_s"] / row["torch_tokens_per_s"],
                                          rel=1e-12)
+    assert row["book_ratio"] == pytest.approx(
+        row["book_tokens_per_s"] / row["minitfm_tokens_per_s"], rel=1e-12)
     setup = make_setup("default", [], 3, torch.device("cpu"))  # --quick's batches, seeded
     flops_per_token = training_flops(setup) / setup.tokens
     assert row["mfu"] == pytest.approx(
@@ -432,3 +435,16 @@ def test_reference_evaluates_on_minitfms_schedule(monkeypatch, steps, script, ex
     ref = SimpleNamespace(model=torch.nn.Linear(2, 2))
     assert reference.train_reference(ref, cfg_ns, task, torch.device("cpu")) == expected
     assert calls == expected_calls
+
+
+def test_the_bench_times_the_fast_code_as_minitfm_and_the_books_own_beside_it():
+    """`minitfm` in the bench is what `minitfm train` runs (model.code=fast); the book's
+    readable code is timed as a column of its own, on the same weights."""
+    from minitfm.fast.model import FastTransformer
+
+    setup = make_setup("default", ["model.d_model=16", "model.n_heads=2"], 1,
+                       torch.device("cpu"))
+    fast, book = (build(kind, setup, torch.device("cpu"))[0] for kind in ("minitfm", "book"))
+    assert type(fast) is FastTransformer and type(book) is Seq2SeqTransformer
+    for a, b in zip(fast.state_dict().values(), book.state_dict().values(), strict=True):
+        assert torch.equal(a, b)

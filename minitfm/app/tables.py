@@ -291,19 +291,22 @@ def bench_tables(report: dict) -> list[Table]:
 
 
 def throughput_table(report: dict) -> Table:
-    """Training tokens per second against nn.Transformer, and MFU, per setup."""
+    """Training tokens per second against nn.Transformer, and MFU, per setup; and the book's own
+    code (model.code=book) as a share of the fast code's speed."""
     load = (f" · load {report['load_average']:.1f} on {report['cores']} cores"
             if "load_average" in report else "")
     threads = f"{report['threads']} thread{'s' if report['threads'] != 1 else ''}"
     title = (f"minitfm bench · {report['device']} · {threads}{load} · torch "
              f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
     train = Table(title=title)
-    for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU"):
+    for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU",
+                "book code tok/s"):
         train.add_column(col, justify="right")
     for row in report["throughput"]:
         train.add_row(row["setup"], f"{row['minitfm_tokens_per_s']:,.0f}",
                       f"{row['torch_tokens_per_s']:,.0f}", f"{row['ratio']:.2f}x",
-                      f"{row['mfu']:.1%}")
+                      f"{row['mfu']:.1%}",
+                      f"{row['book_tokens_per_s']:,.0f} ({row['book_ratio']:.2f}x)")
     return train
 
 

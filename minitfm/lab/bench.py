@@ -1,8 +1,9 @@
 """`minitfm bench`: how fast minitfm trains and decodes, against torch's own transformer.
 
 - throughput: target tokens/s of a training step (forward + backward + AdamW) of minitfm's
-  model and of a same-size `torch.nn.Transformer`, on the same batches, repetitions
-  alternated so that machine noise hits both alike;
+  model (the speed appendix installed, `model.code=fast`), of the book's own code
+  (`model.code=book`) and of a same-size `torch.nn.Transformer`, on the same batches,
+  repetitions alternated so that machine noise hits them alike;
 - model FLOP utilisation: the model's matmul FLOP/s against this machine's peak, measured
   in the same run on one large matmul;
 - greedy decoding of 1000 sequences with and without the KV cache;
@@ -27,9 +28,9 @@ from statistics import median
 import torch
 
 from minitfm.book.loop import make_optimizer
-from minitfm.book.model import Seq2SeqTransformer, greedy_decode, sequence_loss
+from minitfm.book.model import greedy_decode, sequence_loss
 from minitfm.config import Config, load_config
-from minitfm.fast.model import build_model
+from minitfm.fast.model import CODES, build_model
 from minitfm.lab.reference import (
     TRAINERS,
     XT_MISSING,
@@ -73,13 +74,13 @@ def make_setup(name: str, overrides: list[str], n_batches: int, device) -> Setup
 
 
 def build(kind: str, setup: Setup, device, compile_: bool = False):
-    """A model of `kind` ("minitfm" or "torch") and its optimizer, seeded alike: minitfm's
-    own AdamW, or torch's fastest (fused) with the same settings."""
+    """A model of `kind` and its optimizer, seeded alike: "minitfm" (the fast code) or "book"
+    (the book's own code) with minitfm's AdamW, "torch" with torch's fastest (fused) AdamW."""
     torch.manual_seed(0)
     task = make_task(setup.cfg.task)
-    cls = Seq2SeqTransformer if kind == "minitfm" else ReferenceTransformer
+    cls = {"minitfm": CODES["fast"], "book": CODES["book"], "torch": ReferenceTransformer}[kind]
     model = cls(setup.cfg.model, len(task.vocab), task.vocab.pad_id).to(device).train()
-    make = make_optimizer if kind == "minitfm" else torch_adamw
+    make = torch_adamw if kind == "torch" else make_optimizer
     optimizer = make(model, setup.cfg.train)
     step_model = torch.compile(model) if compile_ else model
     return step_model, optimizer, task.vocab.pad_id
@@ -105,13 +106,13 @@ def sync(device) -> None:
 
 
 def throughput(setup: Setup, device, reps: int, compile_: bool = False) -> dict:
-    """Median target tokens/s of both models over `reps` passes through the batches.
+    """Median target tokens/s of each model over `reps` passes through the batches.
 
-    The models take turns pass by pass, and swap who goes first each time, so that the drift
-    of a shared machine's speed hits both alike. A pass of several steps keeps each model's
-    own rhythm of allocations, as in a real run (turns every step mix them up and slow both).
+    The models take turns pass by pass, and reverse their order each time, so that the drift
+    of a shared machine's speed hits them alike. A pass of several steps keeps each model's
+    own rhythm of allocations, as in a real run (turns every step mix them up and slow all).
     """
-    runs = {kind: build(kind, setup, device, compile_) for kind in ("minitfm", "torch")}
+    runs = {kind: build(kind, setup, device, compile_) for kind in ("minitfm", "book", "torch")}
     for _ in range(2):  # warm-up: allocator, caches, oneDNN kernels, compilation
         for run in runs.values():
             run_pass(*run, setup.batches, device)
@@ -125,7 +126,8 @@ def throughput(setup: Setup, device, reps: int, compile_: bool = False) -> dict:
     flops = training_flops(setup) / median(seconds["minitfm"])
     return {"setup": setup.name + (" compiled" if compile_ else ""),
             "minitfm_tokens_per_s": rates["minitfm"], "torch_tokens_per_s": rates["torch"],
-            "ratio": rates["minitfm"] / rates["torch"], "minitfm_flops_per_s": flops}
+            "ratio": rates["minitfm"] / rates["torch"], "minitfm_flops_per_s": flops,
+            "book_tokens_per_s": rates["book"], "book_ratio": rates["book"] / rates["minitfm"]}
 
 
 def run_pass(model, optimizer, pad_id: int, batches, device) -> float:

@@ -1,6 +1,6 @@
 """Errors a user can cause, each carrying the exit code the CLI should use.
 
-Library code raises these with an actionable one-line message; only `cli` prints them. A message
+Library code raises these with an actionable one-line message; only `app` prints them. A message
 that names one of `train`'s options names it by key (`option`), and the face that shows the
 message spells it its way (`MinitfmError.spelled`): `--resume` on the command line, `resume=`
 in the Python API.

@@ -9,7 +9,8 @@ from minitfm.book.attention import MultiHeadAttention
 from minitfm.book.metrics import evaluate, predict
 from minitfm.book.model import Seq2SeqTransformer, greedy_decode
 from minitfm.config import ModelConfig, load_config
-from minitfm.lab.ablate import (
+from minitfm.lab.loaded import load
+from minitfm.lab.look.ablate import (
     HeadAblation,
     HeadMeans,
     ablate_model,
@@ -17,7 +18,6 @@ from minitfm.lab.ablate import (
     edited_heads,
     head_means,
 )
-from minitfm.lab.loaded import load
 from minitfm.lab.options import AblateOptions
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli

@@ -10,12 +10,13 @@ import sys
 import pytest
 import torch
 
+from minitfm.app import reference as reference_entry
 from minitfm.book.metrics import strip_eos
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import ModelConfig, load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab import reference
-from minitfm.lab.bench import (
+from minitfm.lab.measure import reference
+from minitfm.lab.measure.bench import (
     ReferenceTransformer,
     build,
     make_setup,
@@ -24,7 +25,7 @@ from minitfm.lab.bench import (
     train_subprocess,
     training_flops,
 )
-from minitfm.lab.reference import TRAINERS
+from minitfm.lab.measure.reference import TRAINERS
 from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
@@ -114,7 +115,7 @@ def test_whole_model_matches_torchs_transformer_in_logits_and_gradients(
 
 
 def test_training_flops_counts_the_matmuls_by_hand():
-    from minitfm.lab.bench import Setup
+    from minitfm.lab.measure.bench import Setup
     from minitfm.tasks.base import Batch
 
     cfg = load_config(None, ["model.n_encoder_layers=1", "model.n_decoder_layers=1",
@@ -180,12 +181,12 @@ def test_peak_rss_is_the_childs_own_not_this_process():
 
 @pytest.mark.parametrize("load, warned", [(99.0, True), (0.5, False)])
 def test_bench_warns_in_one_line_when_the_machine_is_busy(monkeypatch, load, warned):
-    import minitfm.lab.bench
+    import minitfm.lab.measure.bench
     import minitfm.run.threads
 
     monkeypatch.setattr(os, "getloadavg", lambda: (load, 0.0, 0.0))
     monkeypatch.setattr(minitfm.run.threads, "cores", lambda: 2)
-    monkeypatch.setattr(minitfm.lab.bench, "run_bench", lambda **_: {"device": "cpu"})
+    monkeypatch.setattr(minitfm.lab.measure.bench, "run_bench", lambda **_: {"device": "cpu"})
     result = run_cli("bench", "--json", "--threads", "1")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout) == {"load_average": load, "cores": 2, "device": "cpu"}
@@ -244,7 +245,7 @@ def test_keep_freed_memory_serves_blocks_from_the_heap_and_keeps_them():
     assert int(in_use) >= 24 * 2**20 and int(after) == int(arena)
 
 
-# --- the plain reference trainers of `bench --solve` (minitfm.lab.reference) ---
+# --- the plain reference trainers of `bench --solve` (minitfm.lab.measure.reference) ---
 
 TINY_REFERENCE = ["train.steps=4", "train.eval_every=2", "task.max_len=4", "model.d_model=16",
                   "model.n_heads=2", "model.d_ff=32", "train.batch_size=8",
@@ -271,7 +272,7 @@ def test_a_reference_trainer_trains_and_evaluates_on_schedule(trainer):
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_reference_trainer_prints_its_json_line_in_a_fresh_process(trainer):
     needs(trainer)
-    cmd = [sys.executable, "-m", "minitfm.lab.reference", trainer, *TINY_REFERENCE, "seed=3"]
+    cmd = [sys.executable, "-m", "minitfm.app.reference", trainer, *TINY_REFERENCE, "seed=3"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert len(out.splitlines()) == 1
     result = json.loads(out)
@@ -282,7 +283,7 @@ def test_a_reference_trainer_prints_its_json_line_in_a_fresh_process(trainer):
 
 
 def test_an_unknown_reference_trainer_is_one_line_and_exit_2(capsys):
-    assert reference.main(["jax"]) == 2
+    assert reference_entry.main(["jax"]) == 2
     assert capsys.readouterr().err == "error: trainer ('jax') must be one of torch, " \
                                       "x-transformers\n"
 
@@ -336,7 +337,7 @@ def test_reference_exact_match_compares_decoding_never_reads_the_target():
 
 def fake_solve(monkeypatch, walls: dict):
     """The bench's solve runs with made-up processes: `walls` = wall seconds by trainer."""
-    import minitfm.lab.bench as bench
+    import minitfm.lab.measure.bench as bench
 
     def minitfm_run(overrides):
         seed = int(overrides[-1].split("=")[1])

@@ -21,7 +21,7 @@ from minitfm.app.api import train_run
 from minitfm.app.tables import shell_quote
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError
-from minitfm.lab.timeline import ATTENTION_FILE, read_timeline
+from minitfm.lab.look.timeline import ATTENTION_FILE, read_timeline
 from minitfm.run.rundir import RunLock, read_summary
 from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
@@ -308,11 +308,11 @@ def test_the_api_imports_from_a_script_beside_the_clone(tmp_path):
     for folder in ("runs", "tests", "configs", "docs", "minitfm"):
         (clone / folder).mkdir(parents=True)
     script = tmp_path / "api.py"
-    script.write_text("from minitfm import load_run, train\nimport minitfm.lab.runs as runs\n"
+    script.write_text("from minitfm import load_run, train\nimport minitfm.lab.many.runs as runs\n"
                       "print(load_run.__module__, train.__module__, runs.__file__)\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["minitfm.app.api", "minitfm.app.api",
-                                   str(REPO / "minitfm" / "lab" / "runs.py")]
+                                   str(REPO / "minitfm" / "lab" / "many" / "runs.py")]

@@ -2,7 +2,7 @@
 page is one safe offline file, and `Run.predict(heads_off=...)` is what `minitfm ablate`
 measures.
 
-The numerics tests run the page's own scripts (minitfm/lab/explore/*.js) in Node on small
+The numerics tests run the page's own scripts (minitfm/lab/look/explore/*.js) in Node on small
 trained runs of every positional scheme and both layer-norm placements, and compare greedy
 outputs, logits and attention weights with PyTorch. Without `node` they skip with one line.
 The browser tests are in tests/test_explore_browser.py.
@@ -22,10 +22,10 @@ import torch
 from minitfm.app.api import load_run
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.ablate import ablated, replacements
-from minitfm.lab.evaluate import predict_lines
-from minitfm.lab.explorer import embed_json, page_data, task_spec
 from minitfm.lab.loaded import Loaded, load
+from minitfm.lab.look.ablate import ablated, replacements
+from minitfm.lab.look.explorer import embed_json, page_data, task_spec
+from minitfm.lab.measure.evaluate import predict_lines
 from minitfm.lab.options import AblateOptions
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Task
@@ -33,7 +33,7 @@ from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
 
 NODE = shutil.which("node")
-EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore"
+EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "look" / "explore"
 RUNNER = Path(__file__).resolve().parent / "js" / "run_model.js"
 TOLERANCE = 1e-4  # the bar for logits and attention weights
 needs_node = pytest.mark.skipif(NODE is None, reason="no `node` on PATH: install Node.js to "
@@ -60,7 +60,7 @@ def test_every_positional_scheme_has_its_tables_and_a_case():
     # A scheme in the catalog has a JavaScript twin in model.js: the tables it reads
     # (POSITION_TABLES), and a case above that holds it to PyTorch's answers.
     from minitfm.catalog import POSITIONALS
-    from minitfm.lab.explorer import POSITION_TABLES
+    from minitfm.lab.look.explorer import POSITION_TABLES
 
     assert tuple(POSITION_TABLES) == tuple(POSITIONALS)
     cased = {item.partition("=")[2] for overrides in CASES.values() for item in overrides
@@ -174,7 +174,7 @@ def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path
     values = replacements(loaded, pairs, mode)[("cross", 0)]
     off = torch.tensor([False, True])
     from minitfm.book.metrics import evaluate
-    from minitfm.lab.ablate import HeadAblation
+    from minitfm.lab.look.ablate import HeadAblation
     examples = pairs[:len(results[-1])]
     baseline = evaluate(model, task, examples, "cpu")
     measured = ablated(loaded, examples, baseline, {("cross", 0): HeadAblation(off, values)},
@@ -184,7 +184,7 @@ def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path
 
 
 def differences_with_heads_off(run, result, heads_off, mode) -> tuple[float, float]:
-    from minitfm.lab.ablate import edited_heads, switched_off
+    from minitfm.lab.look.ablate import edited_heads, switched_off
 
     with edited_heads(run.model, switched_off(run, heads_off, mode)):
         return differences(run.model, result)
@@ -245,7 +245,7 @@ def test_typed_input_is_read_with_predicts_rules_and_messages(overrides, tmp_pat
 
 
 def parses(cfg, task, text):
-    from minitfm.lab.evaluate import input_limit
+    from minitfm.lab.measure.evaluate import input_limit
 
     try:
         return task.parse(text, max_tokens=input_limit(cfg, task))

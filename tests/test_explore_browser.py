@@ -12,8 +12,8 @@ import pytest
 from minitfm.app.api import load_run
 from minitfm.app.api import train_run as train  # with the attention recorder
 from minitfm.config import load_config
-from minitfm.lab.explorer import write_explorer
 from minitfm.lab.loaded import load
+from minitfm.lab.look.explorer import write_explorer
 from tests.helpers import TINY
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()

@@ -9,7 +9,7 @@ import torch
 from minitfm.book.optim import AdamW
 from minitfm.config import TrainConfig, load_config
 from minitfm.errors import RunFailed
-from minitfm.lab.bench import torch_adamw as bench_adamw
+from minitfm.lab.measure.bench import torch_adamw as bench_adamw
 from minitfm.run.checkpoint import load_checkpoint, optimizer_state
 from tests.book.test_optim import loss_of, small_model, torch_adamw
 from tests.helpers import TINY

@@ -22,9 +22,9 @@ from rich.cells import cell_len
 from rich.console import Console
 
 import minitfm
-from minitfm.app.cli import clean_errors, heading_lines, show
+from minitfm.app.console import clean_errors, show
 from minitfm.app.progress import ConsoleReporter
-from minitfm.app.tables import bench_tables
+from minitfm.app.tables import bench_tables, heading_lines
 from minitfm.config import load_config
 from minitfm.run.instruments import Started, Stepped, TrainLine
 from tests.helpers import TINY, command_names, run_cli

@@ -23,8 +23,10 @@ from PIL import Image
 from minitfm.app.api import train_run as train  # with the attention recorder
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.plots import is_minitfm_picture, save_png, write_picture
-from minitfm.lab.viz import FONT, MapBlock, attention_figure, font_file, glyphs, lettering
+from minitfm.lab.look.figures import attention_figure
+from minitfm.lab.look.lettering import FONT, font_file, glyphs, lettering
+from minitfm.lab.look.probe import MapBlock
+from minitfm.lab.pictures import is_minitfm_picture, save_png, write_picture
 from tests.helpers import QUICK, assert_clean_error, run_cli
 
 RECORDING = [item for item in QUICK if not item.startswith("log.attention_every")] + [

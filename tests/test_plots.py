@@ -8,15 +8,10 @@ import pytest
 from matplotlib.colors import to_hex
 
 from minitfm.config import load_config
-from minitfm.lab.plots import (
-    BEYOND,
-    TRAINED,
-    curves_figure,
-    is_minitfm_picture,
-    length_figure,
-    run_curves,
-    run_labels,
-)
+from minitfm.lab.curves import run_curves
+from minitfm.lab.many.plots import curves_figure, run_labels
+from minitfm.lab.measure.evaluate import BEYOND, TRAINED, length_figure
+from minitfm.lab.pictures import is_minitfm_picture
 from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
 
@@ -173,7 +168,7 @@ def test_cli_plot_without_runs_says_so(tmp_path, monkeypatch):
 
 
 def test_line_colours_are_colour_blind_safe_and_stand_out_on_white():
-    from minitfm.lab.palette import LINE_COLOURS, line_style
+    from minitfm.lab.pictures import LINE_COLOURS, line_style
 
     def luminance(colour: str) -> float:  # WCAG 2 relative luminance
         rgb = [int(colour[i:i + 2], 16) / 255 for i in (1, 3, 5)]

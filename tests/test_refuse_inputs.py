@@ -214,7 +214,7 @@ def test_running_out_of_memory_is_one_line(monkeypatch, run):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't "
                            "allocate memory: you tried to allocate 8000000000 bytes.")
 
-    monkeypatch.setattr("minitfm.lab.evaluate.eval_report", allocate)
+    monkeypatch.setattr("minitfm.lab.measure.evaluate.eval_report", allocate)
     assert_clean_error(run_cli("eval", run), 1, "out of memory")
 
 

@@ -14,19 +14,10 @@ import pytest
 
 from minitfm.config import load_config, to_yaml
 from minitfm.errors import MinitfmError
-from minitfm.lab.sweep import (
-    Grid,
-    Job,
-    RunSpec,
-    Step,
-    SweepLock,
-    check_memory,
-    open_result,
-    plan_runs,
-    prepare,
-    run_id,
-    stop_message,
-)
+from minitfm.lab.many.grid import Grid, RunSpec, plan_runs, run_id
+from minitfm.lab.many.scheduler import Command, Job, open_result, stop_message
+from minitfm.lab.many.sweep import SweepLock, check_memory, prepare
+from minitfm.lab.options import SweepOptions
 from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.rundir import read_summary
@@ -82,7 +73,7 @@ def test_the_same_grid_finds_its_folder_again(tmp_path):
     new = prepare(None, other).folder
     assert new not in (stale, first.folder) and not new.exists()
     with pytest.raises(MinitfmError, match="holds another sweep"):
-        prepare(None, other, out=first.folder)
+        prepare(None, other, SweepOptions(out=first.folder))
 
 
 def test_an_edited_base_config_never_joins_the_old_folder(tmp_path):
@@ -296,11 +287,11 @@ def test_a_second_sweep_in_a_folder_in_use_is_refused(tmp_path):
     with SweepLock(out):
         assert_clean_error(sweep(out, "seed=0,1"), 2, "is in use by another sweep")
     assert [p.name for p in out.iterdir()] == [".lock"]
-    step = Step(["true"], out / "eval-1-6.json")
+    command = Command(["true"], out / "eval-1-6.json")
     names = []
     for _ in range(2):  # each command's output has a temp file of its own, never a fixed name
-        with open_result(step):
-            names.append(step.tmp.name)
+        with open_result(command):
+            names.append(command.tmp.name)
     assert names[0] != names[1] and all(n.startswith(".eval-1-6.json.") for n in names)
 
 
@@ -390,8 +381,8 @@ def fake_row(tmp_path, name, configuration, seed, exact, per_length):
 
 
 def test_results_picture_shows_exact_match_over_training_and_lengths_only_when_beyond(tmp_path):
-    from minitfm.lab.palette import LINE_COLOURS
-    from minitfm.lab.sweep import results_figure
+    from minitfm.lab.many.results import results_figure
+    from minitfm.lab.pictures import LINE_COLOURS
 
     rows = [fake_row(tmp_path, f"r{i}", f"model.positional={p}", seed, [0.1 * (i + 1), 1.0],
                      {6: 1.0}) for i, (p, seed) in enumerate(

@@ -140,7 +140,7 @@ def test_hparams_hold_the_keys_that_change_what_a_run_learns(run):
     # No stray run: every event file lies in the run directory itself.
     assert {p.parent for p in run_dir.rglob("events.out.tfevents.*")} == {run_dir}
     content = events.PluginTagToContent("hparams")
-    # No experiment summary: TensorBoard builds it from every run (see minitfm.lab.tb.finish).
+    # No experiment summary: TensorBoard builds it from every run (see minitfm.lab.look.tb.finish).
     assert set(content) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     start = plugin_data_pb2.HParamsPluginData.FromString(
         content["_hparams_/session_start_info"]).session_start_info
@@ -243,7 +243,7 @@ def test_png_bytes_decode_to_the_same_pixels():
     import numpy as np
     from PIL import Image
 
-    from minitfm.lab.tb import png_bytes
+    from minitfm.lab.look.tb import png_bytes
 
     pixels = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     decoded = Image.open(io.BytesIO(png_bytes(pixels)))

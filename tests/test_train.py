@@ -12,8 +12,8 @@ from minitfm.app.progress import ConsoleReporter
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed
 from minitfm.lab.loaded import load
-from minitfm.lab.tb import TensorBoardLogger
-from minitfm.lab.timeline import AttentionRecorder
+from minitfm.lab.look.tb import TensorBoardLogger
+from minitfm.lab.look.timeline import AttentionRecorder
 from minitfm.run import instruments
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.instruments import Instrument, MetricsFile, TrainLine

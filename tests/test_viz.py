@@ -13,8 +13,17 @@ from rich.console import Console
 from minitfm.app.tables import attention_heatmaps, heatmap_legend
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
-from minitfm.lab.probe import KINDS, alignment_score, alignment_scores, pick_probe, run_probe
-from minitfm.lab.viz import KIND_TITLES, attention_figure, map_blocks, only
+from minitfm.lab.look.figures import attention_figure
+from minitfm.lab.look.probe import (
+    KIND_TITLES,
+    KINDS,
+    alignment_score,
+    alignment_scores,
+    map_blocks,
+    only,
+    pick_probe,
+    run_probe,
+)
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
@@ -83,7 +92,7 @@ def test_hard_alignment_score_counts_each_rows_argmax():
 def test_scores_of_a_padded_mixed_length_batch_are_those_of_its_examples(hard):
     """The held-out argmax share (and the mean weight): a padded batch of mixed lengths scores
     what its examples score one by one, each weighted by its target positions."""
-    from minitfm.lab.probe import head_scores
+    from minitfm.lab.look.probe import head_scores
 
     model, task = untrained(2, 2)
     model = model.to(torch.float64)  # no near-tie of an argmax turns on float rounding
@@ -201,7 +210,7 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
     from pathlib import Path
 
     from minitfm.lab.loaded import Loaded
-    from minitfm.lab.visualize import figure_title
+    from minitfm.lab.look.visualize import figure_title
 
     model, task = untrained(n_layers, n_heads)
     src = task.parse(" ".join(str(i % 10) for i in range(n_tokens)))
@@ -218,7 +227,7 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
 
 
 def test_grid_colours_follow_the_palette_on_the_square_root_scale():
-    from minitfm.lab.viz import PALETTE, colours
+    from minitfm.lab.pictures import PALETTE, colours
 
     def rgb(hex_colour):
         return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
@@ -228,7 +237,8 @@ def test_grid_colours_follow_the_palette_on_the_square_root_scale():
 
 
 def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame():
-    from minitfm.lab.viz import MapGrid, colours
+    from minitfm.lab.look.mapgrid import MapGrid
+    from minitfm.lab.pictures import colours
 
     model, task = untrained(2, 2)
     src = task.parse("3 1 4 1 5")
@@ -250,7 +260,7 @@ def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame
 
 
 def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
-    from minitfm.lab.plots import wrap_to_width
+    from minitfm.lab.pictures import wrap_to_width
 
     text = "decoder self-attention (query: decoder input, key: decoder input)"
     assert wrap_to_width(text, 20, 10) == text  # room enough: one line
@@ -263,7 +273,7 @@ def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
 
 
 def test_png_grows_with_layers_and_heads(tmp_path):
-    from minitfm.lab.plots import save_png
+    from minitfm.lab.pictures import save_png
 
     sizes = []
     for n_layers, n_heads in [(1, 1), (2, 2)]:
@@ -330,8 +340,8 @@ def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
 
 def test_the_png_gives_each_cross_attention_head_its_alignment_scores(quick_run, tmp_path):
     from minitfm.lab.loaded import load
+    from minitfm.lab.look.visualize import visualize
     from minitfm.lab.options import VisualizeOptions
-    from minitfm.lab.visualize import visualize
 
     report = visualize(load(quick_run), VisualizeOptions(out=tmp_path / "maps.png"))
     cross = next(b for b in report.blocks if b.kind == "cross")
@@ -398,13 +408,15 @@ def test_help_documents_the_terminal_default():
         "wrote." in text
 
 
-def test_viz_imports_matplotlib_only_inside_functions():
+@pytest.mark.parametrize("module", ["minitfm.lab.pictures", "minitfm.lab.look.figures",
+                                    "minitfm.lab.look.lettering", "minitfm.lab.look.mapgrid",
+                                    "minitfm.lab.look.over_training"])
+def test_pictures_import_matplotlib_only_inside_functions(module):
     import ast
+    import importlib
     import inspect
 
-    import minitfm.lab.viz
-
-    tree = ast.parse(inspect.getsource(minitfm.lab.viz))
+    tree = ast.parse(inspect.getsource(importlib.import_module(module)))
     top = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
     names = [alias.name for node in top for alias in node.names] + \
         [node.module for node in top if isinstance(node, ast.ImportFrom)]
@@ -414,7 +426,8 @@ def test_viz_imports_matplotlib_only_inside_functions():
 def test_grid_pictures_read_the_font_map_only_for_characters_outside_font_has():
     """minitfm's own text (FONT_HAS) is all in DejaVu Sans, so a run's pictures need not import
     matplotlib to read its character map; any other character still gets that look."""
-    from minitfm.lab.viz import FONT_HAS, MapGrid, font_path, glyphs
+    from minitfm.lab.look.lettering import FONT_HAS, font_path, glyphs
+    from minitfm.lab.look.mapgrid import MapGrid
 
     assert {ch for ch in FONT_HAS if ord(ch) not in glyphs(font_path())} == {"\n"}  # a break
     model, task = untrained(2, 2)

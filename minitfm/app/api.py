@@ -32,12 +32,11 @@ from torch import Tensor
 
 from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.evaluate import eval_report, predict_lines
 from minitfm.lab.loaded import Loaded, load
+from minitfm.lab.look.probe import KINDS, map_blocks, run_probe
+from minitfm.lab.look.visualize import read_input
+from minitfm.lab.measure.evaluate import eval_report, predict_lines
 from minitfm.lab.options import EvalOptions, bounded
-from minitfm.lab.probe import KINDS, run_probe
-from minitfm.lab.visualize import read_input
-from minitfm.lab.viz import map_blocks
 from minitfm.run.instruments import Instrument
 from minitfm.run.rundir import resolve_checkpoint
 
@@ -88,7 +87,7 @@ class Run(Loaded):
         ['4 1 3', '7 2']
         >>> run.predict("3 1 4", heads_off=[("cross", 1, 2)], mode="mean")
         """
-        from minitfm.lab.ablate import edited_heads, switched_off
+        from minitfm.lab.look.ablate import edited_heads, switched_off
 
         texts = input_texts(inputs)
         with edited_heads(self.model, switched_off(self, heads_off, mode)):
@@ -239,8 +238,8 @@ def instruments(reporter: Instrument | None = None) -> list[Instrument]:
     """What watches a run of `minitfm train`, besides the metrics.jsonl it writes itself: the
     attention recorder (attention.jsonl), TensorBoard (drawing the recorder's snapshots) and
     `reporter`, the console's progress, if any. A new instrument is one line here."""
-    from minitfm.lab.tb import TensorBoardLogger
-    from minitfm.lab.timeline import AttentionRecorder
+    from minitfm.lab.look.tb import TensorBoardLogger
+    from minitfm.lab.look.timeline import AttentionRecorder
 
     attention = AttentionRecorder()
     return [attention, TensorBoardLogger(attention), *([reporter] if reporter else [])]

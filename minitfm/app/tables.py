@@ -21,10 +21,10 @@ from rich.text import Text
 if TYPE_CHECKING:
     import numpy as np
 
-    from minitfm.lab.ablate import AblationReport
-    from minitfm.lab.timeline import OverTrainingReport
-    from minitfm.lab.visualize import AttentionReport
-    from minitfm.lab.viz import MapBlock
+    from minitfm.lab.look.ablate import AblationReport
+    from minitfm.lab.look.over_training import OverTrainingReport
+    from minitfm.lab.look.probe import MapBlock
+    from minitfm.lab.look.visualize import AttentionReport
 
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the palette's levels without colour
 
@@ -128,7 +128,7 @@ def probe_lines(report: AttentionReport) -> list[str]:
 def palette_cells(width: int = 2) -> list[tuple[str, str]]:
     """The palette's coloured blocks; their shade characters show only where colour is off
     (pipes, NO_COLOR)."""
-    from minitfm.lab.viz import PALETTE
+    from minitfm.lab.pictures import PALETTE
 
     return [(shade * width, f"{colour} on {colour}")
             for shade, colour in zip(SHADES, PALETTE, strict=True)]
@@ -136,7 +136,8 @@ def palette_cells(width: int = 2) -> list[tuple[str, str]]:
 
 def heatmap(weights: np.ndarray, queries: list[str], keys: list[str], title: str) -> Text:
     """One map: a row per query token, a 2-wide cell per key token."""
-    from minitfm.lab.viz import SHORT_TOKENS, level
+    from minitfm.lab.look.mapgrid import SHORT_TOKENS
+    from minitfm.lab.pictures import level
 
     cells = palette_cells()
     width = max(len(q) for q in queries)
@@ -154,7 +155,7 @@ def heatmap(weights: np.ndarray, queries: list[str], keys: list[str], title: str
 def heatmap_legend(blocks: list[MapBlock]) -> Text:
     """The palette from weight 0 to 1, and how to read the maps: the rows, the columns, and
     the short names of the column tokens that appear in them (`^ = <bos>`)."""
-    from minitfm.lab.viz import SHORT_TOKENS
+    from minitfm.lab.look.mapgrid import SHORT_TOKENS
 
     text = Text("weight 0 ")
     for cell in palette_cells():
@@ -170,7 +171,7 @@ def heatmap_legend(blocks: list[MapBlock]) -> Text:
 
 def attention_heatmaps(blocks: list[MapBlock]) -> list:
     """A heading per kind and layer, then its heads side by side."""
-    from minitfm.lab.viz import KIND_TITLES
+    from minitfm.lab.look.probe import KIND_TITLES
 
     out = []
     for block in blocks:
@@ -186,7 +187,7 @@ def alignment_table(report: AttentionReport) -> Table | Text:
     """Every cross-attention head's alignment score, the best head in bold."""
     import numpy as np
 
-    from minitfm.lab.probe import ALIGNMENT_SAMPLES
+    from minitfm.lab.look.probe import ALIGNMENT_SAMPLES
 
     if report.scores is None:
         return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
@@ -211,8 +212,8 @@ def alignment_table(report: AttentionReport) -> Table | Text:
 
 def over_training_table(report: OverTrainingReport) -> Table:
     """A row per recorded step: its exact match and each cross-attention head's scores."""
-    from minitfm.lab.probe import ALIGNMENT_SAMPLES
-    from minitfm.lab.timeline import head_text
+    from minitfm.lab.look.over_training import head_text
+    from minitfm.lab.look.probe import ALIGNMENT_SAMPLES
 
     timeline, layer = report.timeline, report.layer
     aligned = timeline.alignment is not None
@@ -235,9 +236,8 @@ def over_training_table(report: OverTrainingReport) -> Table:
 
 def ablation_tables(report: AblationReport) -> list:
     """The headline, a table per kind (rows layers, columns heads and the whole layer), a key."""
-    from minitfm.lab.ablate import MARKED_DROP, grid, headline
-    from minitfm.lab.probe import KINDS
-    from minitfm.lab.viz import KIND_TITLES
+    from minitfm.lab.look.ablate import MARKED_DROP, grid, headline
+    from minitfm.lab.look.probe import KIND_TITLES, KINDS
 
     lines = headline(report, str(report.checkpoint)).split("\n")  # each escaped, not the break
     out: list = [Text("\n".join(printable(line) for line in lines))]
@@ -259,7 +259,7 @@ def ablation_tables(report: AblationReport) -> list:
 
 def ablation_cell(row: dict) -> Text:
     """`12.4% (-87.4) *`: exact match, change in points, and the mark of a head that matters."""
-    from minitfm.lab.ablate import MARKED_DROP
+    from minitfm.lab.look.ablate import MARKED_DROP
 
     marked = row["drop"] > MARKED_DROP
     return Text(f"{row['exact_match']:.1%} ({-100 * row['drop']:+.1f}){' *' if marked else '  '}",
@@ -374,7 +374,8 @@ def faster(ratio: float) -> str:
 
 def sweep_table(rows: list[dict[str, Any]], keys: list[str], title: str) -> Table:
     """Rows = configurations, mean ± std over seeds where there are several."""
-    from minitfm.lab.sweep import by_configuration, range_labels, short_names, spread
+    from minitfm.lab.many.results import by_configuration, range_labels, spread
+    from minitfm.lab.many.runs import short_names
 
     names = short_names(keys)
     shown = [key for key in keys if key != "seed"]

@@ -1,10 +1,12 @@
-"""The options of the commands that look at a trained run, one dataclass per command.
+"""The options of the lab's commands, one dataclass per command: those that look at a trained
+run, and the sweep.
 
 Each field states its option once: the default, the bounds (`low`..`high`, for numbers) and the
-help text. The command line builds its Typer options from them (`app/cli.py`, `option`), the
-Python API checks its arguments against the same bounds (`app/api.py`), and the lab functions
-take the object whole: `eval_report(loaded, EvalOptions(max_len=32))`. RUN and --checkpoint
-are not options of a command but of the loading (`lab/loaded.py`).
+help text. The command line builds its Typer options from them (`app/console.py`, `option`),
+the Python API checks its arguments against the same bounds (`app/api.py`), and the lab
+functions take the object whole: `eval_report(loaded, EvalOptions(max_len=32))`. RUN and
+--checkpoint are not options of a command but of the loading (`lab/loaded.py`); a sweep's
+config and grid are its arguments.
 
 No torch here, and nothing slow to import: `minitfm --help` reads this module.
 """
@@ -19,7 +21,7 @@ from minitfm.config import EVAL_BATCH_SIZE, SEED_RANGE
 
 MAX_SAMPLES = 100_000  # held-out sequences a command decodes, and sequences decoded at once
 MAX_LEN = 65_536  # input lengths a command may ask for (task.max_len's own bound)
-MODES = ("zero", "mean")  # what a switched-off head outputs (lab/ablate.py)
+MODES = ("zero", "mean")  # what a switched-off head outputs (lab/look/ablate.py)
 BATCH_HELP = "Sequences decoded at once; lower it to save memory."
 
 
@@ -89,3 +91,29 @@ class VisualizeOptions:
                               ".pt outside any run, a file beside it).")
     force: bool = option(False, "Replace the --out (and --gif) file even if it is not a "
                          "picture minitfm wrote.", flags=("--force",))
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """`minitfm sweep`: how many runs at once, what each evaluates, where the sweep folder is."""
+
+    seeds: str | None = option(None, "Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2).",
+                               metavar="N,N,...")
+    jobs: int | None = option(None, "Runs at once (default: as many as the cores hold at one "
+                              "thread each); each is a process of its own, ~300 MB with torch "
+                              "plus its run.", 1)
+    threads: int | None = option(None, "Threads per job (default: 1, or cores // --jobs); jobs "
+                                 "x threads may not exceed the cores.", 1)
+    eval_lengths: list[str] | None = option(None, "Also evaluate on these input lengths "
+                                            "(repeatable); the trained range always is.",
+                                            flags=("--eval-lengths",), metavar="A..B")
+    eval_samples: int = option(1000, "Held-out sequences per evaluation.", 1, MAX_SAMPLES)
+    name: str | None = option(None, "Sweep name (default: the config's file name, other "
+                              "characters than letters, digits, '_', '-', '.' as '_').",
+                              metavar="NAME")
+    out: Path | None = option(None, "Sweep folder: a new or empty one, or this sweep's own "
+                              "(default: a new sweep-<name>-<timestamp> in log.dir, or the one "
+                              "that holds this same grid and base config).")
+    skip_invalid: bool = option(False, "Leave out the combinations that fail validation instead "
+                                "of refusing the grid (e.g. model.positional=none with a value "
+                                "for model.random_positions).", flags=("--skip-invalid",))

@@ -102,7 +102,7 @@ def exit_while_starting(signum, frame) -> None:
 
 def started() -> None:
     """A command takes over: Ctrl-C raises KeyboardInterrupt again and SIGTERM ends the process,
-    as Python has them, for the command's own handling (see `app.cli.clean_errors`)."""
+    as Python has them, for the command's own handling (see `app.console.clean_errors`)."""
     for signum, usual in ((signal.SIGINT, signal.default_int_handler),
                           (signal.SIGTERM, signal.SIG_DFL)):
         if signal.getsignal(signum) is exit_while_starting:

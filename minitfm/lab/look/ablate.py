@@ -45,10 +45,9 @@ from minitfm.book.metrics import (
 from minitfm.book.model import eval_mode
 from minitfm.errors import MinitfmError
 from minitfm.lab.loaded import Loaded
+from minitfm.lab.look.probe import KIND_TITLES, KINDS
 from minitfm.lab.options import MODES, AblateOptions
-from minitfm.lab.plots import check_output, save_png
-from minitfm.lab.probe import KINDS
-from minitfm.lab.viz import KIND_TITLES
+from minitfm.lab.pictures import check_output, save_png
 from minitfm.run.limits import check_fits, decoding_parts
 from minitfm.tasks.base import Batch, Pair, make_batch
 
@@ -247,7 +246,7 @@ def check_mode(mode: str) -> None:
 
 
 def check_options(options: AblateOptions) -> None:
-    """`--mode` and `--out` (the picture rule, `plots.check_output`), refused before the
+    """`--mode` and `--out` (the picture rule, `pictures.check_output`), refused before the
     checkpoint is read and seconds of decoding rather than after."""
     check_mode(options.mode)
     if options.out is not None:

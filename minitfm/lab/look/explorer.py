@@ -33,13 +33,13 @@ from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.ablate import replacements
-from minitfm.lab.evaluate import input_limit
+from minitfm.lab.curves import run_curves
 from minitfm.lab.loaded import Loaded
-from minitfm.lab.plots import run_curves
-from minitfm.lab.probe import ALIGNMENT_SAMPLES, alignment_scores
-from minitfm.lab.timeline import read_timeline
-from minitfm.lab.viz import GAMMA, PALETTE
+from minitfm.lab.look.ablate import replacements
+from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, alignment_scores
+from minitfm.lab.look.timeline import read_timeline
+from minitfm.lab.measure.evaluate import input_limit
+from minitfm.lab.pictures import GAMMA, PALETTE
 from minitfm.run.files import write_atomic
 from minitfm.tasks.base import Task
 
@@ -265,8 +265,9 @@ def ablation_pictures(run_dir: Path | None) -> list[dict]:
 # --- the page ---
 
 def source(name: str) -> str:
-    """One of the page's files (minitfm/lab/explore/, shipped with the package)."""
-    return resources.files("minitfm.lab").joinpath("explore", name).read_text(encoding="utf-8")
+    """One of the page's files (minitfm/lab/look/explore/, shipped with the package)."""
+    return resources.files("minitfm.lab.look").joinpath("explore", name).read_text(
+        encoding="utf-8")
 
 
 def embed_json(data) -> str:

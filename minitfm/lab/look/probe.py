@@ -12,14 +12,19 @@ shift which row is scored against which position. On the same maps, a head's att
 is the mean over its rows of -sum_j a_j ln a_j (nats): ln S for uniform attention over S keys, 0
 for a single key. `head_scores` gives all three from one pass.
 
+A probe's maps are drawn as `MapBlock`s, one per kind of attention: its weights with the tokens
+on both axes, as the PNG figures (`figures.py`), TensorBoard's pictures (`mapgrid.py`) and the
+terminal's heatmaps (`app/tables.py`) show them.
+
 Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
 query and key len (as in book/attention.py, where K is the head width).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -29,6 +34,11 @@ from minitfm.book.model import AttentionMaps, eval_mode, greedy_decode
 from minitfm.tasks.base import EOS_ID, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")  # the three kinds of attention, in the model's order
+KIND_TITLES = {
+    "encoder": "encoder self-attention (query: source, key: source)",
+    "decoder": "decoder self-attention (query: decoder input, key: decoder input)",
+    "cross": "cross-attention (query: decoder input, key: source)",
+}
 PROBE_MAX_TOKENS = 16  # longer probes make unreadable axis labels
 ALIGNMENT_SAMPLES = 200  # held-out pairs the alignment score is averaged over
 
@@ -152,3 +162,51 @@ def head_scores(model, task: Task, pairs: list[Pair]) -> HeadScores:
     soft = torch.stack([alignment_score(c, ideal) for c in cross]).cpu()  # (L, H)
     hard = torch.stack([alignment_score(c, ideal, hard=True) for c in cross]).cpu()  # (L, H)
     return HeadScores(soft, hard, entropy)
+
+
+# --- the maps, as drawn ---
+
+@dataclass
+class MapBlock:
+    """Maps of one kind drawn as a grid: weights (L, H, T_q, T_k), tokens on both axes."""
+
+    kind: str
+    layers: list[int]
+    heads: list[int]
+    weights: np.ndarray
+    queries: list[str]
+    keys: list[str]
+    head_notes: np.ndarray | None = None  # (L, H) a line under each head's title, if any
+    note: str | None = None  # a line under the block's title: how to read `head_notes`
+
+
+def map_blocks(probe: Probe, task: Task, kinds: tuple[str, ...] = KINDS,
+               written: bool = False) -> list[MapBlock]:
+    """Every layer and head of a probe's maps, of the kinds asked for (`only` narrows a block).
+
+    With `written` (a probe decoded freely, not teacher-forced), the decoder's query rows say
+    which token each read and which it wrote, `<bos>→3`, as the explorer's rows do: row t
+    reads the output before it and writes output t, so a reverse model's anti-diagonal starts
+    on the `<bos>` row."""
+    source = [task.vocab.token(i) for i in probe.src]
+    decoder = [task.vocab.token(i) for i in probe.decoder_input]
+    rows = [f"{read}→{task.vocab.token(out)}" for read, out in
+            zip(decoder, probe.decoded, strict=True)] if written else decoder
+    axes = {"encoder": (source, source), "decoder": (rows, decoder), "cross": (rows, source)}
+    note = "rows: the token each step read → the token it wrote" if written else None
+    blocks = []
+    for kind in kinds:
+        weights = torch.stack(getattr(probe.maps, kind))  # (L, H, T_q, T_k)
+        n_layers, n_heads = weights.shape[:2]
+        blocks.append(MapBlock(kind, list(range(n_layers)), list(range(n_heads)),
+                               weights.numpy(), *axes[kind],
+                               note=None if kind == "encoder" else note))
+    return blocks
+
+
+def only(block: MapBlock, layer: int | None = None, head: int | None = None) -> MapBlock:
+    """`block` with only layer `layer` and head `head` (None: all of them)."""
+    layers = block.layers if layer is None else [layer]
+    heads = block.heads if head is None else [head]
+    return replace(block, layers=layers, heads=heads,
+                   weights=block.weights[np.ix_(layers, heads)])  # (L', H', T_q, T_k)

@@ -14,7 +14,7 @@ groups are numbered in the order a learner reads them:
 Pictures and per-head scores come from the attention snapshots that the attention recorder
 takes every `log.attention_every` steps (by default at every evaluation) and at the end (see
 `timeline`, which also records them to attention.jsonl); the pictures are drawn with numpy and
-Pillow (see `viz.MapGrid`), so that they cost little next to training.
+Pillow (see `mapgrid.MapGrid`), so that they cost little next to training.
 Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
 """
 
@@ -31,7 +31,7 @@ from minitfm.config import Config, flatten, to_yaml
 from minitfm.run.instruments import Ended, Evaluation, Instrument, SnapshotDue, Started, TrainLine
 
 if TYPE_CHECKING:
-    from minitfm.lab.timeline import AttentionRecorder
+    from minitfm.lab.look.timeline import AttentionRecorder
 
 TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/grad_norm",
               "tokens_per_s": "5_train/tokens_per_s"}
@@ -55,7 +55,7 @@ class TensorBoardLogger(Instrument):
         self.writer = None  # made when the run starts, if log.tensorboard
         self.previous_hook = None
         self.cfg = self.task = None
-        self.grids: dict = {}  # kind -> its viz.MapGrid, made at the first picture
+        self.grids: dict = {}  # kind -> its mapgrid.MapGrid, made at the first picture
 
     def on_start(self, run: Started) -> None:
         """Open the event files, with the config as text."""
@@ -109,7 +109,7 @@ class TensorBoardLogger(Instrument):
     def attention_images(self, snapshot) -> None:
         """Heatmaps of every kind on the probe; each cross-attention head's alignment score
         (tasks with an ideal alignment) and entropy."""
-        from minitfm.lab.viz import map_blocks
+        from minitfm.lab.look.probe import map_blocks
 
         step = snapshot.step
         caption = self._caption(step, snapshot.probe.prediction, snapshot.target)
@@ -130,7 +130,8 @@ class TensorBoardLogger(Instrument):
 
     def _grid(self, block, snapshot):
         """The kind's picture maker, sized for the longest caption any step can have."""
-        from minitfm.lab.viz import KIND_TITLES, MapGrid
+        from minitfm.lab.look.mapgrid import MapGrid
+        from minitfm.lab.look.probe import KIND_TITLES
 
         if block.kind not in self.grids:
             tokens = self.task.vocab.tokens

@@ -1,8 +1,8 @@
 """`minitfm visualize-attention`: one input through a loaded run, its attention maps as a PNG,
 and how well each cross-attention head aligns (the terminal's heatmaps: `app/tables.py`).
 
-The probe and the scores are `lab/probe.py`'s, the figure `lab/viz.py`'s; here they meet a
-loaded run (`lab/loaded.py`) and the command's options (`lab/options.py`).
+The probe and the scores are `probe.py`'s, the figure `figures.py`'s; here they meet a loaded
+run (`lab/loaded.py`) and the command's options (`lab/options.py`).
 """
 
 from __future__ import annotations
@@ -14,19 +14,23 @@ import numpy as np
 from torch import Tensor
 
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.evaluate import input_limit
 from minitfm.lab.loaded import Loaded
-from minitfm.lab.options import VisualizeOptions
-from minitfm.lab.plots import check_output, save_png
-from minitfm.lab.probe import (
+from minitfm.lab.look.figures import attention_figure
+from minitfm.lab.look.lettering import lettering
+from minitfm.lab.look.probe import (
     ALIGNMENT_SAMPLES,
     KINDS,
+    MapBlock,
     Probe,
     alignment_scores,
+    map_blocks,
+    only,
     pick_probe,
     run_probe,
 )
-from minitfm.lab.viz import MapBlock, attention_figure, lettering, map_blocks, only
+from minitfm.lab.measure.evaluate import input_limit
+from minitfm.lab.options import VisualizeOptions
+from minitfm.lab.pictures import check_output, save_png
 from minitfm.tasks.base import Pair, Task
 
 MAX_DRAWN_TOKENS = 64  # --input: a map of 64 x 130 cells per head is already a poster
@@ -51,7 +55,7 @@ class AttentionReport:
 
 
 def check_options(options: VisualizeOptions) -> None:
-    """`--kind` and `--out` (the picture rule, `plots.check_output`), before the checkpoint
+    """`--kind` and `--out` (the picture rule, `pictures.check_output`), before the checkpoint
     is read."""
     parse_kind(options.kind)
     if options.out is not None:

@@ -10,7 +10,7 @@
 - peak memory (RSS) of a training run, and with `--solve` the time to solve the default
   config from scratch, for seeds 0, 1 and 2: `minitfm train` as a user runs it, from the
   start of the process to its exit; and, timed the same way, two plain reference trainers
-  of the same size and recipe (`minitfm.lab.reference`: nn.Transformer, and x-transformers
+  of the same size and recipe (`reference.py`: nn.Transformer, and x-transformers
   when installed), with the ratio of their median time to minitfm's.
 """
 
@@ -31,7 +31,7 @@ from minitfm.book.loop import make_optimizer
 from minitfm.book.model import greedy_decode, sequence_loss
 from minitfm.config import Config, load_config
 from minitfm.fast.model import CODES, build_model
-from minitfm.lab.reference import (
+from minitfm.lab.measure.reference import (
     TRAINERS,
     XT_MISSING,
     ReferenceTransformer,
@@ -42,6 +42,7 @@ from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 
+REFERENCE_ENTRY = "minitfm.app.reference"  # prints a reference trainer's report as one line
 SOLVE_SEEDS = (0, 1, 2)  # `--solve` trains the default config from scratch with each
 
 # The two sizes compared: the default config, and a larger model on longer sequences.
@@ -236,9 +237,10 @@ def train_subprocess(overrides: list[str]) -> dict:
 
 
 def reference_subprocess(trainer: str, overrides: list[str]) -> dict:
-    """Run a plain reference trainer (`minitfm.lab.reference`) in a fresh process, timed as
-    `train_subprocess` times minitfm: wall seconds, peak RSS, steps to the target."""
-    cmd = [sys.executable, "-m", "minitfm.lab.reference", trainer, *overrides]
+    """Run a plain reference trainer (`reference.py`, through its entry point `app/reference.py`)
+    in a fresh process, timed as `train_subprocess` times minitfm: wall seconds, peak RSS, steps
+    to the target."""
+    cmd = [sys.executable, "-m", REFERENCE_ENTRY, trainer, *overrides]
     wall, peak, out = timed_process(cmd)
     result = json.loads(out.strip().splitlines()[-1])
     return {"wall_s": wall, "peak_rss_mb": peak, "steps_to_target": result["steps_to_target"],

@@ -1,22 +1,30 @@
-"""What `minitfm eval` and `minitfm predict` report about a trained run.
+"""What `minitfm eval` and `minitfm predict` report about a trained run, and `eval --plot`'s
+bars of exact match per input length.
 
 The measuring itself (greedy decoding, exact match, token accuracy, the loss) is the book's
 `book/metrics.py`; here it is applied to a loaded run (`lab/loaded.py`): lengths checked
 against the model's positions, the memory a decoding needs checked before it starts, outputs
-turned into text.
+turned into text. matplotlib is imported inside functions.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE, evaluate, predict
 from minitfm.catalog import position_shortfall
 from minitfm.errors import MinitfmError, quote
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.options import EvalOptions
+from minitfm.lab.pictures import LINE_COLOURS, save_png, wrap_to_width
 from minitfm.run.limits import check_fits, decoding_parts
+from minitfm.run.rundir import find_run_dir
 from minitfm.tasks.base import Task, eval_set
+
+TRAINED, BEYOND = LINE_COLOURS[:2]  # eval --plot: lengths trained on, and beyond
 
 
 def check_representable(cfg, task: Task, max_len: int) -> None:
@@ -105,3 +113,44 @@ def input_limit(cfg, task: Task) -> int | None:
     while n > 0 and position_shortfall(cfg.model, task.positions_for_source(n)) is not None:
         n -= 1
     return n
+
+
+# --- `minitfm eval --plot` ---
+
+def length_chart(report: dict[str, Any], path: Path, force: bool = False) -> None:
+    """`eval --plot`: write `length_figure` of an `eval_report` report to `path`."""
+    save_png(length_figure(report), path, "--plot", force)
+
+
+def length_figure(report: dict[str, Any]):
+    """Exact match per input length as bars, the trained lengths and those beyond in two
+    colours (beyond also hatched)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    lo, hi = report["trained_lengths"]
+    rows = sorted((int(n), row["exact_match"]) for n, row in report["per_length"].items())
+    fig = Figure(figsize=(max(6.0, 1.5 + 0.25 * len(rows)), 4.0), dpi=100,
+                 layout="constrained")
+    ax = fig.add_subplot()
+    for inside, colour, hatch, label in ((True, TRAINED, None, f"trained lengths {lo}..{hi}"),
+                                         (False, BEYOND, "//", "beyond the trained lengths")):
+        chosen = [(n, exact) for n, exact in rows if (lo <= n <= hi) == inside]
+        if chosen:
+            bars = ax.bar(*zip(*chosen, strict=True), color=colour, hatch=hatch,
+                          edgecolor="white", label=label)
+            # rounded down: 99.9% is no "100%"; a 0% bar is visible by its label
+            ax.bar_label(bars, [f"{math.floor(exact * 100)}%" for _, exact in chosen],
+                         fontsize=7, rotation=90, padding=2)
+    checkpoint = Path(report["checkpoint"])
+    run_dir = find_run_dir(checkpoint)
+    where = f"{run_dir.name}/{checkpoint.name}" if run_dir else checkpoint.name
+    title = f"exact match per input length · {report['task']} · {where} · step {report['step']}"
+    ax.set_title(wrap_to_width(title, fig.get_figwidth() - 0.3, 11), fontsize=11)
+    ax.set(xlabel="input length", ylabel="exact match (greedy decoding, held-out)",
+           ylim=(0, 1.15))  # room for the labels of 100% bars
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig

@@ -13,21 +13,18 @@ every train.check_every steps once an evaluation reached two thirds of the targe
 target.
 
 A plain trainer writes nothing: no TensorBoard, no checkpoints, no attention pictures.
-minitfm's own run writes all of those, and must still win.
-
-    python -m minitfm.lab.reference {torch,x-transformers} [KEY=VALUE ...]
-
-prints one JSON line: trainer, seed, steps_to_target (the step of the full evaluation that
-reached train.target_exact_match, or null), steps, exact_match (of the final evaluation).
+minitfm's own run writes all of those, and must still win. `run` trains one and reports
+trainer, seed, steps_to_target (the step of the full evaluation that reached
+train.target_exact_match, or null), steps, exact_match (of the final evaluation); the bench
+runs it in a process of its own, `python -m minitfm.app.reference` (`app/reference.py`, which
+prints the report as one JSON line).
 
 Shapes: B batch, S source length, T target length, D d_model, V vocabulary size.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 
 import torch
 from torch import Tensor, nn
@@ -258,22 +255,3 @@ def run(trainer: str, overrides: list[str]) -> dict:
     ref = REFERENCES[trainer](cfg, task)
     ref.model.to(device).train()
     return {"trainer": trainer, "seed": cfg.seed, **train_reference(ref, cfg, task, device)}
-
-
-def main(argv: list[str]) -> int:
-    """`python -m minitfm.lab.reference TRAINER [KEY=VALUE ...]`: one JSON line on stdout."""
-    if not argv:
-        sys.stderr.write(f"usage: python -m minitfm.lab.reference {{{','.join(TRAINERS)}}} "
-                         f"[KEY=VALUE ...]\n")
-        return 2
-    try:
-        result = run(argv[0], argv[1:])
-    except MinitfmError as error:
-        sys.stderr.write(f"error: {error}\n")
-        return error.exit_code
-    sys.stdout.write(json.dumps(result) + "\n")  # this process's only output, for the bench
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,369 @@
+"""The command line's console: how `minitfm` prints, reads its options and ends a command.
+
+- stdout and stderr (`console`, `err_console`): on a terminal text wraps at word boundaries; piped,
+  nothing is wrapped, so lines stay whole;
+- help that reads plainly and usage mistakes as one line (`App`, `OneLineErrors`);
+- the options several commands share (RUN, --checkpoint, --threads, --json, --force), and those
+  a command states in its options class (`option`, from `lab/options.py`);
+- arguments that need reading: a config before overrides, a RUN before inputs, options that
+  --over-training leaves unused;
+- one line per message (`fail`, `warn`, `note`, `say`), tables (`show`);
+- library errors as one line on stderr and their exit code (`clean_errors`): 0 success,
+  1 runtime failure, 2 bad input, 130 interrupted by Ctrl-C, 143 by SIGTERM;
+- the prelude of a command that runs a model: its threads claimed (`claimed_threads`), the run
+  loaded (`loaded_run`).
+
+The commands themselves are in `app/cli.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from rich.console import Console, ConsoleDimensions
+from rich.table import Table
+from typer.core import TyperCommand, TyperGroup
+
+from minitfm.app.tables import heading_lines, printable
+from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.lab.options import option_field
+from minitfm.run.signals import signals_held, started, starting_message, stopped_by
+
+if TYPE_CHECKING:
+    from minitfm.lab.loaded import Loaded
+    from minitfm.run.threads import ThreadClaim
+
+PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every line whole
+MAX_ERROR_CHARS = 500  # one line, however long the user's input was
+# How messages name `train`'s options here (see `errors.option`): as this command line's.
+CLI_OPTIONS = {"resume": "--resume", "resume_of": "--resume {}", "run_dir": "--run-dir",
+               "overwrite": "--overwrite", "again": "minitfm train --resume {}"}
+RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
+CHECKPOINT_HELP = ("Which checkpoint of the run: best (highest exact match; last.pt while the "
+                   "run has none) or last.")
+THREADS_HELP = ("CPU threads: auto (the fastest alone, shared with other minitfm processes) "
+                "or a fixed count N.")
+
+
+class Output(Console):
+    """stdout: on a terminal, text wraps at word boundaries to its width; piped to a file or a
+    program, nothing is wrapped and tables take their natural width, so lines stay whole."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        return size if self.is_terminal else ConsoleDimensions(PIPED_WIDTH, size.height)
+
+
+console = Output()
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+# --- help and usage ---
+
+def plain_params(params: list) -> None:
+    """--help as a reader expects it: a flag without a `<bool>` value beside it, an argument
+    whose metavar says it all (`[CONFIG] [KEY=VALUE]...`) without a `<list[str]>`."""
+    for param in params:
+        if getattr(param, "is_bool_flag", False):
+            param.metavar = ""
+        elif param.param_type_name == "argument" and param.nargs != 1:
+            param.display_type_rich = lambda ctx: None
+
+
+class PlainHelp:
+    """Mixed into Typer's command and group: help text as in `plain_params`, usage as the
+    metavars write it (`minitfm train [OPTIONS] [CONFIG] [KEY=VALUE]...`)."""
+
+    def get_params(self, ctx) -> list:
+        params = super().get_params(ctx)  # with --help and Typer's completion options
+        plain_params(params)
+        return params
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        arguments = [p for p in self.get_params(ctx) if p.param_type_name == "argument"]
+        if not arguments:
+            return super().collect_usage_pieces(ctx)
+        return [self.options_metavar, *(p.metavar or p.name.upper() for p in arguments)]
+
+
+class Command(PlainHelp, TyperCommand):
+    """A minitfm command: see PlainHelp."""
+
+
+class App(typer.Typer):
+    """Typer whose commands are `Command`s, so that every command's help reads plainly."""
+
+    def command(self, *args, cls=Command, **kwargs):
+        return super().command(*args, cls=cls, **kwargs)
+
+
+class OneLineErrors(PlainHelp, TyperGroup):
+    """Usage mistakes (unknown option, bad value) as one line on stderr with exit 2.
+
+    Typer's usage errors are `typer.TyperException`s (its bundled Click's exceptions derive
+    from it since Typer 0.28, hence the floor in pyproject.toml): no private module needed.
+    """
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help and not ctx.resilient_parsing:
+            help_text = ctx.get_help()  # bare `minitfm`: the help, which is no error
+            if help_text.strip():
+                console.print(help_text, markup=False, highlight=False)
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True,
+             **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.TyperException as err:
+            command = f"minitfm {err.ctx.info_name} --help" if getattr(err, "ctx", None) \
+                and err.ctx.parent else "minitfm --help"
+            err_console.print(f"error: {printable(err.format_message())} (see '{command}')",
+                              markup=False)
+            code = err.exit_code
+        except typer.Abort:  # Click's KeyboardInterrupt before a command took over
+            err_console.print(f"interrupted: {starting_message(signal.SIGINT)}", markup=False)
+            code = 130
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+# --- options ---
+
+def option(options: type, name: str):
+    """The typer.Option of the field `name` of a command's options (`lab/options.py`), where
+    its default, bounds and help are stated."""
+    spec = option_field(options, name)
+    meta, cli = spec.metadata, spec.metadata["cli"]
+    return typer.Option(spec.default, *cli.get("flags", ()), min=meta["low"], max=meta["high"],
+                        metavar=cli.get("metavar"), help=meta["help"])
+
+
+def run_argument():
+    """RUN: a run directory or a checkpoint file (see `lab.loaded.load`)."""
+    return typer.Argument(None, metavar="[RUN]", help=RUN_HELP)
+
+
+def checkpoint_option():
+    """--checkpoint best|last."""
+    return typer.Option("best", metavar="best|last", help=CHECKPOINT_HELP)
+
+
+def threads_option():
+    """--threads auto|N (see `claimed_threads`)."""
+    return typer.Option("auto", metavar="auto|N", help=THREADS_HELP)
+
+
+def json_option(help_text: str):
+    """--json: what the command prints instead of its tables."""
+    return typer.Option(False, "--json", help=help_text)
+
+
+def force_option(replaced: str):
+    """--force: replace the picture file `replaced` names even if minitfm did not write it."""
+    return typer.Option(False, "--force", help=f"Replace {replaced} even if it is not a "
+                                                f"picture minitfm wrote.")
+
+
+# --- arguments ---
+
+def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, list[str]]:
+    """`[CONFIG] [KEY=VALUE]...` -> (config path or None, overrides).
+
+    The first argument is the config when it has no `=`, names a file or ends in .yaml/.yml
+    (a folder such as `sweep/lr=0.001/config.yaml` may hold one)."""
+    first = args[0] if args else ""
+    if args and ("=" not in first or is_file(first) or first.endswith((".yaml", ".yml"))):
+        if not allow_config:
+            raise MinitfmError(f"{quote(first)}: with --resume the config comes from the run; "
+                               f"give only KEY=VALUE overrides")
+        return args[0], args[1:]
+    return None, args
+
+
+def is_file(text: str) -> bool:
+    """Whether `text` names a file."""
+    try:
+        return Path(text).is_file()
+    except OSError:  # a name too long to be a path is no file
+        return False
+
+
+def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | None, list[str]]:
+    """`predict 3 1 4` has no RUN: a first word that is no existing path is an input, unless
+    it looks like a path (holds a '/' or ends in .pt): then it is a mistyped RUN."""
+    if run is not None and not run.exists():
+        if "/" in str(run) or run.suffix == ".pt":
+            raise MinitfmError(f"run {quote(str(run))} not found: give a run directory or a "
+                               f".pt file")
+        return None, [str(run), *inputs]
+    return run, inputs
+
+
+# What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
+OVER_TRAINING_UNUSED = {"--input": (None,), "--kind": ("all", "cross"), "--head": (None,),
+                        "--no-terminal": (True,), "--checkpoint": ("best",),
+                        "--threads": ("auto",)}
+
+
+def check_over_training(over_training: bool, given: dict) -> None:
+    """--gif needs --over-training, which draws what training recorded: no options of a model."""
+    if not over_training:
+        raise MinitfmError("--gif needs --over-training (the GIF shows the maps recorded "
+                           "during training)")
+    unused = [name for name, value in given.items() if value not in OVER_TRAINING_UNUSED[name]]
+    if unused:
+        raise MinitfmError(f"--over-training cannot be combined with {', '.join(unused)}: it "
+                           f"draws the cross-attention recorded during training (it takes RUN, "
+                           f"--layer, --out, --gif and --force)")
+
+
+# --- printing ---
+
+def fail(message: str, code: int = 2, kind: str = "error"):
+    """Print one clean line on stderr (`error: ...`, or `interrupted: ...` when the user
+    stopped the command) and exit with `code`."""
+    line = printable(message)
+    if len(line) > MAX_ERROR_CHARS:
+        line = line[:MAX_ERROR_CHARS - 1] + "…"
+    err_console.print(f"{kind}: {line}", markup=False)
+    raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print one `warning: ...` line on stderr; the command goes on."""
+    err_console.print(f"warning: {printable(message)}", markup=False)
+
+
+def note(message: str) -> None:
+    """Print one `note: ...` line on stderr."""
+    err_console.print(f"note: {printable(message)}", markup=False)
+
+
+def show(renderable) -> None:
+    """Print to stdout; a table's title and caption go on lines of their own, where they wrap
+    like any text (at a terminal's width, never when piped), not to the table's width. They
+    may hold paths: control characters come out escaped."""
+    if not isinstance(renderable, Table):
+        console.print(renderable)
+        return
+    title, caption = renderable.title, renderable.caption
+    renderable.title = renderable.caption = None
+    for line in heading_lines(printable(str(title or "")), console.width):
+        console.print(line, style="table.title", markup=False, highlight=False)
+    console.print(renderable)
+    if caption:
+        console.print(printable(str(caption)), style="table.caption", markup=False,
+                      highlight=False)
+
+
+def say(text: str) -> None:
+    """One line on stdout as written (no markup); it may name paths: control characters come
+    out escaped."""
+    console.print(printable(text), markup=False, highlight=False)
+
+
+def wrote(path: Path, stream: Console = console) -> None:
+    """`wrote PATH` on `stream`: a path, never cut in two, its control characters escaped."""
+    stream.print(f"wrote {printable(str(path))}", markup=False, highlight=False, soft_wrap=True)
+
+
+def widest(renderable) -> int:
+    """The cells the widest line of `renderable` takes (of a Columns: of its widest item)."""
+    parts = getattr(renderable, "renderables", [renderable])
+    unbounded = console.options.update_width(PIPED_WIDTH)  # measures are capped at the width
+    return max((console.measure(part, options=unbounded).maximum for part in parts), default=0)
+
+
+# --- errors ---
+
+def out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "can't allocate memory" in str(err) \
+        or "out of memory" in str(err)
+
+
+def clean_errors(command=None, *, uses_torch: bool = True):
+    """Turn library errors into one line on stderr and their exit code (no traceback).
+
+    A command that `uses_torch` loads it first with signals held (see `signals_held`); sweep
+    and runs need no torch in their own process.
+    """
+    if command is None:
+        return functools.partial(clean_errors, uses_torch=uses_torch)
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            started()  # from here a Ctrl-C is this command's to handle (below)
+            if uses_torch:
+                with signals_held():
+                    import torch  # noqa: F401
+            return command(*args, **kwargs)
+        except Interrupted as err:
+            fail(str(err.spelled(CLI_OPTIONS)), err.exit_code, "interrupted")
+        except MinitfmError as err:
+            for line in getattr(err, "__notes__", ()):  # e.g. best.pt fell back to last.pt
+                note(line)
+            fail(str(err.spelled(CLI_OPTIONS)), err.exit_code)
+        except KeyboardInterrupt:
+            fail(f"{stopped_by(signal.SIGINT)}: the command did not finish", 130, "interrupted")
+        except BrokenPipeError:  # `minitfm ... | head`: the reader has gone, nothing to say
+            silence_stdout()
+            raise typer.Exit(1) from None
+        except OSError as err:  # stdout on a full disk, a vanished file: no traceback
+            silence_stdout()
+            where = f" {quote(str(err.filename))}" if err.filename else ""
+            fail(f"cannot read or write{where} ({err.strerror or err})", 1)
+        except (MemoryError, RuntimeError) as err:
+            if not out_of_memory(err):
+                raise
+            fail("out of memory: lower the sizes (model.d_model, train.batch_size, "
+                 "task.max_len, --samples, --batch-size) and try again", 1)
+
+    return wrapper
+
+
+def silence_stdout() -> None:
+    """Nothing more reaches stdout (see `progress.silence`)."""
+    from minitfm.app.progress import silence
+
+    silence(sys.stdout)
+
+
+# --- the prelude of a command that runs a model ---
+
+@contextmanager
+def claimed_threads(threads: str) -> Iterator[ThreadClaim]:
+    """This process's threads for `--threads` while the block runs: registered with the other
+    minitfm processes (see minitfm.run.threads), then given to torch; released at its end."""
+    from minitfm.config import parse_threads
+    from minitfm.run.threads import ThreadClaim
+
+    try:
+        claim = ThreadClaim(parse_threads(threads), warn=warn)
+    except ValueError as err:
+        raise MinitfmError(f"--{err}") from None
+    with claim:
+        claim.apply()
+        yield claim
+
+
+def loaded_run(run: Path | None, which: str) -> Loaded:
+    """The checkpoint RUN and --checkpoint mean, loaded (`lab.loaded.load`); a fallback from
+    best.pt to last.pt is a note on stderr."""
+    from minitfm.lab.loaded import load
+
+    loaded = load(run, which)
+    if loaded.note:
+        note(loaded.note)
+    return loaded

@@ -1,0 +1,101 @@
+"""A run's curves: the records of its `metrics.jsonl`, read with caps and checks.
+
+What `minitfm plot` draws, `minitfm runs` lists, the sweep's results.png shows and the explorer's
+page embeds. A run can be damaged by a hand edit, a copy from elsewhere or a bug: a line that
+holds no record minitfm writes is skipped (and counted, so the commands can say which), a huge
+line costs no memory, and a torn last line, left by a killed run, is skipped without a word.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from minitfm.errors import CheckpointError
+
+MAX_LINE = 65_536  # characters of one metrics.jsonl line; a record is about 200
+NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match")}  # what plot and runs read
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of `metrics.jsonl` (none if it is missing); other lines are skipped."""
+    return scan_metrics(run_dir)[0]
+
+
+def scan_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The records of `metrics.jsonl`, and the numbers of the lines that hold none (a torn
+    last line, left by a killed run, is skipped without a word)."""
+    records, bad = [], []
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():  # a FIFO would block the read
+        return records, bad
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for number, (line, whole) in enumerate(capped_lines(f), 1):
+                record = parse_record(line)
+                if record is not None:
+                    records.append(record)
+                elif whole:
+                    bad.append(number)
+    except OSError:
+        pass
+    return records, bad
+
+
+def capped_lines(f) -> Iterator[tuple[str, bool]]:
+    """Each line of `f` cut to MAX_LINE characters (a huge line costs no memory), and whether
+    it ended with a newline (the last line of a killed run may not)."""
+    while line := f.readline(MAX_LINE):
+        head = line
+        while line and not line.endswith("\n"):  # the rest of a long line: skipped
+            line = f.readline(MAX_LINE)
+        yield head, line.endswith("\n")
+
+
+def parse_record(line: str) -> dict[str, Any] | None:
+    """A metrics line as minitfm writes it: an object with an integer `step`, a `split`
+    (train, eval) and numbers where `plot` and `runs` read them; else None."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than json can read
+        return None
+    if not isinstance(record, dict) or record.get("split") not in NUMBERS:
+        return None
+    numbers = all(is_number(record.get(key)) for key in NUMBERS[record["split"]])
+    elapsed = is_number(record.get("elapsed_s", 0.0))
+    step = isinstance(record.get("step"), int) and not isinstance(record["step"], bool)
+    return record if numbers and elapsed and step else None
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def skipped(bad: list[int]) -> str:
+    """`metrics.jsonl line 7 holds no record minitfm writes`, or `lines 7, 9, 12 hold`."""
+    if len(bad) == 1:
+        return f"metrics.jsonl line {bad[0]} holds no record minitfm writes"
+    shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+    return f"metrics.jsonl lines {shown} ({len(bad)}) hold no record minitfm writes"
+
+
+def run_curves(run_dir: Path, notes: list[str] | None = None) -> dict[str, list[dict]]:
+    """The run's train and eval records, one per step (a resumed run's later record wins);
+    lines that hold no record are skipped, and said in `notes`."""
+    records, bad = scan_metrics(run_dir)
+    if not records and bad:
+        raise CheckpointError(f"run '{run_dir}' has no metrics to plot: {skipped(bad)} (an "
+                              f"object with step, split and loss per line)")
+    if not records:
+        raise CheckpointError(f"run '{run_dir}' has no metrics yet (metrics.jsonl is missing "
+                              f"or empty): train it first")
+    if bad and notes is not None:
+        notes.append(f"run '{run_dir}': {skipped(bad)}: skipped")
+    curves = {}
+    for split in ("train", "eval"):
+        by_step = {r["step"]: r for r in records if r["split"] == split}
+        curves[split] = [by_step[step] for step in sorted(by_step)]
+    return curves

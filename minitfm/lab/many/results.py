@@ -1,0 +1,203 @@
+"""A sweep's results: each run's evaluations read back, one row per run in results.jsonl and
+results.csv, and results.png, the runs side by side.
+
+Each run's evaluations are the `minitfm eval --json` reports its job wrote beside its checkpoints
+(`eval-A-B.json`, one per length range: the trained range first). The files are replaced
+atomically (`write_atomic`, the picture rule of `lab/pictures.py`). matplotlib is imported
+inside functions; no torch here.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean, stdev
+from typing import Any
+
+from minitfm.config import parse_override
+from minitfm.lab.curves import scan_metrics
+from minitfm.lab.many.grid import RunSpec
+from minitfm.lab.many.runs import short_label
+from minitfm.lab.pictures import line_style, save_png
+from minitfm.run.files import write_atomic
+from minitfm.run.rundir import read_summary, run_status
+
+
+def eval_ranges(spec: RunSpec, extra: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The trained range first, then each `--eval-lengths` range not equal to it."""
+    trained = (spec.cfg.task.min_len, spec.cfg.task.max_len)
+    return [trained, *(r for r in extra if r != trained)]
+
+
+def eval_path(spec: RunSpec, lo: int, hi: int) -> Path:
+    """Where a run's evaluation of input lengths lo..hi goes: `<run>/eval-<lo>-<hi>.json`."""
+    return spec.run_dir / f"eval-{lo}-{hi}.json"
+
+
+def run_line(spec: RunSpec, seconds: float) -> str:
+    """`finished at step 350, exact match 99.1% (1..16) 3.2% (17..32), 21 s`."""
+    summary = read_summary(spec.run_dir) or {}
+    scores = " ".join(f"{em:.1%} ({span})" for span, em in exact_matches(spec).items()
+                      if em is not None)
+    return (f"{summary.get('status', '?')} at step {summary.get('step', '?')}, exact match "
+            f"{scores}, {seconds:.0f} s")
+
+
+def read_eval(path: Path) -> dict[str, Any] | None:
+    """An evaluation as `minitfm eval --json` wrote it (None: none readable there)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def exact_matches(spec: RunSpec, ranges: list = ()) -> dict[str, float | None]:
+    """Exact match per evaluated range, `"A..B"` -> fraction (None: not evaluated)."""
+    found = {}
+    extra = list(ranges) or [r for r in map(range_of, spec.run_dir.glob("eval-*-*.json")) if r]
+    for lo, hi in eval_ranges(spec, sorted(extra)):
+        report = read_eval(eval_path(spec, lo, hi))
+        found[f"{lo}..{hi}"] = report["exact_match"] if report else None
+    return found
+
+
+def range_of(path: Path) -> tuple[int, int] | None:
+    """`eval-17-32.json` -> (17, 32)."""
+    found = re.fullmatch(r"eval-(\d+)-(\d+)\.json", path.name)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def per_length(spec: RunSpec, ranges: list) -> dict[int, float]:
+    """Exact match per input length over every evaluated range."""
+    lengths = {}
+    for lo, hi in eval_ranges(spec, ranges):
+        report = read_eval(eval_path(spec, lo, hi)) or {"per_length": {}}
+        lengths.update({int(n): row["exact_match"] for n, row in report["per_length"].items()})
+    return dict(sorted(lengths.items()))
+
+
+def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
+    """One line of results.jsonl: the swept values, how the run went, its exact matches."""
+    summary = read_summary(spec.run_dir) or {}
+    values = {key: parse_override(f"{key}={text}")[1] for key, text in spec.choice.items()}
+    return {"run": spec.id, "run_dir": str(spec.run_dir), **values,
+            "configuration": spec.label, "status": run_status(spec.run_dir),
+            "steps": summary.get("step"), "wall_s": summary.get("wall_s"),
+            "trained_lengths": [spec.cfg.task.min_len, spec.cfg.task.max_len],
+            "exact_match": exact_matches(spec, ranges), "per_length": per_length(spec, ranges)}
+
+
+def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    """results.jsonl (everything), results.csv (no per-length figures) and results.png."""
+    lines = "".join(json.dumps(row) + "\n" for row in rows)
+    write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
+    spans = range_labels(rows)
+    columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]
+    table = io.StringIO(newline="")
+    writer = csv.writer(table)
+    writer.writerow(columns)
+    for row in rows:
+        values = [row["run"], *(row[k] for k in keys), row["status"], row["steps"],
+                  row["wall_s"], *(row["exact_match"].get(s) for s in spans)]
+        writer.writerow(["null" if v is None else v for v in values])
+    write_atomic(folder / "results.csv", table.getvalue().encode("utf-8"))
+    plot_results(rows, folder / "results.png")
+
+
+def range_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """Every evaluated range, in the order first met."""
+    return list(dict.fromkeys(span for row in rows for span in row["exact_match"]))
+
+
+def by_configuration(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows grouped by their configuration (the swept values but the seed), in order."""
+    groups: dict[str, list] = {}
+    for row in rows:
+        groups.setdefault(row["configuration"], []).append(row)
+    return groups
+
+
+def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
+    """results.png: `results_figure`, written by the picture rule (`pictures.save_png`). The sweep
+    folder is minitfm's, so its results.png is replaced as the sweep goes (one an older minitfm
+    wrote has no mark): as with --force."""
+    save_png(results_figure(rows), path, "--out", force=True)
+
+
+def results_figure(rows: list[dict[str, Any]]):
+    """What differs between the runs: held-out exact match over training steps, a line per run
+    coloured by configuration (its seeds in one colour); beside it, when lengths outside the
+    trained ones were evaluated (`--eval-lengths`), exact match per input length (mean over
+    seeds). Colours and dashes from `pictures.line_style`."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    groups = by_configuration(rows)
+    beyond = rows and any(not lo <= int(n) <= hi for row in rows for n in row["per_length"]
+                          for lo, hi in [row["trained_lengths"]])
+    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5), dpi=120,
+                 layout="constrained")
+    axes = fig.subplots(1, 2 if beyond else 1, squeeze=False)[0]
+    for i, (label, group) in enumerate(groups.items()):
+        for n, row in enumerate(group):
+            steps, exact = eval_curve(Path(row["run_dir"]))
+            axes[0].plot(steps, exact, **line_style(i), label=None if n else short_label(label))
+    axes[0].set(xlabel="step", ylabel="exact match (held-out, greedy decoding)",
+                ylim=(-0.02, 1.02), title="exact match over training (one line per run)")
+    if beyond:
+        plot_lengths(axes[1], rows, groups)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    # beside the axes, not on them: with many configurations a legend inside hides the lines
+    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
+    """A run's held-out exact match at each evaluation, from its metrics.jsonl (the last record
+    of a step counts, as in `curves.run_curves`)."""
+    by_step = {r["step"]: r["exact_match"] for r in scan_metrics(run_dir)[0]
+               if r.get("split") == "eval" and isinstance(r.get("exact_match"), (int, float))}
+    steps = sorted(by_step)
+    return steps, [by_step[step] for step in steps]
+
+
+def plot_lengths(ax, rows: list[dict[str, Any]], groups: dict[str, list]) -> None:
+    """Exact match per input length, a line per configuration (mean over seeds), the trained
+    lengths shaded."""
+    for i, (label, group) in enumerate(groups.items()):
+        lengths = sorted({int(n) for row in group for n in row["per_length"]})
+        means = [mean(row["per_length"][n] for row in group if n in row["per_length"])
+                 for n in lengths]
+        ax.plot(lengths, means, **line_style(i), label=short_label(label))
+    lo, hi = rows[0]["trained_lengths"]
+    ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"trained lengths {lo}..{hi}")
+    ax.set(xlabel="input length", ylabel="exact match (mean over seeds)", ylim=(-0.02, 1.02),
+           title="exact match per input length (held-out)")
+
+
+def spread(values: list[float | None], form: str = "{:.1%}") -> str:
+    """`97.3% ± 1.2%` (mean ± std) for several values, the value alone for one."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return form.format(values[0])
+    return f"{form.format(mean(values))} ± {form.format(stdev(values))}"
+
+
+@dataclass
+class SweepResult:
+    """What `minitfm sweep` shows at the end."""
+
+    folder: Path
+    rows: list[dict[str, Any]]
+    keys: list[str]
+    failed: list[str]
+
+

@@ -9,6 +9,12 @@ package's front door, which lazily re-exports the Python API) counts as the top 
 anyone may read `minitfm.__version__` from it: Python runs the package's `__init__` before any
 of its modules anyway, so that arrow adds no dependency. The kernel is the package's top-level
 modules, each a floor of its own: torch-free, each importing only the kernel below it.
+
+The lab has wings by concern, floors inside its floor: the modules it shares (`lab/*.py`: the
+loaded run, the options, the curves, the pictures) at the bottom, then `measure`, `look`,
+`many`. So `look` may use `measure`, never `many`; `many` may use both; nothing shared uses a
+wing. And no room grows too big: no module over 500 lines (a lab module over 450), no public
+function with more than 6 parameters but the Typer commands, whose parameters are the options.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
 KERNEL = ["errors", "catalog", "yamlfile", "config"]  # bottom to top; no torch
 FLOORS = [*KERNEL, "tasks", "book", "fast", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
+WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules
+MAX_LINES, MAX_LAB_LINES, MAX_PARAMETERS = 500, 450, 6
 
 
 def module_name(path: Path) -> str:
@@ -110,6 +118,69 @@ def test_no_import_circles():
     for name in sorted(GRAPH):
         if name not in state:
             visit(name, [name])
+
+
+def wing(name: str) -> int:
+    """The floor of a lab module inside the lab: 0 for a shared one (`minitfm.lab.loaded`),
+    1 + the wing's index in WINGS for a module of a wing (`minitfm.lab.look.probe` -> 2)."""
+    parts = name.split(".")
+    return WINGS.index(parts[2]) + 1 if len(parts) > 2 and parts[2] in WINGS else 0
+
+
+def wrong_wing_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of a lab module from a wing above its own (or of a shared module from any)."""
+    lab = [name for name in graph if name.startswith("minitfm.lab")]
+    return sorted(f"{name} -> {dep}" for name in lab for dep in graph[name]
+                  if dep.startswith("minitfm.lab") and wing(dep) > wing(name))
+
+
+def test_every_lab_module_is_shared_or_in_a_wing():
+    for name in (m for m in MODULES if m.startswith("minitfm.lab.")):
+        path = MODULES[name].relative_to(PACKAGE / "lab")
+        assert len(path.parts) == 1 or path.parts[0] in WINGS, name
+
+
+def test_the_lab_wings_import_their_own_floor_and_below_only():
+    assert wrong_wing_arrows(GRAPH) == []
+
+
+def test_the_wing_checker_finds_a_wrong_arrow():
+    graph = {"minitfm.lab.look.probe": {"minitfm.lab.many.runs", "minitfm.lab.measure.bench",
+                                        "minitfm.lab.pictures"},
+             "minitfm.lab.many.sweep": {"minitfm.lab.look.probe", "minitfm.lab.measure.bench"},
+             "minitfm.lab.measure.bench": {"minitfm.lab.look.tb"},
+             "minitfm.lab.pictures": {"minitfm.lab.many.plots"}}
+    assert wrong_wing_arrows(graph) == ["minitfm.lab.look.probe -> minitfm.lab.many.runs",
+                                        "minitfm.lab.measure.bench -> minitfm.lab.look.tb",
+                                        "minitfm.lab.pictures -> minitfm.lab.many.plots"]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_room_is_too_big(name):
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    most = MAX_LAB_LINES if name.startswith("minitfm.lab") else MAX_LINES
+    assert lines <= most, f"{name} has {lines} lines, at most {most}: split it by concern"
+
+
+def is_typer_command(node: ast.FunctionDef) -> bool:
+    """`@app.command(...)` or `@app.callback()`: its parameters are the command's options."""
+    return any(isinstance(d, ast.Call) and ast.unparse(d.func) in ("app.command", "app.callback")
+               for d in node.decorator_list)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_public_function_takes_more_than_six_parameters(name):
+    wide = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or \
+                node.name.startswith("_") or is_typer_command(node):
+            continue
+        args = node.args
+        params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs
+                  if a.arg not in ("self", "cls")]
+        if len(params) > MAX_PARAMETERS:
+            wide.append(f"{node.name} ({len(params)}: {', '.join(params)})")
+    assert not wide, f"{name}: {wide}; pass an options object or a value that holds them"
 
 
 def test_the_checker_sees_lazy_imports():

@@ -12,20 +12,23 @@ The palette: lines of several runs or configurations in colour-blind-safe colour
 `GAMMA`), the same in the PNG figures, TensorBoard's pictures (`colours`), the terminal's
 heatmaps (`level`) and the explorer's page.
 
-matplotlib and Pillow are imported inside functions, and nothing here needs torch.
+matplotlib, Pillow and numpy are imported inside functions (`minitfm sweep` and `plot` read
+this module), and nothing here needs torch.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from minitfm.errors import MinitfmError
 from minitfm.run.files import write_atomic
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SOFTWARE = "minitfm"  # a PNG's `Software` text and a GIF's comment: minitfm wrote it
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
@@ -157,6 +160,8 @@ def line_style(i: int) -> dict[str, Any]:
 def colours(weights: np.ndarray) -> np.ndarray:
     """(...,) attention weights -> (..., 3) uint8 viridis, on the figures' scale (colour ∝
     weight**GAMMA), from the palette's 9 stops."""
+    import numpy as np
+
     stops = np.array([[int(c[i:i + 2], 16) for i in (1, 3, 5)] for c in PALETTE])  # (9, 3)
     scaled = np.clip(np.nan_to_num(weights), 0.0, 1.0) ** GAMMA
     position = np.linspace(0.0, 1.0, len(PALETTE))
@@ -167,6 +172,6 @@ def colours(weights: np.ndarray) -> np.ndarray:
 def level(weight: float) -> int:
     """Palette index of an attention weight, on the figures' scale (colour ∝ weight**GAMMA): the
     terminal's heatmaps (drawn by app/tables.py)."""
-    if not np.isfinite(weight):  # a diverged model's NaN: the blank end of the scale
+    if not math.isfinite(weight):  # a diverged model's NaN: the blank end of the scale
         return 0
     return min(int(max(weight, 0.0) ** GAMMA * len(PALETTE)), len(PALETTE) - 1)

@@ -186,7 +186,8 @@ def test_piped_bench_title_is_one_line(capsys):
     report = {"device": "cpu", "threads": 2, "load_average": 0.3, "cores": 2,
               "torch": "2.13.0", "peak_flops_per_s": 60.9e9,
               "throughput": [{"setup": "default", "minitfm_tokens_per_s": 1e4,
-                              "torch_tokens_per_s": 1e4, "ratio": 1.0, "mfu": 0.2}],
+                              "torch_tokens_per_s": 1e4, "ratio": 1.0, "mfu": 0.2,
+                              "book_tokens_per_s": 5e3, "book_ratio": 0.5}],
               "decoding": [], "eval": {"seconds": 0.3}, "memory": {"peak_rss_mb": 400.0}}
     for table in bench_tables(report):
         show(table)

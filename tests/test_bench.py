@@ -21,6 +21,7 @@ from minitfm.lab.measure.bench import (
     build,
     make_setup,
     reference_subprocess,
+    setups_for,
     solve_step,
     train_subprocess,
     training_flops,
@@ -449,3 +450,10 @@ def test_the_bench_times_the_fast_code_as_minitfm_and_the_books_own_beside_it():
     assert type(fast) is FastTransformer and type(book) is Seq2SeqTransformer
     for a, b in zip(fast.state_dict().values(), book.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_gpu_sized_model_is_benched_on_a_gpu_only():
+    assert list(setups_for(quick=False, gpu=False)) == ["default", "large"]
+    assert list(setups_for(quick=False, gpu=True)) == ["default", "large", "gpu"]
+    assert list(setups_for(quick=True, gpu=True)) == ["default"]
+    load_config(None, setups_for(quick=False, gpu=True)["gpu"])  # a valid config

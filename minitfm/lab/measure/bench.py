@@ -45,11 +45,21 @@ from minitfm.tasks.base import eval_set, make_batch
 REFERENCE_ENTRY = "minitfm.app.reference"  # prints a reference trainer's report as one line
 SOLVE_SEEDS = (0, 1, 2)  # `--solve` trains the default config from scratch with each
 
-# The two sizes compared: the default config, and a larger model on longer sequences.
+# The sizes compared: the default config, and a larger model on longer sequences; on a GPU also
+# one that keeps it busy (a toy model leaves a GPU mostly waiting for the CPU to launch work).
 SETUPS = {
     "default": [],
     "large": ["model.d_model=128", "model.d_ff=512", "task.max_len=64"],
 }
+GPU_SETUP = ["model.d_model=512", "model.n_heads=8", "model.d_ff=2048", "model.n_encoder_layers=6",
+             "model.n_decoder_layers=6", "train.batch_size=256", "task.max_len=64"]
+
+
+def setups_for(quick: bool, gpu: bool) -> dict[str, list[str]]:
+    """The sizes measured: the default alone with --quick; the "gpu" size on a GPU only."""
+    if quick:
+        return {"default": SETUPS["default"]}
+    return {**SETUPS, "gpu": GPU_SETUP} if gpu else dict(SETUPS)
 
 
 @dataclass
@@ -294,8 +304,7 @@ def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
     report = {"device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "quick": quick, "throughput": []}
     report["peak_flops_per_s"] = peak_matmul_flops(dev)
-    setups = {"default": SETUPS["default"]} if quick else SETUPS
-    for name, overrides in setups.items():
+    for name, overrides in setups_for(quick, gpu=dev.type == "cuda").items():
         setup = make_setup(name, overrides, n_batches, dev)
         variants = [False, True] if compile_ else [False]
         for compiled in variants:

@@ -310,7 +310,9 @@ def test_the_api_imports_from_a_script_beside_the_clone(tmp_path):
     script = tmp_path / "api.py"
     script.write_text("from minitfm import load_run, train\nimport minitfm.lab.many.runs as runs\n"
                       "print(load_run.__module__, train.__module__, runs.__file__)\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # The clone's root first; entries already there stay (packages installed that way).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -105,8 +105,11 @@ def test_cli_under_torchrun_reports_once_and_stops_every_rank_on_sigterm(tmp_pat
     run_dir = tmp_path / "run"
     script = Path(sys.executable).with_name("minitfm")
     entry = ["--no-python", str(script)] if script.exists() else ["-m", "minitfm"]
+    # device=cpu: two ranks on gloo anywhere (on a machine with one GPU, device auto would ask
+    # for cuda:1 in rank 1, which minitfm refuses in one line; seen on an H100 machine)
     proc = start(*entry, "train", *TINY, "train.steps=100000", "train.eval_every=0",
-                 "log.log_every=1", "log.tensorboard=false", "--run-dir", str(run_dir))
+                 "log.log_every=1", "log.tensorboard=false", "device=cpu", "--run-dir",
+                 str(run_dir))
     deadline = time.monotonic() + HANG_S
     log = run_dir / "metrics.jsonl"
     while not (log.exists() and len(log.read_text().splitlines()) >= 5):

@@ -112,6 +112,15 @@ def test_model_values_the_book_asserts_are_refused_in_one_line(empty_cwd, overri
 
 # --- M1: sizes that cannot fit are refused before anything is written ---
 
+@pytest.fixture
+def machine_with_16_gb(monkeypatch):
+    """A machine with 16 GB to spare, whatever this one has (a GPU machine had 128 GB, where a
+    batch of a million sequences fits and the test trained it instead)."""
+    from minitfm.run import limits
+
+    monkeypatch.setattr(limits, "available_bytes", lambda: 16 * 10**9)
+
+
 @pytest.mark.parametrize("override,needle", [
     ("model.d_model=1000000", "model.d_model (1000000): input should be less than or equal"),
     ("model.d_model=60000", "model.d_model (60000) needs ~"),
@@ -123,7 +132,8 @@ def test_model_values_the_book_asserts_are_refused_in_one_line(empty_cwd, overri
     ("task.n_symbols=1000000000", "task.n_symbols (1000000000): input should be less"),
     ("train.eval_samples=1000000000", "train.eval_samples (1000000000): input should be less"),
 ])
-def test_oversized_configs_are_refused_before_writing(empty_cwd, override, needle):
+def test_oversized_configs_are_refused_before_writing(empty_cwd, machine_with_16_gb, override,
+                                                      needle):
     result = run_cli("train", *SHORT, override)
     assert_clean_error(result, 2, needle)
     assert not (empty_cwd / "runs").exists()
@@ -166,7 +176,7 @@ def test_the_memory_estimate_is_within_twice_the_measured_peak():
     configs = [["task.max_len=100", "train.batch_size=32"],
                ["model.d_model=256", "model.d_ff=1024", "task.max_len=16"]]
     common = ["train.steps=1", "train.eval_every=0", "train.eval_samples=16",
-              "log.tensorboard=false", "threads=1"]
+              "log.tensorboard=false", "threads=1", "device=cpu"]  # host memory: a CPU run
     procs = [subprocess.Popen([sys.executable, "-c", MEASURE_RUN, *config, *common],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for config in configs]
@@ -183,7 +193,7 @@ def test_the_memory_estimate_is_within_twice_the_measured_peak():
     (["task.name=add", "task.n_symbols=11"], "task.n_symbols (11)"),
     (["train.batch_size=1000000"], "train.batch_size (1000000) needs ~"),
 ])
-def test_print_config_refuses_what_train_refuses(empty_cwd, args, needle):
+def test_print_config_refuses_what_train_refuses(empty_cwd, machine_with_16_gb, args, needle):
     trained = run_cli("train", *SHORT, *args)
     assert_clean_error(trained, 2, needle)
     printed = run_cli("train", "--print-config", *SHORT, *args)

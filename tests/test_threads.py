@@ -139,8 +139,8 @@ def test_threads_beyond_any_machine_are_refused(tmp_path, monkeypatch, args, nee
 
 def test_train_header_and_summary(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli("train", *TINY, "train.steps=4", "train.eval_every=0",
-                     "log.tensorboard=false", "--run-dir", run_dir)
+    result = run_cli("train", *TINY, "train.steps=4", "train.eval_every=0", "device=cpu",
+                     "log.tensorboard=false", "--run-dir", run_dir)  # threads are shown on a CPU
     assert result.exit_code == 0, result.stderr
     assert "1 thread (auto)" in " ".join(result.stdout.split())  # OMP_NUM_THREADS=1 decides
     summary = read_summary(run_dir)

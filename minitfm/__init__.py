@@ -1,4 +1,4 @@
-"""minitfm: a toy encoder-decoder transformer trainer you can read in an afternoon.
+"""minitfm: a toy encoder-decoder transformer trainer you can read in an evening.
 
 The Python API (see `minitfm.app.api`): `from minitfm import load_run, train`. `import minitfm`
 stays cheap: torch loads with the first use of either.

@@ -29,8 +29,9 @@ def main() -> None:
 def exit_now(code: int | str | None) -> None:
     """Exit with `code` (as SystemExit reads it) without the interpreter's teardown.
 
-    Python frees every module and object one by one at exit: ~0.4 s once torch is loaded, a
-    twentieth of a default training run, spent on memory the system takes back anyway. By now
+    Python frees every module and object one by one at exit, a noticeable part of a default
+    training run once torch is loaded (docs/speed.md), spent on memory the system takes back
+    anyway. By now
     every file minitfm wrote is closed (runs close their logs, checkpoints are written
     atomically); the output streams are flushed and the atexit handlers run here, then the
     process ends at once. An unexpected exception does not get here: it ends the usual way.

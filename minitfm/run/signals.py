@@ -81,7 +81,7 @@ def catch_while_starting() -> None:
     """From now until `started`, SIGINT and SIGTERM end the process at once with one
     `interrupted:` line and 128 + the signal (those the parent made us ignore stay ignored).
 
-    Installed before typer, rich or torch load (~0.1 s, more on a busy machine): Python's own
+    Installed before typer, rich or torch load, which takes a moment: Python's own
     handler would print a KeyboardInterrupt traceback from inside their imports, and Click
     turns a KeyboardInterrupt while it parses into a silent exit. Nothing has been written yet,
     so there is nothing to clean up.

@@ -1,7 +1,7 @@
 """How many CPU threads torch may use, so that several minitfm processes never oversubscribe.
 
 OpenMP threads spin while they wait for each other: two processes of 2 threads each on 2 cores
-ran ~100x slower than one (measured: ~250 tok/s instead of 29,000). So every minitfm process
+ran about a hundred times slower than one (docs/operations.md). So every minitfm process
 that computes registers itself in a per-user folder (see `registry_dir`) as a file named by its
 pid, holding `auto` or its fixed thread count, and keeps the file `flock`ed while it lives; the
 kernel drops the lock when the process dies, even by SIGKILL, and whoever finds an unlocked file

@@ -71,7 +71,7 @@ class MapGrid:
 
     def lettering(self, texts: list[str]) -> Lettering:
         """How `texts` are drawn (see `lettering`). Text of FONT_HAS needs no look at the font's
-        character map, which costs importing matplotlib (~0.2 s, in the first picture of a run)."""
+        character map, which costs importing matplotlib in the first picture of a run."""
         if set("".join(texts)) <= FONT_HAS:
             return Lettering()
         if self.glyphs is None:

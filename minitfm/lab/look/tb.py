@@ -198,10 +198,8 @@ def image_summary(tag: str, picture: np.ndarray):
 def png_bytes(rgb: np.ndarray) -> bytes:
     """(height, width, 3) uint8 as a PNG file (IHDR, one IDAT, IEND; the W3C PNG spec). Every
     row is stored as its difference to the row above (filter type 2, "Up"): the pictures are
-    cells of flat colour, so the differences are mostly 0, and zlib level 1 packs them as
-    small as Pillow's adaptive filters do, in a third of the time: on the default run's
-    pictures (1076 x 635 pixels) 3.5 ms and 43 KiB each, against 11.5 ms and 41.5 KiB for
-    Pillow at compress_level=1, which would double a picture's cost (drawing it takes 3.5 ms)."""
+    cells of flat colour, so the differences are mostly 0, and zlib level 1 packs them about as
+    small as Pillow's adaptive filters do, in a third of the time (docs/speed.md)."""
     height, width, _ = rgb.shape
     flat = rgb.reshape(height, -1)  # (height, 3 * width)
     rows = np.full((height, 1 + 3 * width), 2, dtype=np.uint8)  # each row: its filter type

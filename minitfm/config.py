@@ -145,10 +145,12 @@ class ModelConfig(Section):
     tie_embeddings: bool = Field(True, description="share input embedding and output projection")
     max_len: int = Field(256, ge=2, le=65_536,
                          description="longest sequence (tokens) the model can take")
-    code: Literal["fast", "book"] = Field(
-        "fast", description="which code the model runs, the same weights either way: fast (the "
-        "book's model with the speed appendix's kernels and packing, minitfm/fast/) or book "
-        "(the book's own readable code, slower)")
+    code: str = Field(
+        "fast", min_length=1, max_length=4096, description="which code the model runs, the same "
+        "weights either way: fast (the book's model with the speed appendix's kernels and "
+        "packing, minitfm/fast/), book (the book's own readable code, slower), or a workbook "
+        "folder of minitfm learn (your functions where written, the book's elsewhere; "
+        "`train --book DIR` sets it)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:

@@ -141,8 +141,10 @@ class ConsoleReporter(Instrument):
         params = sum(p.numel() for p in run.model.parameters())
         threads = f", {run.threads}" if run.threads and device.type == "cpu" else ""
         self._print(f"task {cfg.task.name} ({run.task.describe()}), {params:,} parameters, "
-                    f"code {cfg.model.code}, device {device}{threads}, "
-                    f"steps {run.step}/{cfg.train.steps}", highlight=False)
+                    f"code {printable(run.code)}, device {device}{threads}, "
+                    f"steps {run.step}/{cfg.train.steps}", markup=False, highlight=False)
+        if run.whose:  # a workbook's run: whose functions train
+            self._print(printable(run.whose), markup=False, highlight=False)
         if run.ranks > 1:  # under torchrun only rank 0 reports, for all of them
             self._print(f"{run.ranks} ranks × train.batch_size {cfg.train.batch_size} = "
                         f"global batch {run.ranks * cfg.train.batch_size} sequences per step",

@@ -39,6 +39,8 @@ class Started:
     device: torch.device
     threads: str  # this process's CPU threads, described (see threads.ThreadClaim)
     ranks: int = 1  # processes under torchrun, each with train.batch_size sequences a step
+    code: str = "fast"  # which code trains (model.code): fast, book or workbook DIR
+    whose: str = ""  # a workbook's: which functions are the learner's and which the book's
 
 
 @dataclass(frozen=True)

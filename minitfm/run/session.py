@@ -19,15 +19,8 @@ from typing import Any
 
 import torch
 
-from minitfm.book.loop import (
-    TrainState,
-    due,
-    next_lr,
-    reached_target,
-    run_loop,
-    warmup_warning,
-)
-from minitfm.book.metrics import EvalResult, LengthStats, evaluate, predict
+from minitfm.book.loop import TrainState, due, reached_target, warmup_warning
+from minitfm.book.metrics import EvalResult, LengthStats
 from minitfm.config import Config
 from minitfm.errors import Interrupted, RunFailed, option
 from minitfm.run import distributed
@@ -150,10 +143,10 @@ class Training:
             self.started = time.perf_counter()
             self.tell(Started(self.run_dir, state.cfg, state.task, state.model, self.eval_pairs,
                               state.step, state.device, self.pacer.claim.describe(),
-                              state.dist.world_size))
+                              state.dist.world_size, state.code.describe(), state.code.whose()))
             self.meter.since = time.perf_counter()  # tokens/s counts the steps from here
             try:
-                ended = run_loop(state, self)
+                ended = state.code.loop.run_loop(state, self)  # the book's, or a workbook's
                 summary = self.pause() if ended == "paused" else self.finish()
             except RunFailed as err:  # a non-finite loss: every rank read the same losses
                 self.record_status("failed", error=str(err))
@@ -222,15 +215,16 @@ class Training:
         state = self.state
         tokens = state.dist.all_sum([self.meter.tokens])[0]  # under torchrun: all ranks' tokens
         figures = self.meter.flush(tokens)
-        self.tell(TrainLine(state.step, figures["loss"], figures["tokens_per_s"], next_lr(state),
+        lr = state.code.loop.next_lr(state)
+        self.tell(TrainLine(state.step, figures["loss"], figures["tokens_per_s"], lr,
                             float(grad_norm), time.perf_counter() - self.started))
 
     def run_eval(self) -> EvalResult:
         """Greedy evaluation on the held-out set; keeps `best.pt` at the best exact match."""
         state, dist = self.state, self.state.dist
         pairs = self.eval_pairs[dist.rank::dist.world_size]  # under torchrun: a shard each
-        result = sum_over_ranks(evaluate(state.model, state.task, pairs, state.device), pairs,
-                                dist)
+        result = state.code.metrics.evaluate(state.model, state.task, pairs, state.device)
+        result = sum_over_ranks(result, pairs, dist)
         self.tell(Evaluation(state.step, result.loss, result.token_accuracy, result.exact_match,
                              result.total.count, time.perf_counter() - self.started, pairs,
                              result.predictions))
@@ -244,7 +238,8 @@ class Training:
         decoded only: no loss, no record, no save. It only calls an evaluation."""
         state, dist = self.state, self.state.dist
         pairs = check_pairs(self.eval_pairs)[dist.rank::dist.world_size]
-        predictions = predict(state.model, state.task, [src for src, _ in pairs], state.device)
+        sources = [src for src, _ in pairs]
+        predictions = state.code.metrics.predict(state.model, state.task, sources, state.device)
         exact = sum(pred == target for pred, (_, target) in zip(predictions, pairs, strict=True))
         exact, count = dist.all_sum([exact, len(pairs)])  # under torchrun: every rank's shard
         return exact / max(count, 1)

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from minitfm.book.loop import TrainState, make_optimizer
+from minitfm.book.loop import TrainState
 from minitfm.catalog import position_shortfall
 from minitfm.config import Config
 from minitfm.errors import MinitfmError
-from minitfm.fast.model import build_model
+from minitfm.learn.code import Code, code_for
 from minitfm.run.checkpoint import optimizer_state
 from minitfm.run.distributed import Dist
 from minitfm.tasks import make_task
@@ -31,6 +31,7 @@ class RunState(TrainState):
     """The loop's state and what a checkpoint must hold besides it to continue a run exactly."""
 
     dist: Dist = field(default_factory=Dist)  # this rank under torchrun; else rank 0 of 1
+    code: Code | None = None  # which code trains (model.code): its loop and metrics run too
 
     def state_dict(self) -> dict[str, Any]:
         """Plain containers and tensors only, so `weights_only=True` can load it."""
@@ -42,6 +43,7 @@ class RunState(TrainState):
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "best_exact_match": self.best_exact_match,
+            **(self.code.record() if self.code is not None else {}),  # a workbook: what ran
             "rng": {"torch": torch.get_rng_state(), "data": self.data_rng.get_state(),
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         }
@@ -87,14 +89,15 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> RunSta
     """Task, model (seeded init) and optimizer for a fresh run."""
     task = make_task(cfg.task)
     check_lengths(cfg, task)
+    code = code_for(cfg.model.code)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg, task).to(device)
+    model = code.build(cfg, task).to(device)
     if dist.rank > 0:  # under torchrun: the same initial weights, but its own dropout masks
         torch.manual_seed(cfg.seed + dist.rank)
-    optimizer = make_optimizer(model, cfg.train)
+    optimizer = code.loop.make_optimizer(model, cfg.train)
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
     return RunState(cfg, task, model, optimizer, data_rng, device=device,
-                    model_or_wrapper=step_forward(model, device, dist), dist=dist)
+                    model_or_wrapper=step_forward(model, device, dist), dist=dist, code=code)
 
 
 def step_forward(model: torch.nn.Module, device: torch.device,

@@ -1,0 +1,187 @@
+"""Grading an exercise: the book with one function replaced by the learner's, checked.
+
+Each exercise has a list of checks (`CHECKS`), run in order until one fails: each calls the
+learner's version on small float64 inputs and compares it with PyTorch's own implementation
+where there is one, else with the book's and with properties the function must have (decoding
+with a KV cache equals decoding without; RoPE keeps norms). A failed check names what differs
+and, where it recognises it, the likely mistake: the learner's output is compared with the
+outputs of known wrong versions (`diagnose`), so "the scaling is missing" is said only when
+the output is that of attention without the scaling.
+
+The learner's function is graded alone: its global names are the book's wherever the book
+defines them (`subject_from`), so a wrong `attention` does not fail `MultiHeadAttention.forward`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+import minitfm
+from minitfm.learn.exercises import Exercise
+from minitfm.learn.workbook import rebind
+
+DTYPE = torch.float64
+PACKAGE = Path(minitfm.__file__).parent
+
+
+class Mismatch(Exception):
+    """A check that failed: what differs (`message`), and the likely mistake (`hint`)."""
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What the checks call: an exercise's function, the learner's, with the book around it."""
+
+    exercise: Exercise
+    function: Callable  # the learner's function (for a method: taking self first)
+
+    def owner(self) -> type:
+        """For a method: the book's class with the learner's method in place of the book's."""
+        book = book_chapter(self.exercise)
+        owner, _, method = self.exercise.name.rpartition(".")
+        base = getattr(book, owner)
+        return type(owner, (base,), {method: self.function, "__module__": base.__module__})
+
+    def __call__(self, *args, **kwargs):
+        """A function exercise, called."""
+        return self.function(*args, **kwargs)
+
+
+def book_chapter(exercise: Exercise) -> ModuleType:
+    return importlib.import_module(f"minitfm.book.{exercise.chapter}")
+
+
+def subject_from(exercise: Exercise, function: Callable, home: ModuleType | None) -> Subject:
+    """The learner's `function` to grade. From a workbook (`home`, its module), its global
+    names are looked up in the book first, then in the workbook (the learner's own helpers);
+    a function written in a notebook keeps its own globals."""
+    if home is None:
+        return Subject(exercise, function)
+    book = {k: v for k, v in vars(book_chapter(exercise)).items() if not k.startswith("__")}
+    return Subject(exercise, rebind(function, {**vars(home), **book}))
+
+
+# --- comparing, and naming the likely mistake ---
+
+def check_tensor(actual, expected: Tensor, what: str, hint: str = "") -> None:
+    """A tensor of the expected shape and dtype, else a Mismatch saying which differs (with
+    `hint` for a wrong shape when given: the exercise's own, more telling than the general)."""
+    if not isinstance(actual, Tensor):
+        raise Mismatch(f"{what} is a {type(actual).__name__}, not a tensor",
+                       "return what the book's docstring says (a tensor, or a tuple of them)")
+    if actual.shape != expected.shape:
+        raise Mismatch(f"{what} has shape {tuple(actual.shape)}, expected "
+                       f"{tuple(expected.shape)}",
+                       hint or "write each tensor's shape beside it, as the book does "
+                       "(# (B, H, T, K)), and follow them through every view, transpose and "
+                       "matmul")
+    if actual.dtype != expected.dtype:
+        raise Mismatch(f"{what} is {actual.dtype}, the inputs {expected.dtype}",
+                       "make new tensors with the input's dtype and device: torch.zeros_like, "
+                       "x.new_zeros, or dtype=x.dtype, device=x.device")
+
+
+def same(actual: Tensor, expected: Tensor, atol: float = 1e-8) -> bool:
+    return actual.shape == expected.shape and bool(
+        torch.allclose(actual.double(), expected.double(), rtol=1e-6, atol=atol, equal_nan=True))
+
+
+def diagnose(actual: Tensor, wrong: dict[str, Tensor]) -> str:
+    """The hint of the first known wrong version whose output `actual` equals, else ""."""
+    return next((hint for hint, output in wrong.items() if same(actual, output)), "")
+
+
+def expect(actual, expected: Tensor, what: str, wrong: dict[str, Tensor] | None = None,
+           hint: str = "", atol: float = 1e-8) -> None:
+    """`actual` equals `expected` (float64, to within atol), else a Mismatch with the hint of
+    the known mistake it matches (`wrong`: hint -> that mistake's output), or `hint`."""
+    check_tensor(actual, expected, what, hint)
+    if same(actual, expected, atol):
+        return
+    gap = (actual.double() - expected.double()).abs().nan_to_num(float("inf")).max().item()
+    raise Mismatch(f"{what} differs from the expected values by up to {gap:.3g}",
+                   diagnose(actual, wrong or {}) or hint)
+
+
+def leaf(*shape: int, seed: int = 0) -> Tensor:
+    """A float64 tensor that records gradients, drawn from its own generator."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, dtype=DTYPE, generator=generator).requires_grad_()
+
+
+def gradients(output: Tensor, inputs: list[Tensor]) -> list[Tensor]:
+    """The gradients of a fixed projection of `output`, None where an input gets none."""
+    weights = torch.randn(output.shape, dtype=output.dtype,
+                          generator=torch.Generator().manual_seed(99))
+    return list(torch.autograd.grad(output, inputs, weights, allow_unused=True))
+
+
+# --- running the checks ---
+
+@dataclass(frozen=True)
+class Grade:
+    """An exercise's result: passed, failed (at which check, why, the hint) or not started."""
+
+    exercise: Exercise
+    status: str  # "passed", "failed" or "not started"
+    check: str = ""  # the first check that failed: its docstring's first line
+    message: str = ""
+    hint: str = ""
+
+    def as_dict(self) -> dict:
+        return {"exercise": self.exercise.name, "file": self.exercise.file,
+                "function": self.exercise.name, "status": self.status, "check": self.check,
+                "message": self.message, "hint": self.hint}
+
+
+def learner_frame(err: BaseException) -> str:
+    """Where in the learner's code an error was raised (the last frame outside minitfm and
+    torch), as `file:line`; "" when none is."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not Path(f.filename).resolve().is_relative_to(PACKAGE)
+              and "site-packages" not in f.filename and not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+
+
+def error_hint(err: Exception) -> str:
+    """What an exception from the learner's code most likely means."""
+    text = str(err)
+    if isinstance(err, RuntimeError) and any(w in text for w in ("size", "shape", "dimension")):
+        return ("a shape error: write each tensor's shape beside it, as the book does, and check "
+                "every view, transpose and matmul")
+    if isinstance(err, NameError):
+        return "a name that is neither in your file nor in the book's chapter"
+    if isinstance(err, TypeError):
+        return "keep the book's signature: the rest of the book calls it with those arguments"
+    return ""
+
+
+def grade(subject: Subject, checks: tuple[Callable[[Subject], None], ...]) -> Grade:
+    """Run `checks` in order; the first that fails decides."""
+    exercise = subject.exercise
+    for check in checks:
+        what = (check.__doc__ or check.__name__).strip().splitlines()[0]
+        try:
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                check(subject)
+        except NotImplementedError:
+            return Grade(exercise, "not started")
+        except Mismatch as err:
+            return Grade(exercise, "failed", what, err.message, err.hint)
+        except Exception as err:  # the learner's code: anything can happen
+            message = f"{learner_frame(err)}{type(err).__name__}: {err}"
+            return Grade(exercise, "failed", what, message, error_hint(err))
+    return Grade(exercise, "passed")

@@ -1,0 +1,51 @@
+"""`minitfm learn check`: every exercise of a workbook graded, or one function on its own.
+
+`CHECKS` lists each exercise's checks in the order they run (a test fails for an exercise
+without any). `grade_workbook` grades a workbook's written exercises, each alone (see
+`checks.subject_from`); `check_function` grades a function written anywhere, a notebook cell
+say, against an exercise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from minitfm.errors import MinitfmError, quote
+from minitfm.learn.checks import Grade, Subject, attention, grade, subject_from
+from minitfm.learn.exercises import BY_NAME, EXERCISES, Exercise
+from minitfm.learn.workbook import Workbook
+
+# Each chapter's checks, by exercise: a tuple of functions that raise `checks.Mismatch`.
+CHECKS: dict[str, tuple[Callable[[Subject], None], ...]] = {
+    **attention.CHECKS,
+}
+
+
+def pick(names: list[str] | None) -> list[Exercise]:
+    """The exercises named (all when none are), in the book's order; a wrong name is an error."""
+    if not names:
+        return list(EXERCISES)
+    unknown = [name for name in names if name not in BY_NAME]
+    if unknown:
+        raise MinitfmError(f"{quote(unknown[0])} is not an exercise: the exercises are "
+                           f"{', '.join(BY_NAME)}")
+    return [e for e in EXERCISES if e.name in names]
+
+
+def grade_workbook(workbook: Workbook, names: list[str] | None = None) -> list[Grade]:
+    """Each exercise asked for: not started (still blank), passed or failed."""
+    grades = []
+    for exercise in pick(names):
+        if exercise.name not in workbook.written:
+            grades.append(Grade(exercise, "not started"))
+            continue
+        home = workbook.modules[exercise.chapter]
+        subject = subject_from(exercise, workbook.function(exercise), home)
+        grades.append(grade(subject, CHECKS[exercise.name]))
+    return grades
+
+
+def check_function(name: str, function: Callable) -> Grade:
+    """Grade `function` as the exercise `name` (a method takes `self` first)."""
+    exercise = pick([name])[0]
+    return grade(Subject(exercise, function), CHECKS[exercise.name])

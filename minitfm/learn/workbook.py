@@ -1,0 +1,283 @@
+"""A learner's workbook: the book's chapters with the exercises' bodies left to write.
+
+`write_workbook` copies each chapter of `minitfm/book/` into a folder, with the book's file
+names: every exercise keeps its name, signature and docstring, and its body becomes a hint and a
+`NotImplementedError`; the chapters import each other from the folder, so the learner's
+functions call the learner's functions. `load_workbook` imports such a folder as a package of its
+own (never as `minitfm.book`) and fills each exercise still blank with the book's code, run in
+the workbook's namespace: so a run can train with whatever the learner has written so far.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+import sys
+import textwrap
+import traceback
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import minitfm.book
+from minitfm.errors import MinitfmError, quote
+from minitfm.learn.exercises import CHAPTERS, EXERCISES, Exercise
+
+BOOK = Path(minitfm.book.__file__).parent
+MARK = "minitfm-workbook.json"  # what makes a folder a workbook: its kind and the book it came from
+BOOK_IMPORT = re.compile(r"^from minitfm\.book\.(\w+) import", re.MULTILINE)
+
+
+class WorkbookError(MinitfmError):
+    """A folder that is no workbook, or a workbook that does not import (exit 2)."""
+
+
+def book_source(chapter: str) -> str:
+    return (BOOK / f"{chapter}.py").read_text(encoding="utf-8")
+
+
+def find_function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
+    """The definition of `name` (a function, or `Class.method`) at the top of a module."""
+    owner, _, method = name.rpartition(".")
+    body = tree.body
+    if owner:
+        classes = [n for n in body if isinstance(n, ast.ClassDef) and n.name == owner]
+        body = classes[0].body if classes else []
+    found = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == (method or name)]
+    return found[0] if found else None
+
+
+def body_start(node: ast.FunctionDef) -> int:
+    """The line where the body after the docstring starts (1-based)."""
+    first = node.body[0]
+    has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None),
+                                                          ast.Constant)
+    return node.body[1].lineno if has_doc and len(node.body) > 1 else first.lineno
+
+
+def is_blank(node: ast.FunctionDef) -> bool:
+    """True for a body that only raises NotImplementedError (after its docstring)."""
+    body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value,
+                                                                                 ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
+def function_digest(source: str, name: str) -> str:
+    """A short hash of a function's text in a module (how the book's version is recognised)."""
+    node = find_function(ast.parse(source), name)
+    text = ast.get_source_segment(source, node) if node is not None else ""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def blank_text(exercise: Exercise, number: int, indent: str) -> list[str]:
+    """The hint and the raise that replace an exercise's body."""
+    width = 100 - len(indent) - 2
+    hint = textwrap.wrap(f"Hint: {exercise.hint}", width)
+    message = f"exercise {number} ({exercise.name}) is not written yet: see its hint"
+    return [f"{indent}# {line}" for line in hint] + \
+        [f"{indent}raise NotImplementedError({message!r})"]
+
+
+def chapter_workbook(chapter: str) -> str:
+    """A chapter's source with its exercises blank and its book imports made relative."""
+    source = book_source(chapter)
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    todo = [(n, e) for n, e in enumerate(EXERCISES, 1) if e.chapter == chapter]
+    for number, exercise in sorted(todo, key=lambda t: -find_function(tree, t[1].name).lineno):
+        node = find_function(tree, exercise.name)
+        start, end = body_start(node), node.end_lineno
+        indent = re.match(r"\s*", lines[start - 1]).group(0)
+        lines[start - 1:end] = blank_text(exercise, number, indent)
+    return BOOK_IMPORT.sub(r"from .\1 import", "\n".join(lines) + "\n")
+
+
+def book_digests() -> dict[str, str]:
+    """Each exercise's hash in the book of now (a workbook records those it was made from)."""
+    return {e.name: function_digest(book_source(e.chapter), e.name) for e in EXERCISES}
+
+
+def write_marker(folder: Path, kind: str) -> None:
+    from minitfm import __version__
+
+    mark = {"kind": kind, "minitfm": __version__, "book": book_digests()}
+    (folder / MARK).write_text(json.dumps(mark, indent=1) + "\n", encoding="utf-8")
+
+
+def new_folder(folder: Path, what: str) -> None:
+    """Create `folder` for a workbook or zoo; one that exists is never touched."""
+    if folder.exists() or folder.is_symlink():
+        raise WorkbookError(f"{quote(str(folder))} already exists: minitfm never writes over a "
+                            f"learner's work; choose another folder (minitfm learn {what} DIR) "
+                            f"or move that one away")
+    try:
+        folder.mkdir(parents=True)
+    except OSError as err:
+        raise WorkbookError(f"cannot create {quote(str(folder))}: {err.strerror}") from None
+
+
+def write_workbook(folder: Path, readme: str) -> list[Path]:
+    """The chapters with blank exercises, a README and the mark, in a new folder."""
+    new_folder(folder, "start")
+    written = []
+    for chapter in CHAPTERS:
+        path = folder / f"{chapter}.py"
+        path.write_text(chapter_workbook(chapter), encoding="utf-8")
+        written.append(path)
+    (folder / "__init__.py").write_text('"""My workbook of the minitfm book (minitfm learn '
+                                        'start)."""\n', encoding="utf-8")
+    (folder / "README.md").write_text(readme, encoding="utf-8")
+    write_marker(folder, "workbook")
+    return written
+
+
+@dataclass
+class Workbook:
+    """A workbook imported: its chapters as modules, and which exercises the learner wrote."""
+
+    folder: Path
+    kind: str  # "workbook", or "zoo" (`minitfm learn bugs`)
+    modules: dict[str, types.ModuleType]
+    written: tuple[str, ...]  # exercises with a body of the learner's (blank ones run the book's)
+    digest: str  # of the chapter files: a run records it
+    made_from: dict[str, str]  # the book's exercise hashes when the workbook was made
+
+    def function(self, exercise: Exercise) -> Callable:
+        """The workbook's version of an exercise, as its module or class holds it."""
+        return get_function(self.modules[exercise.chapter], exercise.name)
+
+    def changed_in_book(self) -> list[str]:
+        """Exercises the book has changed since this workbook was made."""
+        now = book_digests()
+        return [name for name, digest in now.items() if self.made_from.get(name) != digest]
+
+
+def get_function(module: types.ModuleType, name: str) -> Callable:
+    owner, _, method = name.rpartition(".")
+    return vars(getattr(module, owner))[method] if owner else getattr(module, name)
+
+
+def set_function(module: types.ModuleType, name: str, function: Callable) -> None:
+    owner, _, method = name.rpartition(".")
+    setattr(getattr(module, owner) if owner else module, method or name, function)
+
+
+def rebind(function: Callable, namespace: dict) -> Callable:
+    """`function`'s code run in `namespace` (its global names looked up there), decorated as
+    it was: the book's code, calling whatever the workbook defines under the book's names."""
+    inner = getattr(function, "__wrapped__", function)
+    fresh = types.FunctionType(inner.__code__, namespace, inner.__name__, inner.__defaults__,
+                               inner.__closure__)
+    fresh.__kwdefaults__, fresh.__doc__ = inner.__kwdefaults__, inner.__doc__
+    fresh.__qualname__ = inner.__qualname__
+    return torch.no_grad()(fresh) if inner is not function else fresh  # the book's only wrapper
+
+
+def read_marker(folder: Path) -> dict:
+    if not folder.is_dir():
+        raise WorkbookError(f"{quote(str(folder))} is not a folder: make a workbook with "
+                            f"minitfm learn start {folder}")
+    try:
+        mark = json.loads((folder / MARK).read_text(encoding="utf-8"))
+        assert mark["kind"] in ("workbook", "zoo") and isinstance(mark["book"], dict)
+        return mark
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise WorkbookError(f"{quote(str(folder))} is not a minitfm workbook (no valid {MARK}): "
+                            f"make one with minitfm learn start {folder}") from None
+
+
+def parse_chapters(folder: Path) -> dict[str, ast.Module]:
+    """Each chapter's syntax tree; a syntax error is one line naming its file and line."""
+    trees = {}
+    for chapter in CHAPTERS:
+        path = folder / f"{chapter}.py"
+        try:
+            trees[chapter] = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        except SyntaxError as err:
+            raise WorkbookError(f"{path}:{err.lineno}: syntax error: {err.msg}; fix it, or copy "
+                                f"the line from minitfm/book/{chapter}.py") from None
+        except (OSError, UnicodeDecodeError) as err:
+            raise WorkbookError(f"cannot read {path}: {err}; every chapter of the book must be "
+                                f"there ({', '.join(c + '.py' for c in CHAPTERS)})") from None
+    return trees
+
+
+def written_exercises(folder: Path, trees: dict[str, ast.Module]) -> tuple[str, ...]:
+    """The exercises whose body is the learner's; a renamed or deleted one is an error."""
+    written = []
+    for exercise in EXERCISES:
+        node = find_function(trees[exercise.chapter], exercise.name)
+        if node is None:
+            raise WorkbookError(f"{folder / exercise.file} has no {exercise.name} (exercise "
+                                f"{exercise.name!r}): keep the book's names, so that the rest of "
+                                f"the book can call it")
+        if not is_blank(node):
+            written.append(exercise.name)
+    return tuple(written)
+
+
+def import_error(err: BaseException, folder: Path) -> WorkbookError:
+    """One line for an error raised while importing the workbook: its file, line and kind."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if Path(f.filename).resolve().parent == folder.resolve()]
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else str(folder)
+    return WorkbookError(f"{where}: {type(err).__name__}: {err} (while importing the workbook)")
+
+
+def digest_of(folder: Path) -> str:
+    """A hash of the chapter files (what a run records of the code it trained)."""
+    sha = hashlib.sha256()
+    for chapter in CHAPTERS:
+        sha.update((folder / f"{chapter}.py").read_bytes())
+    return sha.hexdigest()
+
+
+def load_workbook(folder: str | Path) -> Workbook:
+    """Import a workbook (or a zoo) as a package of its own; blank exercises run the book's."""
+    folder = Path(folder).resolve()
+    mark = read_marker(folder)
+    trees = parse_chapters(folder)
+    written = written_exercises(folder, trees)
+    digest = digest_of(folder)
+    package = f"minitfm_workbook_{digest[:16]}"  # a new name for every version of the files
+    try:
+        modules = import_package(folder, package)
+    except WorkbookError:
+        raise
+    except Exception as err:  # the learner's module code: anything can happen
+        raise import_error(err, folder) from None
+    for exercise in EXERCISES:
+        if exercise.name not in written:
+            module = modules[exercise.chapter]
+            book = importlib.import_module(f"minitfm.book.{exercise.chapter}")
+            set_function(module, exercise.name, rebind(get_function(book, exercise.name),
+                                                       vars(module)))
+    return Workbook(folder, mark["kind"], modules, written, digest, mark["book"])
+
+
+def import_package(folder: Path, package: str) -> dict[str, types.ModuleType]:
+    """The chapters of `folder` as modules of the package `package` (imported once a version)."""
+    if package not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            package, folder / "__init__.py", submodule_search_locations=[str(folder)])
+        if spec is None or not (folder / "__init__.py").is_file():
+            raise WorkbookError(f"{folder / '__init__.py'} is missing: a workbook is a package; "
+                                f"create the file (it may be empty)")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[package] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[package]
+            raise
+    return {chapter: importlib.import_module(f"{package}.{chapter}") for chapter in CHAPTERS}

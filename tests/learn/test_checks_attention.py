@@ -1,0 +1,87 @@
+"""Chapter 1's checks fail realistic wrong versions, each with the hint naming its mistake."""
+
+import math
+
+import pytest
+import torch
+
+import minitfm.book.attention as book
+from minitfm.learn.checks import attention as hints
+from minitfm.learn.grading import check_function
+
+
+def attention_variant(scale=True, dim=-1, fill=None, bias_first=False, drop=True, cast=None):
+    """The book's attention with one thing done wrong."""
+    def attention(q, k, v, mask=None, bias=None, dropout=None):
+        scores = q @ k.transpose(-2, -1)
+        if bias is not None and bias_first:
+            scores = scores + bias
+        if scale:
+            scores = scores / math.sqrt(q.size(-1))
+        if bias is not None and not bias_first:
+            scores = scores + bias
+        if mask is not None:
+            low = torch.finfo(scores.dtype).min if fill is None else fill
+            scores = scores.masked_fill(~mask, low)
+        weights = scores.softmax(dim=dim)
+        dropped = dropout(weights) if dropout is not None and drop else weights
+        out = dropped @ v
+        return (out.to(cast) if cast else out), weights
+    return attention
+
+
+@pytest.mark.parametrize("variant, hint", [
+    (attention_variant(scale=False), hints.SCALING),
+    (attention_variant(dim=-2), hints.AXIS),
+    (attention_variant(fill=float("-inf")), hints.NEG_INF),
+    (attention_variant(bias_first=True), "the bias is added before the scaling"),
+    (attention_variant(drop=False), "dropout is not applied"),
+    (attention_variant(cast=torch.float32), "the input's dtype"),
+], ids=["no scaling", "softmax axis", "-inf", "bias first", "no dropout", "float32"])
+def test_wrong_attention_fails_with_its_hint(variant, hint):
+    grade = check_function("attention", variant)
+    assert grade.status == "failed" and hint in grade.hint, (grade.check, grade.message, grade.hint)
+
+
+def test_an_inverted_mask_is_named():
+    def inverted(q, k, v, mask=None, bias=None, dropout=None):
+        if mask is not None:
+            mask = ~mask
+        return book.attention(q, k, v, mask, bias, dropout)
+
+    grade = check_function("attention", inverted)
+    assert grade.status == "failed" and hints.INVERTED in grade.hint
+
+
+def test_multi_head_attention_without_the_transpose_fails():
+    def forward(self, query, key, value, scope=book.EVERY_KEY, cache=None):
+        B, T_q, D = query.shape
+        q = self.q_proj(query).view(B, self.n_heads, T_q, self.d_head)  # no transpose
+        k, v = self.project_kv(key, value, cache, scope.positions.keys)
+        out, weights = book.attention(q, k, v, scope.mask, scope.positions.bias, self.dropout)
+        out = self.heads(out).transpose(1, 2).reshape(B, T_q, D)
+        return self.out_proj(out), weights
+
+    grade = check_function("MultiHeadAttention.forward", forward)
+    assert grade.status == "failed" and "split into heads" in grade.hint
+
+
+def test_multi_head_attention_that_skips_the_hook_point_fails():
+    def forward(self, query, key, value, scope=book.EVERY_KEY, cache=None):
+        self.heads, heads = torch.nn.Identity(), self.heads  # a fresh identity: not hooked
+        try:
+            return book.MultiHeadAttention.forward(self, query, key, value, scope, cache)
+        finally:
+            self.heads = heads
+
+    grade = check_function("MultiHeadAttention.forward", forward)
+    assert grade.status == "failed" and "self.heads" in grade.hint
+
+
+def test_a_cache_that_returns_only_the_new_keys_fails():
+    def append(self, k, v):
+        book.KVCache.append(self, k, v)
+        return k, v  # only this step's
+
+    grade = check_function("KVCache.append", append)
+    assert grade.status == "failed" and "every key so far" in grade.hint

@@ -1,0 +1,32 @@
+"""Every exercise has checks; the book's own code passes them all; a blank is "not started"."""
+
+import importlib
+
+import pytest
+
+from minitfm.learn.exercises import EXERCISES
+from minitfm.learn.grading import CHECKS, check_function
+from minitfm.learn.workbook import get_function
+
+
+def book_function(exercise):
+    return get_function(importlib.import_module(f"minitfm.book.{exercise.chapter}"), exercise.name)
+
+
+def test_every_exercise_has_checks():
+    assert [e.name for e in EXERCISES if not CHECKS.get(e.name)] == []
+    assert set(CHECKS) == {e.name for e in EXERCISES}
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)
+def test_the_books_own_code_passes(exercise):
+    grade = check_function(exercise.name, book_function(exercise))
+    assert grade.status == "passed", (grade.check, grade.message)
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)
+def test_a_blank_is_not_started(exercise):
+    def blank(*args, **kwargs):
+        raise NotImplementedError(f"exercise {exercise.name}")
+
+    assert check_function(exercise.name, blank).status == "not started"

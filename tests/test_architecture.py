@@ -1,6 +1,6 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
-    app → lab → run → fast → book → tasks → kernel (config → yamlfile, catalog → errors)
+    app → lab → run → learn → fast → book → tasks → kernel (config → yamlfile, catalog → errors)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, so a deferred import cannot hide an arrow that points up.
@@ -26,7 +26,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
 KERNEL = ["errors", "catalog", "yamlfile", "config"]  # bottom to top; no torch
-FLOORS = [*KERNEL, "tasks", "book", "fast", "run", "lab", "app"]  # bottom to top
+FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules
 MAX_LINES, MAX_LAB_LINES, MAX_PARAMETERS = 500, 450, 6

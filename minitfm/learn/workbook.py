@@ -108,9 +108,7 @@ def book_digests() -> dict[str, str]:
 
 
 def write_marker(folder: Path, kind: str) -> None:
-    from minitfm import __version__
-
-    mark = {"kind": kind, "minitfm": __version__, "book": book_digests()}
+    mark = {"kind": kind, "book": book_digests()}
     (folder / MARK).write_text(json.dumps(mark, indent=1) + "\n", encoding="utf-8")
 
 

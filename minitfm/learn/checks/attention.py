@@ -32,13 +32,11 @@ def qkv(T_q: int = 5, T_k: int = 6, seed: int = 0):
         leaf(2, 3, T_k, 4, seed=seed + 2)
 
 
-def softmax_attention(q, k, v, scores_of, mask=None, fill=None, dim=-1):
-    """One way of writing attention, right or wrong: `scores_of(q, k)`, masked, softmaxed."""
-    scores = scores_of(q, k)
+def weighted(scores, v, mask=None, fill=None, dim=-1):
+    """Scores masked (where ~mask, or where `fill`) and softmaxed over `dim`, times v."""
     if mask is not None:
         scores = scores.masked_fill(~mask if fill is None else fill, torch.finfo(DTYPE).min)
-    weights = scores.softmax(dim=dim)
-    return weights @ v, weights
+    return scores.softmax(dim=dim) @ v
 
 
 def right(q, k):
@@ -48,15 +46,12 @@ def right(q, k):
 def wrong_outputs(q, k, v, mask=None) -> dict[str, torch.Tensor]:
     """The outputs of the usual mistakes, each named by its hint."""
     with torch.no_grad():
-        wrong = {
-            SCALING: softmax_attention(q, k, v, lambda a, b: a @ b.transpose(-2, -1), mask)[0],
-            SQUARE: softmax_attention(q, k, v, lambda a, b: a @ b.transpose(-2, -1) / a.size(-1),
-                                      mask)[0],
-            AXIS: softmax_attention(q, k, v, right, mask, dim=-2)[0],
-        }
+        plain = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k), not scaled
+        wrong = {SCALING: weighted(plain, v, mask), SQUARE: weighted(plain / q.size(-1), v, mask),
+                 AXIS: weighted(right(q, k), v, mask, dim=-2)}
         if mask is not None:
-            wrong[INVERTED] = softmax_attention(q, k, v, right, mask, fill=mask)[0]
-            wrong[IGNORED] = softmax_attention(q, k, v, right)[0]
+            wrong[INVERTED] = weighted(right(q, k), v, mask, fill=mask)
+            wrong[IGNORED] = weighted(right(q, k), v)
     return wrong
 
 

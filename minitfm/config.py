@@ -324,12 +324,15 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
 
 
 def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
-    """task.train_path and task.eval_path made absolute, relative ones read from `base`, so
-    that a run's stored config.yaml names the same files from anywhere."""
-    task = data.get("task")
+    """task.train_path, task.eval_path and a workbook's model.code made absolute, relative ones
+    read from `base`, so that a run's stored config.yaml names the same files from anywhere."""
+    task, model = data.get("task"), data.get("model")
     for key in ("train_path", "eval_path"):
         if isinstance(task, dict) and isinstance(task.get(key), str) and task[key]:
             task[key] = str((base / Path(task[key]).expanduser()).resolve())
+    code = model.get("code") if isinstance(model, dict) else None
+    if isinstance(code, str) and code and code not in ("fast", "book"):  # a workbook folder
+        model["code"] = str((base / Path(code).expanduser()).resolve())
 
 
 def split_key_value(item: str) -> tuple[str, str] | None:

@@ -23,9 +23,10 @@ QUICK = [*TINY, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01"]
 
 
 def command_names() -> list[str]:
-    """The CLI's commands as Typer registers them: the name given, or the function's."""
+    """The CLI's commands as Typer registers them: the name given, or the function's; then its
+    groups of commands (`learn`)."""
     return [info.name or info.callback.__name__.replace("_", "-")
-            for info in app.registered_commands]
+            for info in app.registered_commands] + [info.name for info in app.registered_groups]
 
 
 def run_cli(*args: str, input: str | None = None):

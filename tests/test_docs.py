@@ -192,7 +192,7 @@ def test_readme_line_counts_of_the_floors_are_current():
     actual["kernel"] = lines_of("*.py") - lines_of("__init__.py", "__main__.py")
     for floor, n in stated.items():
         assert abs(n - actual[floor]) <= 0.1 * actual[floor], (floor, n, actual[floor])
-    assert set(stated) == {"kernel", "tasks", "book", "fast", "run", "lab", "app"}, stated
+    assert set(stated) == {"kernel", "tasks", "book", "fast", "learn", "run", "lab", "app"}, stated
 
 
 def test_figures_of_the_default_run_are_current():

@@ -129,30 +129,36 @@ class Run(Loaded):
         return eval_report(self, options)
 
 
-def load_run(run: str | Path | None = None, checkpoint: str = "best") -> Run:
+def load_run(run: str | Path | None = None, checkpoint: str = "best",
+             book: str | Path | None = None) -> Run:
     """Load a run directory or a .pt file (None: the most recent run under ./runs).
 
     `checkpoint` is "best" (highest exact match; last.pt, with a UserWarning, while the run
-    has none) or "last", as `--checkpoint` on the command line.
+    has none) or "last", as `--checkpoint` on the command line; `book`, a workbook of
+    `minitfm learn` whose code the model runs, as `--book` (a run trained with a workbook runs
+    the book's code unless asked, with a UserWarning saying so).
 
     >>> run = load_run("runs/copy-20261121-101500", checkpoint="last")
     """
     check_type("run", run, (str, Path, type(None)), "a run directory or .pt file, or None")
     check_type("checkpoint", checkpoint, str, '"best" or "last"')
+    check_type("book", book, (str, Path, type(None)), "a workbook folder, or None")
     try:
-        loaded = load(run, checkpoint)
+        loaded = load(run, checkpoint, book=book)
     except MinitfmError as err:
         for note in getattr(err, "__notes__", ()):  # best.pt fell back to last.pt, then failed
             warnings.warn(note, stacklevel=2)
         raise
-    if loaded.note:
-        warnings.warn(loaded.note, stacklevel=2)
+    for note in (loaded.note, loaded.code_note):
+        if note:
+            warnings.warn(note, stacklevel=2)
     return Run(**vars(loaded))
 
 
 def train(config: str | Path | dict | Config | None = None, /, *,
           run_dir: str | Path | None = None, resume: str | Path | None = None,
-          overwrite: bool = False, progress: bool = True, **overrides: Any) -> Run:
+          overwrite: bool = False, progress: bool = True, book: str | Path | None = None,
+          **overrides: Any) -> Run:
     """Train as `minitfm train CONFIG KEY=VALUE...` does; the new run, loaded (best checkpoint).
 
     `config` is a YAML file, a dict of the same sections, a Config, or None for the built-in
@@ -160,7 +166,8 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     key with `__` for each dot, its value a Python value: `train__steps=50` is
     `train.steps=50`, `model__positional="rope"`, `seed=1`; `**{"train.steps": 50}` works
     too. `run_dir` is `--run-dir`, `resume` (a run or its checkpoint, with no `config`)
-    `--resume`, `overwrite=True` `--overwrite`; `progress=False` trains silently.
+    `--resume`, `overwrite=True` `--overwrite`, `book` `--book` (train with a workbook's
+    code, see `start_workbook`); `progress=False` trains silently.
 
     >>> run = train("configs/copy.yaml", train__steps=50, model__n_heads=2)
     >>> run = train({"task": {"name": "sort"}}, **{"train.steps": 50}, progress=False)
@@ -171,6 +178,9 @@ def train(config: str | Path | dict | Config | None = None, /, *,
 
     check_train_arguments(config, run_dir, resume, overwrite, progress)
     pairs = [(key.replace("__", "."), value) for key, value in overrides.items()]
+    check_type("book", book, (str, Path, type(None)), "a workbook folder, or None")
+    if book is not None:
+        pairs.append(("model.code", str(Path(book).resolve())))
     options: dict[str, Any] = {"run_dir": None if run_dir is None else Path(run_dir),
                                "overwrite": overwrite}
     if resume is not None:  # the config comes from the checkpoint, as on the command line
@@ -188,7 +198,7 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     finally:
         if reporter is not None:
             reporter.stop()
-    return load_run(summary["run_dir"])
+    return load_run(summary["run_dir"], book=book)  # the workbook asked for, if any
 
 
 def check_train_arguments(config: Any, run_dir: Any, resume: Any, overwrite: Any,
@@ -252,3 +262,66 @@ def train_run(cfg: Config | None, reporter: Instrument | None = None,
     from minitfm.run.session import RunOptions, start_training
 
     return start_training(cfg, RunOptions(**options), instruments(reporter))
+
+
+# --- minitfm learn ---
+
+def start_workbook(folder: str | Path = "workbook") -> Path:
+    """Write a workbook, as `minitfm learn start DIR`: the book's chapters with the exercises'
+    bodies left to write (a folder that exists is never written over); its path."""
+    from minitfm.learn.exercises import workbook_readme
+    from minitfm.learn.workbook import write_workbook
+
+    check_type("folder", folder, (str, Path), "a folder (str or Path)")
+    write_workbook(Path(folder), workbook_readme(str(folder)))
+    return Path(folder)
+
+
+def check_workbook(folder: str | Path = "workbook",
+                   exercises: Sequence[str] | None = None) -> list[dict]:
+    """Grade a workbook, as `minitfm learn check DIR --json`: a dict per exercise (exercise,
+    file, function, status: passed / failed / not started, check, message, hint)."""
+    from minitfm.learn.grading import grade_workbook
+    from minitfm.learn.workbook import load_workbook
+
+    check_type("folder", folder, (str, Path), "a folder (str or Path)")
+    names = None if exercises is None else list(exercises)
+    return [grade.as_dict() for grade in grade_workbook(load_workbook(folder), names)]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One function graded as an exercise: `passed`, and if not, the check, what and a hint."""
+
+    exercise: str
+    status: str  # "passed", "failed" or "not started"
+    check: str = ""
+    message: str = ""
+    hint: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def __str__(self) -> str:
+        if self.status != "failed":
+            return f"{self.exercise}: {self.status}"
+        hint = f"\n  hint: {self.hint}" if self.hint else ""
+        return f"{self.exercise}: failed: {self.check}\n  {self.message}{hint}"
+
+
+def check(exercise: str, function: Any) -> Checked:
+    """Grade a function written anywhere (a notebook cell) as the book's `exercise`, with the
+    checks of `minitfm learn check`; a method takes `self` first.
+
+    >>> def attention(q, k, v, mask=None, bias=None, dropout=None): ...
+    >>> print(check("attention", attention))  # passed, or the first failing check and a hint
+    """
+    from minitfm.learn.grading import check_function
+
+    check_type("exercise", exercise, str, "an exercise's name, such as 'attention'")
+    if not callable(function):
+        raise MinitfmError(f"function ({quote(function)}) is not callable: pass the function "
+                           f"you wrote, such as check('attention', attention)")
+    grade = check_function(exercise, function)
+    return Checked(exercise, grade.status, grade.check, grade.message, grade.hint)

@@ -18,6 +18,7 @@ from minitfm import __version__
 from minitfm.app.console import (
     App,
     OneLineErrors,
+    book_option,
     check_over_training,
     checkpoint_option,
     claimed_threads,
@@ -40,6 +41,7 @@ from minitfm.app.console import (
     widest,
     wrote,
 )
+from minitfm.app.learn import learn_app
 from minitfm.app.tables import (
     ablation_tables,
     attention_text,
@@ -63,6 +65,9 @@ app = App(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
+
+
+app.add_typer(learn_app, name="learn")
 
 
 def version_callback(value: bool) -> None:
@@ -100,11 +105,16 @@ def train_command(
                                    "existing minitfm run directory (its files are replaced)."),
     print_config: bool = typer.Option(False, "--print-config",
                                       help="Print the resolved config as YAML and exit."),
+    book: Path | None = typer.Option(None, "--book", metavar="DIR", help="Train with a "
+                                     "workbook's code (minitfm learn): its functions where "
+                                     "written, the book's elsewhere (sets model.code)."),
 ) -> None:
     """Train a model on a synthetic task; Ctrl-C saves a checkpoint you can --resume."""
     from minitfm.config import load_config, to_yaml
 
     config_path, overrides = split_config_args(args or [], allow_config=resume is None)
+    if book is not None:  # a path as it is, not read as YAML
+        overrides = [*overrides, ("model.code", str(book.resolve()))]
     if resume is not None:
         from minitfm.run.rundir import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
@@ -164,6 +174,7 @@ def eval_command(
                                      "beyond in two colours)."),
     force: bool = force_option("the --plot file"),
     threads: str = threads_option(),
+    book: Path | None = book_option(),
 ) -> None:
     """Measure a trained run honestly: greedy decoding on held-out data, per-length table."""
     if plot is not None:
@@ -174,7 +185,7 @@ def eval_command(
     with claimed_threads(threads):
         from minitfm.lab.measure.evaluate import eval_report
 
-        report = eval_report(loaded_run(run, checkpoint), options)
+        report = eval_report(loaded_run(run, checkpoint, book), options)
     if as_json:
         print(json.dumps(report))
     else:
@@ -197,6 +208,7 @@ def predict(
     as_json: bool = json_option("One JSON object per input, with the expected output and "
                                 "whether it matches."),
     threads: str = threads_option(),
+    book: Path | None = book_option(),
 ) -> None:
     """Decode your own inputs with a trained model, one output line per input.
 
@@ -215,7 +227,7 @@ def predict(
     with claimed_threads(threads):
         from minitfm.lab.measure.evaluate import predict_lines
 
-        loaded = loaded_run(run, checkpoint)
+        loaded = loaded_run(run, checkpoint, book)
         if not lines:
             raise MinitfmError("no input: give INPUT arguments or pipe one input per line on "
                                "stdin")
@@ -256,19 +268,21 @@ def visualize_attention(
                                        "all kinds)."),
     checkpoint: str = checkpoint_option(),
     threads: str = threads_option(),
+    book: Path | None = book_option(),
 ) -> None:
     """Show what every attention head does: a PNG grid, terminal heatmaps, alignment scores."""
     if over_training or gif is not None:
         check_over_training(over_training, {"--input": input_text, "--kind": kind,
                                             "--head": head, "--no-terminal": terminal,
-                                            "--checkpoint": checkpoint, "--threads": threads})
+                                            "--checkpoint": checkpoint, "--threads": threads,
+                                            "--book": book})
         return show_over_training(run, layer, out, gif, force)
     options = VisualizeOptions(input_text, kind, layer, head, out, force)
     with claimed_threads(threads):
         from minitfm.lab.look.visualize import check_options, visualize
 
         check_options(options)  # before the checkpoint is read
-        report = visualize(loaded_run(run, checkpoint), options)
+        report = visualize(loaded_run(run, checkpoint, book), options)
     if report.note:
         note(report.note)
     for item in attention_text(report, terminal, console.width, widest):
@@ -328,6 +342,7 @@ def ablate(
     force: bool = option(AblateOptions, "force"),
     as_json: bool = json_option("Print one JSON object instead of tables."),
     threads: str = threads_option(),
+    book: Path | None = book_option(),
 ) -> None:
     """Which heads matter: exact match with each attention head, then each layer, switched off."""
     options = AblateOptions(mode, samples, batch_size, out, force)
@@ -335,7 +350,7 @@ def ablate(
         from minitfm.lab.look.ablate import ablate, check_options
 
         check_options(options)  # before RUN is looked for
-        report = ablate(loaded_run(run, checkpoint), options)
+        report = ablate(loaded_run(run, checkpoint, book), options)
     if as_json:
         print(json.dumps(report.as_dict()))
         return

@@ -46,6 +46,8 @@ MAX_ERROR_CHARS = 500  # one line, however long the user's input was
 CLI_OPTIONS = {"resume": "--resume", "resume_of": "--resume {}", "run_dir": "--run-dir",
                "overwrite": "--overwrite", "again": "minitfm train --resume {}"}
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
+BOOK_HELP = ("A workbook of minitfm learn: the model runs its functions where written, the "
+             "book's elsewhere (a run trained with one runs the book's code unless asked).")
 CHECKPOINT_HELP = ("Which checkpoint of the run: best (highest exact match; last.pt while the "
                    "run has none) or last.")
 THREADS_HELP = ("CPU threads: auto (the fastest alone, shared with other minitfm processes) "
@@ -164,6 +166,11 @@ def threads_option():
     return typer.Option("auto", metavar="auto|N", help=THREADS_HELP)
 
 
+def book_option():
+    """--book DIR: run a learner's workbook (minitfm learn) instead of the run's code."""
+    return typer.Option(None, "--book", metavar="DIR", help=BOOK_HELP)
+
+
 def json_option(help_text: str):
     """--json: what the command prints instead of its tables."""
     return typer.Option(False, "--json", help=help_text)
@@ -213,7 +220,7 @@ def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | No
 # What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
 OVER_TRAINING_UNUSED = {"--input": (None,), "--kind": ("all", "cross"), "--head": (None,),
                         "--no-terminal": (True,), "--checkpoint": ("best",),
-                        "--threads": ("auto",)}
+                        "--threads": ("auto",), "--book": (None,)}
 
 
 def check_over_training(over_training: bool, given: dict) -> None:
@@ -358,12 +365,14 @@ def claimed_threads(threads: str) -> Iterator[ThreadClaim]:
         yield claim
 
 
-def loaded_run(run: Path | None, which: str) -> Loaded:
-    """The checkpoint RUN and --checkpoint mean, loaded (`lab.loaded.load`); a fallback from
-    best.pt to last.pt is a note on stderr."""
+def loaded_run(run: Path | None, which: str, book: Path | None = None) -> Loaded:
+    """The checkpoint RUN and --checkpoint mean, loaded (`lab.loaded.load`), running the
+    workbook --book names if given; a fallback from best.pt to last.pt, and a workbook's run
+    loaded with the book's code, are notes on stderr."""
     from minitfm.lab.loaded import load
 
-    loaded = load(run, which)
-    if loaded.note:
-        note(loaded.note)
+    loaded = load(run, which, book=book)
+    for text in (loaded.note, loaded.code_note):
+        if text:
+            note(text)
     return loaded

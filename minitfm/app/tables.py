@@ -281,6 +281,30 @@ def tasks_table() -> Table:
     return table
 
 
+# --- `minitfm learn` ---
+
+def grades_table(grades: list) -> Table:
+    """`minitfm learn check`: each exercise's status, in the book's order."""
+    table = Table(title="minitfm learn check")
+    for column in ("#", "exercise", "file", "status"):
+        table.add_column(column)
+    marks = {"passed": "passed", "failed": "FAILED", "not started": "not started"}
+    for grade in grades:
+        table.add_row(str(grade.number), grade.exercise.name, grade.exercise.file,
+                      marks[grade.status])
+    return table
+
+
+def zoo_table(results: list) -> Table:
+    """`minitfm learn check` on a bug zoo: each planted bug's symptom, fixed or not."""
+    table = Table(title="minitfm learn check: the bug zoo")
+    for column in ("#", "symptom", "fixed"):
+        table.add_column(column)
+    for number, (bug, fixed) in enumerate(results, 1):
+        table.add_row(str(number), bug.symptom, "fixed" if fixed else "not yet")
+    return table
+
+
 # --- `minitfm bench` ---
 
 def bench_tables(report: dict) -> list[Table]:

@@ -5,6 +5,10 @@ and `explore` look at, and what the Python API's `Run` is.
 ./runs) and `--checkpoint` once, rebuilds the model from the checkpoint and gives a `Loaded`
 value; the lab's functions take it whole instead of a config, task, model, device, path and
 step one by one.
+
+The model runs the code its run trained with (`model.code`: fast or book), except a learner's
+workbook: minitfm imports a workbook only when the command asks for it (`--book DIR`), so a run
+trained with one runs the book's code on its weights, and says so (see `learn.code`).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import torch
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError
-from minitfm.fast.model import build_model
 from minitfm.lab.options import AblateOptions
+from minitfm.learn.code import Code, code_for, is_workbook
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch, load_checkpoint
 from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, model_parts
@@ -38,6 +42,8 @@ class Loaded:
     model: Seq2SeqTransformer = field(repr=False)
     device: torch.device = field(repr=False)
     note: str | None = field(default=None, repr=False)  # "best" fell back to last.pt: why
+    code: Code | None = field(default=None, repr=False)  # which code the model runs
+    code_note: str | None = field(default=None, repr=False)  # a workbook's run on the book's
 
     @property
     def run_dir(self) -> Path | None:
@@ -66,14 +72,14 @@ class Loaded:
 
 
 def load(run: str | Path | None = None, checkpoint: str = "best", *,
-         device: torch.device | str | None = None) -> Loaded:
+         device: torch.device | str | None = None, book: str | Path | None = None) -> Loaded:
     """The checkpoint a RUN argument and `checkpoint` ("best" or "last") mean, loaded on
-    `device` (default: this machine's, as the commands use). When "best" falls back to last.pt
-    (the run has not been evaluated yet), `note` says so; if the loading then fails, the error
-    carries that note (`add_note`)."""
+    `device` (default: this machine's, as the commands use), its model running a workbook's
+    code if `book` names one. When "best" falls back to last.pt (the run has not been evaluated
+    yet), `note` says so; if the loading then fails, the error carries that note (`add_note`)."""
     path, note = pick_checkpoint(run, checkpoint)
     try:
-        return read_checkpoint(path, note, device)
+        return read_checkpoint(path, note, device, book)
     except MinitfmError as err:
         if note is not None:
             err.add_note(note)
@@ -81,7 +87,8 @@ def load(run: str | Path | None = None, checkpoint: str = "best", *,
 
 
 def read_checkpoint(path: Path, note: str | None = None,
-                    device: torch.device | str | None = None) -> Loaded:
+                    device: torch.device | str | None = None,
+                    book: str | Path | None = None) -> Loaded:
     """The checkpoint file `path` loaded (see `load`): its config validated, its task and model
     rebuilt, each checked against this minitfm version."""
     state = load_checkpoint(path)
@@ -90,9 +97,26 @@ def read_checkpoint(path: Path, note: str | None = None,
         task = make_task(cfg.task, state)
         check_vocab(state, task, path)
         check_fits(model_parts(cfg), "the model")
-        model = build_model(cfg, task)
+    except (KeyError, RuntimeError, TypeError, ValueError) as err:
+        raise checkpoint_mismatch(path, err) from None
+    code, code_note = run_code(cfg.model.code, book)
+    try:
+        model = code.build(cfg, task)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise checkpoint_mismatch(path, err) from None
     device = torch.device(device) if device is not None else default_device()
-    return Loaded(path, state["step"], cfg, task, model.to(device).eval(), device, note)
+    return Loaded(path, state["step"], cfg, task, model.to(device).eval(), device, note, code,
+                  code_note)
+
+
+def run_code(trained: str, book: str | Path | None) -> tuple[Code, str | None]:
+    """The code a loaded model runs: the workbook `book` if asked for, else the run's own; a
+    run that trained a workbook's code runs the book's, with a note saying so."""
+    if book is not None:
+        return code_for(str(Path(book).resolve())), None
+    if not is_workbook(trained):
+        return code_for(trained), None
+    return code_for("book"), (f"this run trained the code of the workbook {trained}: its "
+                              f"weights run here with the book's code (give --book {trained} to "
+                              f"run yours; minitfm runs a workbook only when asked)")

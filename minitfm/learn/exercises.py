@@ -103,3 +103,36 @@ EXERCISES = (
 )
 
 BY_NAME = {exercise.name: exercise for exercise in EXERCISES}
+
+
+def workbook_readme(folder: str) -> str:
+    """The README of a new workbook: how to work through it, and the exercises in order."""
+    rows = "\n".join(f"| {n} | `{e.name}` | `{e.file}` | {e.teaches} | {e.minutes} |"
+                     for n, e in enumerate(EXERCISES, 1))
+    hours = sum(e.minutes for e in EXERCISES) / 60
+    return f"""# My minitfm workbook
+
+Made by `minitfm learn start`: the seven chapters of minitfm's book (`minitfm/book/`, read in
+the order of `minitfm/book/__init__.py`), with the bodies of {len(EXERCISES)} functions left for
+you to write. Each keeps the book's name, signature and docstring; its body is a hint and a
+`NotImplementedError`. Everything else is the book's code, so the chapters call your functions.
+
+1. Read the chapter in `minitfm/book/` up to the exercise (or the docstring here).
+2. Write the body. Keep the name and the signature: the rest of the book calls it.
+3. `minitfm learn check {folder} NAME` grades it against PyTorch and the book: the first
+   check that fails, and a hint naming the likely mistake. `minitfm learn check {folder}`
+   grades them all.
+4. Whenever you like: `minitfm train --book {folder}` trains the default task (reverse) with
+   your functions wherever written and the book's elsewhere, and says whose is whose;
+   `minitfm visualize-attention --book {folder}` then draws what your attention learned.
+
+Your files are yours: minitfm never writes over this folder. A function still raising
+`NotImplementedError` runs the book's code, so you can train at any point.
+
+| # | exercise | file | what it teaches | minutes |
+|---|---|---|---|---|
+{rows}
+
+About {hours:.0f} hours in all, for someone who has read the chapter first. The path and what
+each exercise teaches are in minitfm's docs/learn.md.
+"""

@@ -20,7 +20,8 @@ import sys
 import textwrap
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -256,11 +257,23 @@ def load_workbook(folder: str | Path) -> Workbook:
         raise import_error(err, folder) from None
     for exercise in EXERCISES:
         if exercise.name not in written:
-            module = modules[exercise.chapter]
-            book = importlib.import_module(f"minitfm.book.{exercise.chapter}")
-            set_function(module, exercise.name, rebind(get_function(book, exercise.name),
-                                                       vars(module)))
+            fill(modules, exercise)
     return Workbook(folder, mark["kind"], modules, written, digest, mark["book"])
+
+
+def fill(modules: dict[str, types.ModuleType], exercise: Exercise) -> None:
+    """A blank exercise runs the book's code in the workbook's namespace, wherever the workbook
+    holds it: its chapter, and the chapters that imported it by name (`from .model import
+    greedy_decode`)."""
+    module = modules[exercise.chapter]
+    blank = get_function(module, exercise.name)
+    book = importlib.import_module(f"minitfm.book.{exercise.chapter}")
+    filled = rebind(get_function(book, exercise.name), vars(module))
+    set_function(module, exercise.name, filled)
+    for other in modules.values():
+        for name, value in list(vars(other).items()):
+            if value is blank:
+                setattr(other, name, filled)
 
 
 def import_package(folder: Path, package: str) -> dict[str, types.ModuleType]:
@@ -279,3 +292,24 @@ def import_package(folder: Path, package: str) -> dict[str, types.ModuleType]:
             del sys.modules[package]
             raise
     return {chapter: importlib.import_module(f"{package}.{chapter}") for chapter in CHAPTERS}
+
+
+@contextmanager
+def learner_errors(workbook: Workbook | None) -> Iterator[None]:
+    """An error raised in a workbook's code (a shape error in the learner's attention, say)
+    becomes one line naming the file, line and function, instead of a traceback."""
+    try:
+        yield
+    except MinitfmError:
+        raise
+    except Exception as err:
+        if workbook is None:
+            raise
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if Path(f.filename).resolve().parent == workbook.folder]
+        if not frames:
+            raise
+        where = frames[-1]
+        raise WorkbookError(f"{where.filename}:{where.lineno} in {where.name}: "
+                            f"{type(err).__name__}: {err} (your code; minitfm learn check "
+                            f"{workbook.folder} tells which exercise and why)") from None

@@ -4,6 +4,9 @@ The checkpoint holds the config it was trained with. A resume takes it, applies 
 run's config.yaml (read once) and then the KEY=VALUE overrides, prices the result against this
 machine's memory (once), and refuses any change to task.* or model.*: those would change the
 task or the weights. `model.code` alone may change: it picks which code runs the same weights.
+A run that trained a learner's workbook goes on with the book's code unless the workbook is
+asked for again (`--book DIR` or `model.code=DIR`): the run's own files never make minitfm
+import code (see `learn.code`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from minitfm.config import Config, parse_override, resolve_data_paths, set_path, validate
 from minitfm.errors import CheckpointError, ConfigError, MinitfmError, option
+from minitfm.learn.code import is_workbook
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.rundir import find_run_dir
@@ -33,6 +37,7 @@ class Resumed:
     checkpoint: dict[str, Any]
     cfg: Config
     edits: list[tuple[str, Any, Any]]
+    code_note: str | None = None  # a workbook's run going on with the book's code: why
 
 
 def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
@@ -63,7 +68,12 @@ def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
                                    f"model or task; start a new run instead")
     given = {item[0] if isinstance(item, tuple) else item.partition("=")[0].strip()
              for item in overrides}  # a KEY=VALUE wins over the file
-    return Resumed(checkpoint, cfg, [edit for edit in edits if edit[0] not in given])
+    code_note = None
+    if is_workbook(cfg.model.code) and "model.code" not in given:  # not asked for: the book's
+        code_note = (f"this run trained the code of the workbook {cfg.model.code}: it goes on "
+                     f"with the book's code (give --book {cfg.model.code} to go on with yours)")
+        cfg.model.code = "book"
+    return Resumed(checkpoint, cfg, [edit for edit in edits if edit[0] not in given], code_note)
 
 
 def fixed(key: str) -> bool:

@@ -23,6 +23,7 @@ from minitfm.book.loop import TrainState, due, reached_target, warmup_warning
 from minitfm.book.metrics import EvalResult, LengthStats
 from minitfm.config import Config
 from minitfm.errors import Interrupted, RunFailed, option
+from minitfm.learn.workbook import learner_errors
 from minitfm.run import distributed
 from minitfm.run.checkpoint import load_checkpoint, save_checkpoint
 from minitfm.run.devices import pick_device
@@ -92,6 +93,7 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
         claim.apply()
         device = dist.device if dist.world_size > 1 else pick_device(cfg.device)
         state = init_state(cfg, device, dist)
+        held.enter_context(learner_errors(state.code.workbook))  # a workbook's: one line
         if resumed is not None:
             # The schedule reads cfg.train, so a raised train.steps stretches the decay.
             restore(state, resumed.checkpoint, options.resume)
@@ -112,6 +114,8 @@ def warnings(cfg: Config, resumed: Resumed | None, run_dir: Path) -> list[str]:
     """What to say before the run starts: the edits a resume took from config.yaml, and a run
     that ends inside its warmup."""
     notes = [edits_note(resumed.edits, run_dir)] if resumed is not None and resumed.edits else []
+    if resumed is not None and resumed.code_note:
+        notes.append(resumed.code_note)
     warmup = warmup_warning(cfg.train)
     return notes + ([warmup] if warmup is not None else [])
 

@@ -20,6 +20,7 @@ from minitfm.catalog import position_shortfall
 from minitfm.config import Config
 from minitfm.errors import MinitfmError
 from minitfm.learn.code import Code, code_for
+from minitfm.learn.workbook import learner_errors
 from minitfm.run.checkpoint import optimizer_state
 from minitfm.run.distributed import Dist
 from minitfm.tasks import make_task
@@ -91,10 +92,11 @@ def init_state(cfg: Config, device: torch.device, dist: Dist = Dist()) -> RunSta
     check_lengths(cfg, task)
     code = code_for(cfg.model.code)
     torch.manual_seed(cfg.seed)
-    model = code.build(cfg, task).to(device)
-    if dist.rank > 0:  # under torchrun: the same initial weights, but its own dropout masks
-        torch.manual_seed(cfg.seed + dist.rank)
-    optimizer = code.loop.make_optimizer(model, cfg.train)
+    with learner_errors(code.workbook):  # a workbook's code failing: one line, its file and line
+        model = code.build(cfg, task).to(device)
+        if dist.rank > 0:  # under torchrun: the same initial weights, but its own dropout masks
+            torch.manual_seed(cfg.seed + dist.rank)
+        optimizer = code.loop.make_optimizer(model, cfg.train)
     data_rng = torch.Generator().manual_seed(cfg.seed + dist.rank)  # and its own batches
     return RunState(cfg, task, model, optimizer, data_rng, device=device,
                     model_or_wrapper=step_forward(model, device, dist), dist=dist, code=code)

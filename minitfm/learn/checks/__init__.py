@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 import minitfm
-from minitfm.learn.exercises import Exercise
+from minitfm.learn.exercises import EXERCISES, Exercise
 from minitfm.learn.workbook import rebind
 
 DTYPE = torch.float64
@@ -139,6 +139,11 @@ class Grade:
     check: str = ""  # the first check that failed: its docstring's first line
     message: str = ""
     hint: str = ""
+
+    @property
+    def number(self) -> int:
+        """The exercise's place in the book's order, from 1."""
+        return EXERCISES.index(self.exercise) + 1
 
     def as_dict(self) -> dict:
         return {"exercise": self.exercise.name, "file": self.exercise.file,

@@ -1,0 +1,107 @@
+"""`minitfm learn`: write the transformer yourself, graded against PyTorch, then train it.
+
+`start` writes a workbook (the book's chapters with exercises to write), `check` grades it,
+`bugs` writes a bug zoo (the book with bugs planted) that `check` also grades. Training with a
+workbook is `minitfm train --book DIR`. The library is `minitfm.learn`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from minitfm.app.console import App, OneLineErrors, clean_errors, json_option, note, say, show
+from minitfm.app.tables import grades_table, printable, zoo_table
+
+learn_app = App(cls=OneLineErrors, name="learn", no_args_is_help=True,
+                help="Write the transformer yourself: a workbook of exercises, graded against "
+                     "PyTorch, that trains with your code.")
+
+
+@learn_app.command("start")
+@clean_errors(uses_torch=False)
+def start(folder: Path = typer.Argument(Path("workbook"), metavar="[DIR]",
+                                        help="The workbook's folder (default: workbook); it "
+                                             "must not exist yet.")) -> None:
+    """Write a workbook: the book's chapters, with the exercises' bodies left for you."""
+    from minitfm.learn.exercises import EXERCISES, workbook_readme
+    from minitfm.learn.workbook import write_workbook
+
+    write_workbook(folder, workbook_readme(str(folder)))
+    say(f"wrote {printable(str(folder))}/: the book's chapters with {len(EXERCISES)} exercises "
+        f"(its README.md says how to work through them); first: "
+        f"{printable(str(folder / EXERCISES[0].file))}, {EXERCISES[0].name}")
+    say(f"next: minitfm learn check {printable(str(folder))} {EXERCISES[0].name}")
+
+
+@learn_app.command("check")
+@clean_errors
+def check(
+    folder: Path = typer.Argument(Path("workbook"), metavar="[DIR]",
+                                  help="A workbook (minitfm learn start) or a bug zoo (minitfm "
+                                       "learn bugs); default: workbook."),
+    exercises: list[str] | None = typer.Argument(None, metavar="[EXERCISE]...",
+                                                 help="Only these exercises (e.g. attention "
+                                                      "LayerNorm.forward); default: all."),
+    as_json: bool = json_option("One JSON object per exercise (exercise, file, function, "
+                                "status, check, message, hint)."),
+) -> None:
+    """Grade a workbook against PyTorch and the book: exit 0 if all you wrote passes, else 1."""
+    from minitfm.learn.grading import grade_workbook, pick
+    from minitfm.learn.workbook import load_workbook
+
+    pick(exercises)  # a misspelt name first, before anything is imported
+    workbook = load_workbook(folder)
+    if workbook.kind == "zoo":
+        return check_zoo(workbook, as_json)
+
+    grades = grade_workbook(workbook, exercises)
+    changed = [name for name in workbook.changed_in_book() if not exercises or name in exercises]
+    if as_json:
+        for grade in grades:
+            print(json.dumps(grade.as_dict()))
+    else:
+        show(grades_table(grades))
+        for grade in grades:
+            if grade.status == "failed":
+                say(f"{grade.exercise.name} ({grade.exercise.file}) fails: {grade.check}")
+                say(f"  {grade.message}")
+                if grade.hint:
+                    say(f"  hint: {grade.hint}")
+    if changed:
+        note(f"the book has changed since this workbook was made, in {', '.join(changed)}: "
+             f"those are graded against the book of now (see minitfm/book/)")
+    if any(grade.status == "failed" for grade in grades):
+        raise typer.Exit(1)
+
+
+def check_zoo(zoo, as_json: bool) -> None:
+    """A bug zoo graded: which planted bugs are fixed (exit 1 while any is not)."""
+    from minitfm.learn.zoo import check_zoo as bugs_fixed
+
+    results = bugs_fixed(zoo)
+    if as_json:
+        for bug, fixed in results:
+            print(json.dumps({"bug": bug.id, "symptom": bug.symptom, "fixed": fixed}))
+    else:
+        show(zoo_table(results))
+        say(f"{sum(fixed for _, fixed in results)} of {len(results)} bugs fixed")
+    if not all(fixed for _, fixed in results):
+        raise typer.Exit(1)
+
+
+@learn_app.command("bugs")
+@clean_errors(uses_torch=False)
+def bugs(folder: Path = typer.Argument(Path("bugs"), metavar="[DIR]",
+                                       help="The zoo's folder (default: bugs); it must not "
+                                            "exist yet.")) -> None:
+    """Write a bug zoo: the whole book, working-looking, with one-line bugs planted to find."""
+    from minitfm.learn.zoo import BUGS, write_zoo
+
+    write_zoo(folder)
+    say(f"wrote {printable(str(folder))}/: the book with {len(BUGS)} bugs planted (its "
+        f"README.md lists their symptoms); train it with minitfm train --book "
+        f"{printable(str(folder))}")
+    say(f"next: minitfm learn check {printable(str(folder))}")

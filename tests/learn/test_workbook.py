@@ -152,3 +152,19 @@ def test_the_book_changed_since_the_workbook_was_made(tmp_path):
     result = run_cli("learn", "check", folder)
     assert result.exit_code == 0
     assert "the book has changed since this workbook was made, in attention" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_workbook_holding_the_books_code_reaches_the_default_target(tmp_path):
+    """The default config, trained with a workbook whose every exercise is written (the book's
+    code, in the workbook's files): the learner's path ends where the book's does."""
+    folder = start(tmp_path / "workbook")
+    for chapter in CHAPTERS:
+        write_book_chapter(folder, chapter)
+    run_dir = tmp_path / "run"
+    result = run_cli("train", "--book", folder, "threads=1", "log.tensorboard=false",
+                     "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    assert "your code: attention, subsequent_mask," in result.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped at target" and summary["best_exact_match"] >= 0.99

@@ -90,12 +90,14 @@ EXERCISES = (
              "all so far, take the argmax of the last position, PAD for rows already done."),
     Exercise("optim", "AdamW.step", "AdamW",
              "moments, bias correction and weight decay decoupled from the gradient", 20,
-             "clip g to max_norm; θ -= lr λ θ; m, v as running means of g and g²; "
-             "θ -= lr m̂ / (sqrt(v̂) + eps) with m̂ = m / (1 - β1^t), v̂ = v / (1 - β2^t)."),
+             "the norm of g (returned, before clipping); clip g to max_norm; t += 1 first; "
+             "θ -= lr λ θ; m, v as running means of g and g²; θ -= lr m̂ / (sqrt(v̂) + eps) "
+             "with m̂ = m / (1 - β1^t), v̂ = v / (1 - β2^t)."),
     Exercise("loop", "lr_factor", "the learning-rate schedule",
              "linear warmup, then cosine decay to zero (or constant, or inverse square root)",
-             10, "(step + 1) / warmup during warmup; then 0.5 (1 + cos(π progress)) for cosine, "
-             "with progress from 0 after warmup to 1 at cfg.steps."),
+             10, "(step + 1) / warmup during warmup; then 1 for constant, sqrt(max(warmup, 1) / "
+             "max(step, 1)) for inverse_sqrt, 0.5 (1 + cos(π min(progress, 1))) for cosine, "
+             "progress going from 0 after warmup to 1 at cfg.steps."),
     Exercise("metrics", "LengthStats.add", "exact match and token accuracy",
              "honest scores: the whole sequence, length included; a missing token is wrong", 10,
              "exact when pred == target (lengths too); count matching positions, over "

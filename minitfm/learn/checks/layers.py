@@ -44,8 +44,8 @@ def norm_wrong_outputs(x, weight, bias, eps: float) -> dict[str, torch.Tensor]:
                  STD_PLUS_EPS: weight * normalised(x, correction=1, eps=eps, outside=True) + bias,
                  EPS_OUTSIDE: weight * normalised(x, eps=eps, outside=True) + bias,
                  NO_EPS: weight * normalised(x, eps=0.0) + bias,
-                 "eps is not self.eps: use the eps the module was made with (here 0.1)":
-                     weight * normalised(x, eps=1e-5) + bias,
+                 f"eps is not self.eps: use the eps the module was made with (here {eps})":
+                     weight * normalised(x, eps=1e-5) + bias,  # torch's default, hard-coded
                  NO_GAIN: right + bias, NO_SHIFT: weight * right, NO_AFFINE: right}
         if x.dim() < 3:  # no other dim worth naming
             return wrong

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from minitfm.errors import MinitfmError, quote
-from minitfm.learn.checks import Grade, Subject, attention, grade, layers, subject_from
+from minitfm.learn.checks import Grade, Subject, attention, grade, layers, positions, subject_from
 from minitfm.learn.exercises import BY_NAME, EXERCISES, Exercise
 from minitfm.learn.workbook import Workbook
 
@@ -19,6 +19,7 @@ from minitfm.learn.workbook import Workbook
 CHECKS: dict[str, tuple[Callable[[Subject], None], ...]] = {
     **attention.CHECKS,
     **layers.CHECKS,
+    **positions.CHECKS,
 }
 
 

@@ -300,8 +300,8 @@ def zoo_table(results: list) -> Table:
     table = Table(title="minitfm learn check: the bug zoo")
     for column in ("#", "symptom", "fixed"):
         table.add_column(column)
-    for number, (bug, fixed) in enumerate(results, 1):
-        table.add_row(str(number), bug.symptom, "fixed" if fixed else "not yet")
+    for number, (bug, fixed) in enumerate(results, 1):  # once fixed, what the mistake was
+        table.add_row(str(number), bug.symptom, f"fixed: {bug.mistake}" if fixed else "not yet")
     return table
 
 

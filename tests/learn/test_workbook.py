@@ -11,8 +11,8 @@ from minitfm.learn.workbook import BOOK_IMPORT, MARK, book_source, load_workbook
 from minitfm.run.checkpoint import load_checkpoint
 from tests.helpers import TINY, assert_clean_error, run_cli
 
-SHORT = [*TINY, "train.steps=6", "train.warmup_steps=2", "train.eval_every=3", "train.eval_samples=20",
-         "log.tensorboard=false"]
+SHORT = [*TINY, "train.steps=6", "train.warmup_steps=2", "train.eval_every=3",
+         "train.eval_samples=20", "log.tensorboard=false"]
 
 
 def start(folder):

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from minitfm.errors import MinitfmError, quote
-from minitfm.learn.checks import Grade, Subject, attention, grade, subject_from
+from minitfm.learn.checks import Grade, Subject, attention, grade, model, subject_from
 from minitfm.learn.exercises import BY_NAME, EXERCISES, Exercise
 from minitfm.learn.workbook import Workbook
 
 # Each chapter's checks, by exercise: a tuple of functions that raise `checks.Mismatch`.
 CHECKS: dict[str, tuple[Callable[[Subject], None], ...]] = {
     **attention.CHECKS,
+    **model.CHECKS,
 }
 
 

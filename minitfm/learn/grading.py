@@ -17,6 +17,7 @@ from minitfm.learn.checks import (
     attention,
     grade,
     layers,
+    model,
     positions,
     subject_from,
     training,
@@ -29,6 +30,7 @@ CHECKS: dict[str, tuple[Callable[[Subject], None], ...]] = {
     **attention.CHECKS,
     **layers.CHECKS,
     **positions.CHECKS,
+    **model.CHECKS,
     **training.CHECKS,
 }
 

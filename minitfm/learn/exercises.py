@@ -64,8 +64,9 @@ EXERCISES = (
     Exercise("positions", "sinusoids", "sinusoidal positions",
              "the paper's table: sin on even features, cos on odd ones, wavelengths growing "
              "geometrically", 15,
-             "angle(pos, i) = pos / 10000^(2i/D) for i = 0, 1, ..., D/2 - 1; column 2i gets its "
-             "sin, column 2i + 1 its cos."),
+             "angle(pos, i) = pos / 10000^(2i/D) for i = 0, 1, ...; column 2i gets its sin, "
+             "column 2i + 1 its cos (an odd D has one sin more than cos); in torch's default "
+             "dtype."),
     Exercise("positions", "Rotation.rotate", "rotary positions (RoPE)",
              "turning each pair of features by an angle, so scores see relative positions only",
              15, "pairs are adjacent features (x[..., 0::2], x[..., 1::2]); turn each pair by "
@@ -86,8 +87,10 @@ EXERCISES = (
              "copying what is cached), then return views of everything cached so far."),
     Exercise("model", "greedy_decode", "greedy decoding",
              "decoding one token at a time from BOS until every row has written EOS", 20,
-             "encode once; start from BOS; each step feed the newest token (with the cache) or "
-             "all so far, take the argmax of the last position, PAD for rows already done."),
+             "inside `with eval_mode(model):` (dropout off, the mode restored); encode once "
+             "(or take `encoded`); start from BOS; each step feed the newest token (with the "
+             "cache) or all so far, take the argmax of the last position, PAD for rows already "
+             "done; stop when every row has written EOS, or after max_len tokens."),
     Exercise("optim", "AdamW.step", "AdamW",
              "moments, bias correction and weight decay decoupled from the gradient", 20,
              "the norm of g (returned, before clipping); clip g to max_norm; t += 1 first; "

@@ -98,9 +98,9 @@ def same(actual: Tensor, expected: Tensor, atol: float = 1e-8) -> bool:
         torch.allclose(actual.double(), expected.double(), rtol=1e-6, atol=atol, equal_nan=True))
 
 
-def diagnose(actual: Tensor, wrong: dict[str, Tensor]) -> str:
+def diagnose(actual: Tensor, wrong: dict[str, Tensor], atol: float = 1e-8) -> str:
     """The hint of the first known wrong version whose output `actual` equals, else ""."""
-    return next((hint for hint, output in wrong.items() if same(actual, output)), "")
+    return next((hint for hint, output in wrong.items() if same(actual, output, atol)), "")
 
 
 def expect(actual, expected: Tensor, what: str, wrong: dict[str, Tensor] | None = None,
@@ -112,7 +112,7 @@ def expect(actual, expected: Tensor, what: str, wrong: dict[str, Tensor] | None 
         return
     gap = (actual.double() - expected.double()).abs().nan_to_num(float("inf")).max().item()
     raise Mismatch(f"{what} differs from the expected values by up to {gap:.3g}",
-                   diagnose(actual, wrong or {}) or hint)
+                   diagnose(actual, wrong or {}, atol) or hint)
 
 
 def leaf(*shape: int, seed: int = 0) -> Tensor:

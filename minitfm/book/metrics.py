@@ -120,12 +120,17 @@ def predict(model, task: Task, sources: list[list[int]], device,
 
 def decode_chunk(model, task: Task, src, lengths: list[int], use_cache: bool = True,
                  encoded=None) -> list[list[int]]:
-    """Greedy-decode one chunk of padded sources (B, S) whose lengths are `lengths`, up to the
-    longest target they allow (+ EOS); the outputs without EOS. `encoded`: see greedy_decode."""
+    """Greedy-decode one chunk of padded sources (B, S) whose lengths are `lengths`, each up to
+    the longest target its own length allows (+ EOS); the outputs without EOS. `encoded`: see
+    greedy_decode.
+
+    The chunk decodes as long as its longest cap; decoding is causal, so a row's first tokens
+    do not depend on how long that is, and each row is cut at its own cap: an answer is the one
+    its input gets alone, whatever else shares the chunk."""
     vocab = task.vocab
-    cap = max(task.max_target_len(n) for n in lengths) + 1  # + EOS
-    tokens = greedy_decode(model, src, vocab, cap, use_cache, encoded)
-    return [strip_eos(row, vocab.eos_id) for row in tokens.tolist()]
+    caps = [task.max_target_len(n) + 1 for n in lengths]  # + EOS
+    tokens = greedy_decode(model, src, vocab, max(caps), use_cache, encoded)
+    return [strip_eos(row[:cap], vocab.eos_id) for row, cap in zip(tokens.tolist(), caps)]
 
 
 @torch.no_grad()

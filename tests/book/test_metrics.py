@@ -58,3 +58,18 @@ def test_evaluation_never_feeds_the_target_to_decoding():
     wrong = [(src, [(t + 1) % 10 + 3 for t in target]) for src, target in pairs]
     a, b = evaluate(model, task, pairs, "cpu"), evaluate(model, task, wrong, "cpu")
     assert a.predictions == b.predictions and a.loss != b.loss
+
+
+def test_an_answer_does_not_depend_on_what_else_is_decoded_with_it():
+    """An untrained model seldom writes EOS, so its rows run to their caps: each input's answer
+    is cut at its own cap, in any batch size and order (the chunk's cap once leaked into it)."""
+    model, task = tiny_model()
+    sources = [src for src, _ in eval_set(task, 40, 0)]
+    alone = [predict(model, task, [src], "cpu")[0] for src in sources]
+    generator = torch.Generator().manual_seed(0)
+    for batch_size in (1, 3, 7, 40):
+        order = torch.randperm(len(sources), generator=generator).tolist()
+        shuffled = predict(model, task, [sources[i] for i in order], "cpu", batch_size)
+        assert [shuffled[order.index(i)] for i in range(len(sources))] == alone
+    assert any(len(answer) == task.max_target_len(len(src)) + 1
+               for answer, src in zip(alone, sources))  # some rows did run to their caps

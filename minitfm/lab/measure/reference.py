@@ -188,9 +188,9 @@ def predict(ref, task: Task, sources: list[list[int]], device) -> list[list[int]
     out = [[] for _ in sources]
     for chunk in length_chunks([len(s) for s in sources], EVAL_BATCH_SIZE):
         src = make_batch([(sources[i], []) for i in chunk], task.vocab).src.to(device)  # (B, S)
-        cap = max(task.max_target_len(len(sources[i])) for i in chunk) + 1  # + EOS
-        for i, row in zip(chunk, ref.decode(src, cap).tolist()):
-            out[i] = strip_eos(row, task.vocab.eos_id)
+        caps = [task.max_target_len(len(sources[i])) + 1 for i in chunk]  # + EOS, each its own
+        for i, cap, row in zip(chunk, caps, ref.decode(src, max(caps)).tolist()):
+            out[i] = strip_eos(row[:cap], task.vocab.eos_id)  # as minitfm's decode_chunk
     return out
 
 

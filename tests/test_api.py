@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -176,3 +177,24 @@ def test_train_resumes_and_overwrites_as_the_cli_does(run, tmp_path):
     fresh = train(None, run_dir=copy, overwrite=True, progress=False,
                   **{**SETTINGS, "train.steps": 2})
     assert load_run(fresh.run_dir, checkpoint="last").step == 2
+
+
+@pytest.mark.parametrize("heads_off, mode", [((), "zero"), ((("cross", 0, 1),), "zero"),
+                                             ((("cross", 0, 0), ("encoder", 0, 1)), "mean")])
+def test_an_answer_is_the_same_in_any_batch(run, heads_off, mode):
+    """The same inputs, alone, in random orders and in batches of every size, with and without
+    heads switched off, give the same answers (a batch's longest cap once leaked into them)."""
+    texts = [" ".join(str((n + i) % 5) for i in range(1 + n % 6)) for n in range(24)]
+    alone = [run.predict(text, heads_off=heads_off, mode=mode) for text in texts]
+    generator = random.Random(0)
+    for _ in range(3):
+        order = list(range(len(texts)))
+        generator.shuffle(order)
+        size = generator.randint(2, len(texts))
+        answers = {}
+        for start in range(0, len(order), size):
+            part = order[start:start + size]
+            for i, answer in zip(part, run.predict([texts[i] for i in part],
+                                                   heads_off=heads_off, mode=mode)):
+                answers[i] = answer
+        assert [answers[i] for i in range(len(texts))] == alone

@@ -85,3 +85,28 @@ def test_a_cache_that_returns_only_the_new_keys_fails():
 
     grade = check_function("KVCache.append", append)
     assert grade.status == "failed" and "every key so far" in grade.hint
+
+
+def test_multi_head_attention_without_dropout_on_the_weights_fails():
+    def forward(self, query, key, value, scope=book.EVERY_KEY, cache=None):
+        dropout, self.dropout = self.dropout, None  # attention then drops nothing
+        try:
+            return book.MultiHeadAttention.forward(self, query, key, value, scope, cache)
+        finally:
+            self.dropout = dropout
+
+    grade = check_function("MultiHeadAttention.forward", forward)
+    assert grade.status == "failed" and "pass self.dropout to attention" in grade.hint
+
+
+def test_a_view_after_a_transpose_is_named():
+    def forward(self, query, key, value, scope=book.EVERY_KEY, cache=None):
+        B, T_q, D = query.shape
+        q = self.split_heads(self.q_proj(query))
+        k, v = self.project_kv(key, value, cache, scope.positions.keys)
+        out, weights = book.attention(q, k, v, scope.mask, scope.positions.bias, self.dropout)
+        out = self.heads(out).transpose(1, 2).view(B, T_q, D)  # not contiguous
+        return self.out_proj(out), weights
+
+    grade = check_function("MultiHeadAttention.forward", forward)
+    assert grade.status == "failed" and "not contiguous" in grade.hint

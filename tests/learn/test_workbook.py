@@ -168,3 +168,25 @@ def test_a_workbook_holding_the_books_code_reaches_the_default_target(tmp_path):
     assert "your code: attention, subsequent_mask," in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped at target" and summary["best_exact_match"] >= 0.99
+
+
+def test_a_function_that_calls_itself_fails_and_a_half_written_one_says_why(tmp_path):
+    """Graded alone, an exercise's own name is the learner's: calling it recurses (in a run it
+    would too), instead of passing on the book's."""
+    folder = start(tmp_path / "workbook")
+    text = (folder / "model.py").read_text()
+    start_at = text.index("def subsequent_mask(")
+    end_at = text.index("raise NotImplementedError", start_at)
+    line_end = text.index("\n", end_at)
+    text = text[:end_at] + "return subsequent_mask(size, device)" + text[line_end:]
+    (folder / "model.py").write_text(text)
+    hint = "        # Hint: per position over the last dim"
+    layers = (folder / "layers.py").read_text().replace(
+        hint, "        centred = x - x.mean(-1, keepdim=True)\n" + hint)
+    (folder / "layers.py").write_text(layers)
+    result = run_cli("learn", "check", folder, "--json")
+    rows = {json.loads(line)["exercise"]: json.loads(line) for line in result.stdout.splitlines()}
+    assert rows["subsequent_mask"]["status"] == "failed"
+    assert "calls itself" in rows["subsequent_mask"]["hint"]
+    assert rows["LayerNorm.forward"]["status"] == "failed"
+    assert "still raises NotImplementedError" in rows["LayerNorm.forward"]["message"]

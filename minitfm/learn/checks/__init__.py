@@ -64,12 +64,18 @@ def book_chapter(exercise: Exercise) -> ModuleType:
 
 def subject_from(exercise: Exercise, function: Callable, home: ModuleType | None) -> Subject:
     """The learner's `function` to grade. From a workbook (`home`, its module), its global
-    names are looked up in the book first, then in the workbook (the learner's own helpers);
-    a function written in a notebook keeps its own globals."""
+    names are looked up in the book first, then in the workbook (the learner's own helpers),
+    but its own name is the learner's: a function that calls itself recurses here as it would
+    in a run, instead of calling the book's. A function written in a notebook keeps its own
+    globals."""
     if home is None:
         return Subject(exercise, function)
     book = {k: v for k, v in vars(book_chapter(exercise)).items() if not k.startswith("__")}
-    return Subject(exercise, rebind(function, {**vars(home), **book}))
+    namespace = {**vars(home), **book}
+    subject = Subject(exercise, rebind(function, namespace))
+    owner = exercise.name.rpartition(".")[0]
+    namespace[owner or exercise.name] = subject.owner() if owner else subject.function
+    return subject
 
 
 # --- comparing, and naming the likely mistake ---
@@ -162,6 +168,11 @@ def learner_frame(err: BaseException) -> str:
 def error_hint(err: Exception) -> str:
     """What an exception from the learner's code most likely means."""
     text = str(err)
+    if isinstance(err, RecursionError):
+        return "your function calls itself: write its body instead of calling it by its name"
+    if isinstance(err, RuntimeError) and "view" in text and "contiguous" in text:
+        return ("a view of a tensor that is not contiguous (a transpose, say): use .reshape, or "
+                ".contiguous() before .view")
     if isinstance(err, RuntimeError) and any(w in text for w in ("size", "shape", "dimension")):
         return ("a shape error: write each tensor's shape beside it, as the book does, and check "
                 "every view, transpose and matmul")

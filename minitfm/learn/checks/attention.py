@@ -194,7 +194,7 @@ def mha_uses_the_hook_point_and_positions(s: Subject) -> None:
     if seen != [torch.Size([2, 2, 5, 4])]:
         raise Mismatch(f"the heads hook point saw {seen}, expected one call with (B, H, T, K) = "
                        f"(2, 2, 5, 4)", "pass the head outputs through self.heads before "
-                       "concatenating them: ablate and explain hook it there")
+                       "concatenating them: minitfm ablate hooks it there")
     positions = torch.arange(5)
     for scheme, name in ((RotaryPositions(4), "RoPE"), (ALiBiPositions(2), "ALiBi")):
         scope = AttentionScope(None, scheme.attention(positions, positions))
@@ -213,6 +213,24 @@ def mha_with_a_cache(s: Subject) -> None:
              for t in range(6)]
     expect(torch.cat(steps, dim=1), full, "the outputs decoded step by step with a cache",
            hint="pass the cache to project_kv, which appends this step's keys and values")
+
+
+def mha_drops_attention_weights(s: Subject) -> None:
+    """in training, dropout on the attention weights (self.dropout, passed to attention)"""
+    ours, _ = paired_attention(s)
+    ours.dropout.p = 0.5
+    book = MultiHeadAttention(8, 2, dropout=0.5).to(DTYPE)
+    book.load_state_dict(ours.state_dict())
+    x = leaf(2, 5, 8)
+    torch.manual_seed(4)
+    out = pair(ours.train()(x, x, x), "MultiHeadAttention in training")[0]
+    torch.manual_seed(4)
+    expected = book.train()(x, x, x)[0]
+    with torch.no_grad():
+        undropped = book.eval()(x, x, x)[0]
+    expect(out, expected, "the output in training with dropout 0.5", {
+        "no dropout on the attention weights: pass self.dropout to attention":
+            undropped}, hint="pass self.dropout to attention, which drops the weights")
 
 
 # --- the KV cache ---
@@ -241,6 +259,6 @@ CHECKS = {
     "attention": (attention_matches_torch, attention_masks, attention_fully_masked_row,
                   attention_bias, attention_gradients, attention_dropout),
     "MultiHeadAttention.forward": (mha_matches_torch, mha_uses_the_hook_point_and_positions,
-                                   mha_with_a_cache),
+                                   mha_with_a_cache, mha_drops_attention_weights),
     "KVCache.append": (cache_appends,),
 }

@@ -31,7 +31,7 @@ from typing import Any
 from torch import Tensor
 
 from minitfm.config import Config, load_config
-from minitfm.errors import MinitfmError, quote
+from minitfm.errors import MinitfmError, quote, spell
 from minitfm.lab.loaded import Loaded, load
 from minitfm.lab.look.probe import KINDS, map_blocks, run_probe
 from minitfm.lab.look.visualize import read_input
@@ -42,7 +42,8 @@ from minitfm.run.rundir import resolve_checkpoint
 
 # How messages name `train`'s options here (see `errors.option`): as this API's arguments.
 API_OPTIONS = {"resume": "resume=", "resume_of": "resume='{}'", "run_dir": "run_dir=",
-               "overwrite": "overwrite=True", "again": "train(resume='{}')"}
+               "overwrite": "overwrite=True", "again": "train(resume='{}')",
+               "book": "book='{}'"}
 
 
 @dataclass
@@ -151,7 +152,7 @@ def load_run(run: str | Path | None = None, checkpoint: str = "best",
         raise
     for note in (loaded.note, loaded.code_note):
         if note:
-            warnings.warn(note, stacklevel=2)
+            warnings.warn(spell(note, API_OPTIONS), stacklevel=2)
     return Run(**vars(loaded))
 
 
@@ -302,6 +303,10 @@ class Checked:
     @property
     def passed(self) -> bool:
         return self.status == "passed"
+
+    def __bool__(self) -> bool:
+        """`assert check(...)` holds only when it passed."""
+        return self.passed
 
     def __str__(self) -> str:
         if self.status != "failed":

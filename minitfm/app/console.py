@@ -32,7 +32,7 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from minitfm.app.tables import heading_lines, printable
-from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.errors import Interrupted, MinitfmError, quote, spell
 from minitfm.lab.options import option_field
 from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
@@ -44,7 +44,8 @@ PIPED_WIDTH = 10_000  # piped output has no width to wrap to: this keeps every l
 MAX_ERROR_CHARS = 500  # one line, however long the user's input was
 # How messages name `train`'s options here (see `errors.option`): as this command line's.
 CLI_OPTIONS = {"resume": "--resume", "resume_of": "--resume {}", "run_dir": "--run-dir",
-               "overwrite": "--overwrite", "again": "minitfm train --resume {}"}
+               "overwrite": "--overwrite", "again": "minitfm train --resume {}",
+               "book": "--book {}"}
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
 BOOK_HELP = ("A workbook of minitfm learn: the model runs its functions where written, the "
              "book's elsewhere (a run trained with one runs the book's code unless asked).")
@@ -374,5 +375,5 @@ def loaded_run(run: Path | None, which: str, book: Path | None = None) -> Loaded
     loaded = load(run, which, book=book)
     for text in (loaded.note, loaded.code_note):
         if text:
-            note(text)
+            note(spell(text, CLI_OPTIONS))
     return loaded

@@ -14,6 +14,7 @@ import typer
 
 from minitfm.app.console import App, OneLineErrors, clean_errors, json_option, note, say, show
 from minitfm.app.tables import grades_table, printable, zoo_table
+from minitfm.errors import MinitfmError
 
 learn_app = App(cls=OneLineErrors, name="learn", no_args_is_help=True,
                 help="Write the transformer yourself: a workbook of exercises, graded against "
@@ -23,8 +24,8 @@ learn_app = App(cls=OneLineErrors, name="learn", no_args_is_help=True,
 @learn_app.command("start")
 @clean_errors(uses_torch=False)
 def start(folder: Path = typer.Argument(Path("workbook"), metavar="[DIR]",
-                                        help="The workbook's folder (default: workbook); it "
-                                             "must not exist yet.")) -> None:
+                                        help="The workbook's folder; it must not exist yet.")
+          ) -> None:
     """Write a workbook: the book's chapters, with the exercises' bodies left for you."""
     from minitfm.learn.exercises import EXERCISES, workbook_readme
     from minitfm.learn.workbook import write_workbook
@@ -41,7 +42,7 @@ def start(folder: Path = typer.Argument(Path("workbook"), metavar="[DIR]",
 def check(
     folder: Path = typer.Argument(Path("workbook"), metavar="[DIR]",
                                   help="A workbook (minitfm learn start) or a bug zoo (minitfm "
-                                       "learn bugs); default: workbook."),
+                                       "learn bugs)."),
     exercises: list[str] | None = typer.Argument(None, metavar="[EXERCISE]...",
                                                  help="Only these exercises (e.g. attention "
                                                       "LayerNorm.forward); default: all."),
@@ -50,11 +51,16 @@ def check(
 ) -> None:
     """Grade a workbook against PyTorch and the book: exit 0 if all you wrote passes, else 1."""
     from minitfm.learn.grading import grade_workbook, pick
-    from minitfm.learn.workbook import load_workbook
+    from minitfm.learn.workbook import MARK, load_workbook
 
     pick(exercises)  # a misspelt name first, before anything is imported
+    if folder == Path("workbook") and not folder.exists() and Path(MARK).is_file():
+        folder = Path(".")  # run from inside the workbook
     workbook = load_workbook(folder)
     if workbook.kind == "zoo":
+        if exercises:
+            raise MinitfmError(f"a bug zoo is checked whole, not by exercise: minitfm learn "
+                               f"check {folder}")
         return check_zoo(workbook, as_json)
 
     grades = grade_workbook(workbook, exercises)
@@ -70,11 +76,33 @@ def check(
                 say(f"  {grade.message}")
                 if grade.hint:
                     say(f"  hint: {grade.hint}")
+    if not as_json:
+        say(progress_line(grades, workbook))
     if changed:
         note(f"the book has changed since this workbook was made, in {', '.join(changed)}: "
              f"those are graded against the book of now (see minitfm/book/)")
     if any(grade.status == "failed" for grade in grades):
         raise typer.Exit(1)
+
+
+def progress_line(grades: list, workbook) -> str:
+    """How far the learner is, and where to go next: the first exercise not passed, by file and
+    line, or the command that trains with all of them."""
+    from minitfm.learn.workbook import find_function, parse_chapters
+
+    passed = sum(grade.status == "passed" for grade in grades)
+    todo = next((grade for grade in grades if grade.status != "passed"), None)
+    if todo is None:
+        folder = workbook.folder
+        shown = folder.relative_to(Path.cwd()) if folder.is_relative_to(Path.cwd()) else folder
+        return (f"{passed} of {len(grades)} passed: train with your code, minitfm train --book "
+                f"{printable(str(shown))}")
+    exercise = todo.exercise
+    node = find_function(parse_chapters(workbook.folder)[exercise.chapter], exercise.name)
+    path = workbook.folder / exercise.file
+    where = f"{path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}:" \
+            f"{node.lineno}"
+    return f"{passed} of {len(grades)} passed; next: {exercise.name} ({printable(where)})"
 
 
 def check_zoo(zoo, as_json: bool) -> None:
@@ -95,8 +123,8 @@ def check_zoo(zoo, as_json: bool) -> None:
 @learn_app.command("bugs")
 @clean_errors(uses_torch=False)
 def bugs(folder: Path = typer.Argument(Path("bugs"), metavar="[DIR]",
-                                       help="The zoo's folder (default: bugs); it must not "
-                                            "exist yet.")) -> None:
+                                       help="The zoo's folder; it must not exist yet.")
+         ) -> None:
     """Write a bug zoo: the whole book, working-looking, with one-line bugs planted to find."""
     from minitfm.learn.zoo import BUGS, write_zoo
 

@@ -106,6 +106,7 @@ class ConsoleReporter(Instrument):
         self.exact_match = "-"
         self.target: float | None = None
         self.tensorboard = False
+        self.book: str | None = None  # a learner's workbook the run trained with
         self.output_lost = False
         # rich exits the program when the reader of stdout goes away (`minitfm train | head`);
         # a training run should rather go on quietly and save its checkpoints.
@@ -136,6 +137,7 @@ class ConsoleReporter(Instrument):
         """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg, device = run.cfg, run.device
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
+        self.book = cfg.model.code if run.code.startswith(("workbook ", "bug zoo ")) else None
         self._print(f"run directory: {printable(shown(run.run_dir))}", markup=False,
                     highlight=False)
         params = sum(p.numel() for p in run.model.parameters())
@@ -200,7 +202,7 @@ class ConsoleReporter(Instrument):
         self._print(Text(ending(summary, self.target), style="bold"))
         self._print(summary_table(summary))
         self._print("next:", highlight=False)
-        for command in next_commands(summary, self.tensorboard):  # whole, to copy and paste
+        for command in next_commands(summary, self.tensorboard, self.book):  # to paste whole
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -256,11 +258,13 @@ def summary_table(summary: dict) -> Table:
     return table
 
 
-def next_commands(summary: dict, tensorboard: bool) -> list[str]:
-    """What to try next with this run, ready to paste: the README's Start here, in its order."""
+def next_commands(summary: dict, tensorboard: bool, book: str | None = None) -> list[str]:
+    """What to try next with this run, ready to paste: the README's Start here, in its order;
+    with `--book` for a run of a learner's workbook (its code runs only when asked)."""
     run = shell_quote(shown(summary["run_dir"]))
-    commands = [f"minitfm eval {run}", f"minitfm visualize-attention {run}",
-                f"minitfm ablate {run}", f"minitfm explore {run}"]
+    yours = "" if book is None else f" --book {shell_quote(shown(book))}"
+    commands = [f"minitfm eval {run}{yours}", f"minitfm visualize-attention {run}{yours}",
+                f"minitfm ablate {run}{yours}", f"minitfm explore {run}"]
     if summary["status"] in ("interrupted", "paused"):
         commands.insert(0, f"minitfm train --resume {run}")
     if tensorboard:

@@ -20,7 +20,7 @@ import torch
 
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import Config, validate
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, option
 from minitfm.lab.options import AblateOptions
 from minitfm.learn.code import Code, code_for, is_workbook
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch, load_checkpoint
@@ -114,9 +114,19 @@ def run_code(trained: str, book: str | Path | None) -> tuple[Code, str | None]:
     """The code a loaded model runs: the workbook `book` if asked for, else the run's own; a
     run that trained a workbook's code runs the book's, with a note saying so."""
     if book is not None:
-        return code_for(str(Path(book).resolve())), None
+        code = code_for(str(Path(book).resolve()))
+        other = None if code.name == trained else (
+            f"this run trained with {describe(trained)}: its weights run here with the code of "
+            f"{code.describe()}")
+        return code, other
     if not is_workbook(trained):
         return code_for(trained), None
     return code_for("book"), (f"this run trained the code of the workbook {trained}: its "
-                              f"weights run here with the book's code (give --book {trained} to "
-                              f"run yours; minitfm runs a workbook only when asked)")
+                              f"weights run here with the book's code (give "
+                              f"{option('book', trained)} to run yours; minitfm runs a "
+                              f"workbook only when asked)")
+
+
+def describe(code: str) -> str:
+    """A model.code value in words."""
+    return f"the code of {code}" if is_workbook(code) else f"model.code {code}"

@@ -40,13 +40,17 @@ class Code:
         return self.model(cfg.model, len(task.vocab), task.vocab.pad_id)
 
     def describe(self) -> str:
-        """For a run's header: `fast`, `book`, or `workbook DIR`."""
-        return self.name if self.workbook is None else f"workbook {self.name}"
+        """For a run's header: `fast`, `book`, `workbook DIR` or `bug zoo DIR`."""
+        if self.workbook is None:
+            return self.name
+        return f"{'bug zoo' if self.workbook.kind == 'zoo' else 'workbook'} {self.name}"
 
     def whose(self) -> str:
         """For a workbook, which exercises run the learner's code and which the book's."""
         if self.workbook is None:
             return ""
+        if self.workbook.kind == "zoo":
+            return "the bug zoo's code, every chapter of it, its bugs and your fixes"
         yours = self.workbook.written
         book = [e.name for e in EXERCISES if e.name not in yours]
         return (f"your code: {', '.join(yours) or 'none yet'}; the book's: "

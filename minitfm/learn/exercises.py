@@ -122,7 +122,8 @@ the order of `minitfm/book/__init__.py`), with the bodies of {len(EXERCISES)} fu
 you to write. Each keeps the book's name, signature and docstring; its body is a hint and a
 `NotImplementedError`. Everything else is the book's code, so the chapters call your functions.
 
-1. Read the chapter in `minitfm/book/` up to the exercise (or the docstring here).
+1. Read the exercise's docstring and hint here, and the paper section it cites. The book's
+   own chapters (`minitfm/book/`) hold the answers: open them when stuck, or after you pass.
 2. Write the body. Keep the name and the signature: the rest of the book calls it.
 3. `minitfm learn check {folder} NAME` grades it against PyTorch and the book: the first
    check that fails, and a hint naming the likely mistake. `minitfm learn check {folder}`

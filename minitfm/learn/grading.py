@@ -8,6 +8,7 @@ say, against an exercise.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 
 from minitfm.errors import MinitfmError, quote
@@ -41,7 +42,9 @@ def pick(names: list[str] | None) -> list[Exercise]:
         return list(EXERCISES)
     unknown = [name for name in names if name not in BY_NAME]
     if unknown:
-        raise MinitfmError(f"{quote(unknown[0])} is not an exercise: the exercises are "
+        close = difflib.get_close_matches(unknown[0], BY_NAME, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise MinitfmError(f"{quote(unknown[0])} is not an exercise{hint}: the exercises are "
                            f"{', '.join(BY_NAME)}")
     return [e for e in EXERCISES if e.name in names]
 

@@ -29,7 +29,7 @@ import torch
 
 import minitfm.book
 from minitfm.errors import MinitfmError, quote
-from minitfm.learn.exercises import CHAPTERS, EXERCISES, Exercise
+from minitfm.learn.exercises import BY_NAME, CHAPTERS, EXERCISES, Exercise
 
 BOOK = Path(minitfm.book.__file__).parent
 MARK = "minitfm-workbook.json"  # what makes a folder a workbook: its kind and the book it came from
@@ -182,17 +182,26 @@ def rebind(function: Callable, namespace: dict) -> Callable:
     return torch.no_grad()(fresh) if inner is not function else fresh  # the book's only wrapper
 
 
-def read_marker(folder: Path) -> dict:
+def read_marker(folder: Path, given: str) -> dict:
+    """The mark of the workbook `folder` (`given` as the user wrote it), or one line saying
+    what `given` is instead and what to give."""
     if not folder.is_dir():
-        raise WorkbookError(f"{quote(str(folder))} is not a folder: make a workbook with "
-                            f"minitfm learn start {folder}")
+        if given in BY_NAME:  # `minitfm learn check attention`: the folder left out
+            raise WorkbookError(f"{quote(given)} is an exercise, not a folder: name the workbook "
+                                f"first, e.g. minitfm learn check workbook {given}")
+        if folder.exists():
+            raise WorkbookError(f"{quote(given)} is a file, not a workbook: give the folder "
+                                f"minitfm learn start made (e.g. workbook)")
+        raise WorkbookError(f"{quote(given)} does not exist: make a workbook with minitfm learn "
+                            f"start {given}, or give the folder it made")
     try:
         mark = json.loads((folder / MARK).read_text(encoding="utf-8"))
         assert mark["kind"] in ("workbook", "zoo") and isinstance(mark["book"], dict)
         return mark
     except (OSError, ValueError, KeyError, TypeError, AssertionError):
-        raise WorkbookError(f"{quote(str(folder))} is not a minitfm workbook (no valid {MARK}): "
-                            f"make one with minitfm learn start {folder}") from None
+        raise WorkbookError(f"{quote(given)} is no minitfm workbook (no valid {MARK} in it): "
+                            f"give the folder minitfm learn start made, or make one in a new "
+                            f"folder (minitfm learn start DIR)") from None
 
 
 def parse_chapters(folder: Path) -> dict[str, ast.Module]:
@@ -203,8 +212,9 @@ def parse_chapters(folder: Path) -> dict[str, ast.Module]:
         try:
             trees[chapter] = ast.parse(path.read_text(encoding="utf-8"), str(path))
         except SyntaxError as err:
-            raise WorkbookError(f"{path}:{err.lineno}: syntax error: {err.msg}; fix it, or copy "
-                                f"the line from minitfm/book/{chapter}.py") from None
+            raise WorkbookError(f"{path}:{err.lineno}: syntax error: {err.msg}; fix that line "
+                                f"(a fresh copy of the chapter: minitfm learn start another "
+                                f"folder)") from None
         except (OSError, UnicodeDecodeError) as err:
             raise WorkbookError(f"cannot read {path}: {err}; every chapter of the book must be "
                                 f"there ({', '.join(c + '.py' for c in CHAPTERS)})") from None
@@ -243,8 +253,8 @@ def digest_of(folder: Path) -> str:
 
 def load_workbook(folder: str | Path) -> Workbook:
     """Import a workbook (or a zoo) as a package of its own; blank exercises run the book's."""
-    folder = Path(folder).resolve()
-    mark = read_marker(folder)
+    given, folder = str(folder), Path(folder).resolve()
+    mark = read_marker(folder, given)
     trees = parse_chapters(folder)
     written = written_exercises(folder, trees)
     digest = digest_of(folder)

@@ -219,7 +219,8 @@ BUGS = (
         "loss = sequence_loss(logits, batch.tgt_out,",
         "loss = sequence_loss(logits, batch.tgt_in,",
         "The training loss drops almost to zero within a few dozen steps while the evaluation "
-        "loss climbs, and the model decodes the start token over and over.",
+        "loss climbs, and every answer comes out empty (the model writes the start token over "
+        "and over, which prints as nothing).",
         "labels not shifted: the loss compared each position's prediction with the token fed "
         "in at that same position (tgt_in) instead of the next one (tgt_out), so the model "
         "learned to copy its input, which teacher forcing rewards and decoding cannot use.",

@@ -30,3 +30,15 @@ def test_a_blank_is_not_started(exercise):
         raise NotImplementedError(f"exercise {exercise.name}")
 
     assert check_function(exercise.name, blank).status == "not started"
+
+
+def test_the_docs_list_the_exercises_as_the_workbook_does():
+    """docs/learn.md's table is the exercise list's own rows (what each teaches, its minutes),
+    the same as a new workbook's README: they cannot drift apart."""
+    from pathlib import Path
+
+    from minitfm.learn.exercises import workbook_readme
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "learn.md").read_text()
+    rows = [line for line in workbook_readme("workbook").splitlines() if line.startswith("| ")]
+    assert rows and all(row in docs for row in rows)

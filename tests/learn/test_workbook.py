@@ -91,11 +91,19 @@ def test_a_workbook_that_does_not_import_is_one_line_naming_file_and_line(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
-def test_no_workbook_is_refused_in_one_line(tmp_path):
-    assert_clean_error(run_cli("learn", "check", tmp_path / "nothing"), 2, "is not a folder")
-    assert_clean_error(run_cli("learn", "check", tmp_path), 2, "is not a minitfm workbook")
+def test_no_workbook_is_refused_in_one_line(tmp_path, monkeypatch):
+    assert_clean_error(run_cli("learn", "check", tmp_path / "nothing"), 2, "does not exist",
+                       "minitfm learn start")
+    assert_clean_error(run_cli("learn", "check", tmp_path), 2, "is no minitfm workbook",
+                       "in a new folder")  # never `learn start` on a folder that exists
+    (tmp_path / "notes.txt").write_text("")
+    assert_clean_error(run_cli("learn", "check", tmp_path / "notes.txt"), 2, "is a file")
     assert_clean_error(run_cli("learn", "check", tmp_path, "atention"), 2,
-                       "'atention' is not an exercise")
+                       "'atention' is not an exercise (did you mean 'attention'?)")
+    monkeypatch.chdir(tmp_path)
+    assert_clean_error(run_cli("learn", "check", "attention"), 2,
+                       "'attention' is an exercise, not a folder",
+                       "minitfm learn check workbook attention")
     assert_clean_error(run_cli("train", *SHORT, "model.code=nowhere"), 2,
                        "model.code", "neither fast nor book nor a workbook folder")
 
@@ -190,3 +198,11 @@ def test_a_function_that_calls_itself_fails_and_a_half_written_one_says_why(tmp_
     assert "calls itself" in rows["subsequent_mask"]["hint"]
     assert rows["LayerNorm.forward"]["status"] == "failed"
     assert "still raises NotImplementedError" in rows["LayerNorm.forward"]["message"]
+
+
+def test_check_from_inside_the_workbook_and_where_to_go_next(tmp_path, monkeypatch):
+    folder = start(tmp_path / "workbook")
+    monkeypatch.chdir(folder)
+    result = run_cli("learn", "check")
+    assert result.exit_code == 0, result.stderr
+    assert "0 of 15 passed; next: attention (attention.py:" in result.stdout

@@ -161,6 +161,8 @@ def default_png(loaded: Loaded, options: VisualizeOptions) -> Path:
     suffix += "" if options.kind == "all" else f"-{options.kind}"
     suffix += "" if options.layer is None else f"-layer{options.layer}"
     suffix += "" if options.head is None else f"-head{options.head}"
+    if loaded.code is not None and loaded.code.workbook is not None:
+        suffix += "-workbook"  # a learner's code draws its own picture, beside the book's
     return loaded.picture_path("attention", f"{suffix}.png")
 
 

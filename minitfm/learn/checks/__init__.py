@@ -84,16 +84,16 @@ def check_tensor(actual, expected: Tensor, what: str, hint: str = "") -> None:
     """A tensor of the expected shape and dtype, else a Mismatch saying which differs (with
     `hint` for a wrong shape when given: the exercise's own, more telling than the general)."""
     if not isinstance(actual, Tensor):
-        raise Mismatch(f"{what} is a {type(actual).__name__}, not a tensor",
+        raise Mismatch(f"{what}: a {type(actual).__name__}, not a tensor",
                        "return what the book's docstring says (a tensor, or a tuple of them)")
     if actual.shape != expected.shape:
-        raise Mismatch(f"{what} has shape {tuple(actual.shape)}, expected "
+        raise Mismatch(f"{what}: shape {tuple(actual.shape)}, expected "
                        f"{tuple(expected.shape)}",
                        hint or "write each tensor's shape beside it, as the book does "
                        "(# (B, H, T, K)), and follow them through every view, transpose and "
                        "matmul")
     if actual.dtype != expected.dtype:
-        raise Mismatch(f"{what} is {actual.dtype}, the inputs {expected.dtype}",
+        raise Mismatch(f"{what}: {actual.dtype}, where the inputs are {expected.dtype}",
                        "make new tensors with the input's dtype and device: torch.zeros_like, "
                        "x.new_zeros, or dtype=x.dtype, device=x.device")
 
@@ -116,7 +116,7 @@ def expect(actual, expected: Tensor, what: str, wrong: dict[str, Tensor] | None 
     if same(actual, expected, atol):
         return
     gap = (actual.double() - expected.double()).abs().nan_to_num(float("inf")).max().item()
-    raise Mismatch(f"{what} differs from the expected values by up to {gap:.3g}",
+    raise Mismatch(f"{what}: off from the expected values by up to {gap:.3g}",
                    diagnose(actual, wrong or {}, atol) or hint)
 
 

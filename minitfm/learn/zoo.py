@@ -115,9 +115,11 @@ def scaled(s: Subject) -> bool:
 
 
 def over_keys(s: Subject) -> bool:
-    """The softmax runs over the keys, the scores scaled or not (that is the other bug)."""
-    weights, right, plain = attention_weights(s)
-    return any_of(weights, right.softmax(dim=-1), plain.softmax(dim=-1))
+    """The softmax runs over the keys, however the scores are scaled (that is the other bug):
+    each query's weights sum to one and keep the order of its scores."""
+    weights, _, plain = attention_weights(s)
+    rows = torch.allclose(weights.sum(dim=-1), torch.ones_like(weights[..., 0]), atol=1e-6)
+    return rows and bool((weights.argsort(dim=-1) == plain.argsort(dim=-1)).all())
 
 
 def cache_returns_all(s: Subject) -> bool:

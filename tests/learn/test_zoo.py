@@ -137,3 +137,17 @@ def test_an_existing_folder_is_never_written_over(tmp_path):
         zoo.write_zoo(folder)
     assert [p.name for p in folder.iterdir()] == ["attention.py"]
     assert (folder / "attention.py").read_text(encoding="utf-8") == "my work\n"
+
+
+def test_a_wrong_fix_of_the_scaling_leaves_the_axis_fix_standing(tmp_path):
+    """The two bugs of `attention`: fixing the axis and then the scaling wrongly (by d_k, not
+    its root) keeps the axis fixed and the scaling not."""
+    folder = tmp_path / "zoo"
+    zoo.write_zoo(folder)
+    text = (folder / "attention.py").read_text()
+    text = text.replace("softmax(dim=-2)", "softmax(dim=-1)")
+    text = text.replace("scores = q @ k.transpose(-2, -1)",
+                        "scores = q @ k.transpose(-2, -1) / d_k", 1)
+    (folder / "attention.py").write_text(text)
+    fixed = {bug.id: done for bug, done in zoo.check_zoo(load_workbook(folder))}
+    assert fixed["softmax-axis"] and not fixed["no-scaling"]

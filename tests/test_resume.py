@@ -321,3 +321,100 @@ def test_a_second_ctrl_c_during_the_save_keeps_the_previous_last_pt(run, tmp_pat
     assert "SIGINT again: stopped at once, without saving" in stderr, stderr
     assert last.read_bytes() == before and last_step(run) == 4
     assert not list(last.parent.glob(".*.tmp"))  # the cut-short temp file is gone
+
+
+# --- #40: more steps on a resume never silently undo what a run learned ---
+
+def jump(step, before, after, best=0.5):
+    """`schedule_jump` for a checkpoint at `step` with `best` exact match; train overrides."""
+    from minitfm.config import TrainConfig
+    from minitfm.run.resume import schedule_jump
+
+    base = {"steps": 100, "warmup_steps": 20, "lr": 1e-2}
+    return schedule_jump({"step": step, "best_exact_match": best},
+                         TrainConfig(**{**base, **before}), TrainConfig(**{**base, **after}), None)
+
+
+@pytest.mark.parametrize("step,before,after", [
+    (10, {}, {"steps": 1000}),  # inside the warmup the rate does not depend on steps
+    (60, {}, {"steps": 80}),  # fewer steps: the rate falls
+    (60, {"schedule": "constant"}, {"schedule": "constant", "steps": 1000}),
+    (60, {"schedule": "inverse_sqrt"}, {"schedule": "inverse_sqrt", "steps": 1000}),
+    (60, {}, {"lr": 1e-3}),  # a lower peak
+])
+def test_a_resume_that_does_not_raise_the_rate_says_nothing(step, before, after):
+    assert jump(step, before, after, best=1.0) is None
+
+
+def test_more_steps_on_a_cosine_raise_the_rate_and_are_said_with_the_rate_to_keep():
+    from minitfm.book.loop import lr_factor
+    from minitfm.config import TrainConfig
+
+    note = jump(90, {}, {"steps": 1000})
+    was = 1e-2 * lr_factor(90, TrainConfig(steps=100, warmup_steps=20, lr=1e-2))
+    assert note.startswith(f"train.steps 100 -> 1000 sends the learning rate from {was:.3g} up")
+    assert f"give train.schedule=constant train.lr={was:.3g}" in note
+    assert "warm restart" in jump(100, {}, {"steps": 1000})  # from 0: no constant rate to offer
+    assert "train.lr=" not in jump(100, {}, {"steps": 1000})
+
+
+def test_the_suggested_constant_rate_is_taken_without_a_word():
+    note = jump(90, {}, {"steps": 1000})
+    rate = float(note.rpartition("train.lr=")[2])
+    assert jump(90, {}, {"steps": 1000, "schedule": "constant", "lr": rate}, best=1.0) is None
+
+
+def test_a_solved_run_is_not_restarted_and_nothing_is_written(run):
+    """A run at its target, resumed with more steps: refused in one line that says how to
+    train it on (the suggestion itself is taken, see above), and the run is left as it was."""
+    import torch
+
+    fresh = run.parent / "solved"
+    edit = [*SHORT, "train.warmup_steps=1", "train.target_exact_match=0.5"]
+    assert run_cli("train", *edit, "--run-dir", fresh).exit_code == 0
+    path = fresh / "checkpoints" / "last.pt"
+    checkpoint = load_checkpoint(path)
+    checkpoint["best_exact_match"] = 0.6  # as if its last evaluation had reached the target
+    torch.save(checkpoint, path)
+    before = snapshot(fresh)
+    result = run_cli("train", "--resume", fresh, "train.steps=400")
+    assert_clean_error(result, 2, "reached its 50% target (60.0%)", "undoes what it learned",
+                       "start a new run with train.steps=400")
+    assert snapshot(fresh) == before
+
+
+def test_an_unsolved_run_goes_on_with_a_warm_restart_said(run):
+    edit = [*SHORT, "train.warmup_steps=1", "train.steps=4"]
+    fresh = run.parent / "short"
+    assert run_cli("train", *edit, "--run-dir", fresh).exit_code == 0
+    result = run_cli("train", "--resume", fresh, "train.steps=6")
+    assert result.exit_code == 0, result.stderr
+    assert "train.steps 4 -> 6 sends the learning rate from 0 up to" in result.stderr
+    assert "warm restart" in result.stderr and last_step(fresh) == 6
+
+
+@pytest.mark.slow
+def test_a_solved_run_trained_on_as_told_keeps_what_it_learned(tmp_path):
+    """The README's "continue a run" on a solved run: refused with a rate to go on at; taken,
+    the run trains 300 more steps past its target and no evaluation falls more than a point
+    below the best before it."""
+    run_dir = tmp_path / "run"
+    quick = [*TINY, "train.target_exact_match=0.9", "train.eval_samples=400",
+             "log.tensorboard=false", "threads=1"]
+    assert run_cli("train", *quick, "--run-dir", run_dir).exit_code == 0
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert checkpoint["best_exact_match"] >= 0.9, "TINY should reach 90%"
+    refused = run_cli("train", "--resume", run_dir, f"train.steps={checkpoint['step'] + 300}")
+    assert refused.exit_code == 2, refused.stderr
+    told = refused.stderr.split("give ")[1].split(" (and")[0].split()
+    result = run_cli("train", "--resume", run_dir, *told, "train.target_exact_match=null",
+                     f"train.steps={checkpoint['step'] + 300}")
+    assert result.exit_code == 0, result.stderr
+    evals = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in evals if "exact_match" in r]
+    best = checkpoint["best_exact_match"]
+    after = [r for r in evals if r["step"] > checkpoint["step"]]
+    assert len(after) >= 6
+    for record in after:
+        assert record["exact_match"] >= best - 0.01, (record, best)
+        best = max(best, record["exact_match"])

@@ -7,6 +7,11 @@ task or the weights. `model.code` alone may change: it picks which code runs the
 A run that trained a learner's workbook goes on with the book's code unless the workbook is
 asked for again (`--book DIR` or `model.code=DIR`): the run's own files never make minitfm
 import code (see `learn.code`).
+
+More steps on a cosine schedule stretch its decay to the new end, so the learning rate rises
+again (a warm restart; see `schedule_jump`). A solved run would lose what it learned to that rise
+and then stop at its target once more, so such a resume is refused, saying how to train it on at
+the rate it had reached; any other run goes on, with a line that says the rate rises.
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minitfm.config import Config, parse_override, resolve_data_paths, set_path, validate
+from minitfm.book.loop import lr_factor
+from minitfm.config import (
+    Config,
+    TrainConfig,
+    parse_override,
+    resolve_data_paths,
+    set_path,
+    validate,
+)
 from minitfm.errors import CheckpointError, ConfigError, MinitfmError, option
 from minitfm.learn.code import is_workbook
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch
@@ -38,6 +51,7 @@ class Resumed:
     cfg: Config
     edits: list[tuple[str, Any, Any]]
     code_note: str | None = None  # a workbook's run going on with the book's code: why
+    schedule_note: str | None = None  # the learning rate rises on this resume: by how much
 
 
 def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
@@ -73,7 +87,37 @@ def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
         code_note = (f"this run trained the code of the workbook {cfg.model.code}: it goes on "
                      f"with the book's code (give --book {cfg.model.code} to go on with yours)")
         cfg.model.code = "book"
-    return Resumed(checkpoint, cfg, [edit for edit in edits if edit[0] not in given], code_note)
+    schedule_note = schedule_jump(checkpoint, validate(saved).train, cfg.train, path)
+    return Resumed(checkpoint, cfg, [edit for edit in edits if edit[0] not in given], code_note,
+                   schedule_note)
+
+
+def schedule_jump(checkpoint: dict[str, Any], before: TrainConfig, after: TrainConfig,
+                  path: Path | None) -> str | None:
+    """What a resume that raises the learning rate of its next step does (None: it does not).
+
+    That rate is `lr * lr_factor(step, ...)` under `before`, the checkpoint's train config, and
+    under `after`, the resumed one. A rise is refused for a run that reached its target (it
+    would undo what the run learned) and said in a note for any other."""
+    step = checkpoint["step"]
+    was, will = before.lr * lr_factor(step, before), after.lr * lr_factor(step, after)
+    if will <= was * 1.01:
+        return None
+    changes = ", ".join(f"train.{key} {getattr(before, key)} -> {getattr(after, key)}"
+                        for key in ("steps", "warmup_steps", "schedule", "lr")
+                        if getattr(before, key) != getattr(after, key))
+    rise = f"{changes} sends the learning rate from {was:.3g} up to {will:.3g} at step {step}"
+    constant = f"train.schedule=constant train.lr={was:.3g}" if was > 0 else None
+    best, target = checkpoint.get("best_exact_match", -1.0), before.target_exact_match
+    if target is not None and best >= target:
+        where = find_run_dir(path) or path if path is not None else "this run"
+        how = (f"give {constant} (and train.target_exact_match=null to go past the target), or "
+               if constant else "")
+        raise MinitfmError(f"'{where}' reached its {target:.0%} target ({best:.1%}), and {rise}, "
+                           f"which undoes what it learned; to train it on, {how}start a new run "
+                           f"with train.steps={after.steps}")
+    instead = f"; to go on at the rate it had reached instead, give {constant}" if constant else ""
+    return f"{rise} (a warm restart: exact match may fall before it climbs again){instead}"
 
 
 def fixed(key: str) -> bool:

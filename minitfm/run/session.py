@@ -114,8 +114,8 @@ def warnings(cfg: Config, resumed: Resumed | None, run_dir: Path) -> list[str]:
     """What to say before the run starts: the edits a resume took from config.yaml, and a run
     that ends inside its warmup."""
     notes = [edits_note(resumed.edits, run_dir)] if resumed is not None and resumed.edits else []
-    if resumed is not None and resumed.code_note:
-        notes.append(resumed.code_note)
+    if resumed is not None:
+        notes += [note for note in (resumed.code_note, resumed.schedule_note) if note]
     warmup = warmup_warning(cfg.train)
     return notes + ([warmup] if warmup is not None else [])
 

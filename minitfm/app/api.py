@@ -36,7 +36,7 @@ from minitfm.lab.loaded import Loaded, load
 from minitfm.lab.look.probe import KINDS, map_blocks, run_probe
 from minitfm.lab.look.visualize import read_input
 from minitfm.lab.measure.evaluate import eval_report, predict_lines
-from minitfm.lab.options import EvalOptions, bounded
+from minitfm.lab.options import EvalOptions, ExplainOptions, PatchOptions, bounded
 from minitfm.run.instruments import Instrument
 from minitfm.run.rundir import resolve_checkpoint
 
@@ -128,6 +128,39 @@ class Run(Loaded):
         for name, value, low, high in bounded(options):  # the bounds of `minitfm eval`
             check_integer(name, value, low, high)
         return eval_report(self, options)
+
+    def explain(self, samples: int = ExplainOptions.samples,
+                out: str | Path | None = None, force: bool = False):
+        """`minitfm explain`: a role card for every head (its pattern, its drops with 95%
+        intervals, its patching share, its role), the logit lens of one held-out input, and
+        the PNG of the cards; `.as_dict()` is what `--json` prints.
+
+        >>> report = run.explain()
+        >>> [card.role for card in report.cards if card.effect == "essential"]
+        """
+        from minitfm.lab.look.explain import explain
+
+        options = ExplainOptions(samples, None if out is None else Path(out), force)
+        for name, value, low, high in bounded(options):  # the bounds of `minitfm explain`
+            check_integer(name, value, low, high)
+        return explain(self, options)
+
+    def patch(self, clean: str | None = None, corrupt: str | None = None,
+              out: str | Path | None = None, force: bool = False):
+        """`minitfm patch`: the restored share of every head and of the residual stream at
+        every position, patched from `clean`'s run into `corrupt`'s (defaults: the held-out
+        example, and its first one-token change that changes the answer); writes the PNG.
+
+        >>> report = run.patch("3 1 4 1 5", "9 1 4 1 5")
+        >>> [(row["kind"], row["layer"], row["head"]) for row in report.heads
+        ...  if row["restored"] > 0.2]
+        """
+        from minitfm.lab.look.patching import patch
+
+        for name, value in (("clean", clean), ("corrupt", corrupt)):
+            check_type(name, value, (str, type(None)), "a string in task syntax, or None")
+        return patch(self, PatchOptions(clean, corrupt, None if out is None else Path(out),
+                                        force))
 
 
 def load_run(run: str | Path | None = None, checkpoint: str = "best",

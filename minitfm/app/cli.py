@@ -41,6 +41,7 @@ from minitfm.app.console import (
     widest,
     wrote,
 )
+from minitfm.app import explain
 from minitfm.app.learn import learn_app
 from minitfm.app.tables import (
     ablation_tables,
@@ -357,6 +358,9 @@ def ablate(
     for renderable in ablation_tables(report):
         show(renderable)
     wrote(report.png)
+
+
+app.registered_commands += explain.app.registered_commands  # explain, patch (app/explain.py)
 
 
 @app.command()

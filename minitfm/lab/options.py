@@ -77,6 +77,34 @@ class AblateOptions:
 
 
 @dataclass(frozen=True)
+class ExplainOptions:
+    """`minitfm explain`: on how many held-out sequences, and where the role cards go."""
+
+    samples: int = option(1000, "Held-out sequences to decode per head switched off.", 1,
+                          MAX_SAMPLES)
+    out: Path | None = option(None, "Folder for the role cards' PNG (default: <run>/explain/; "
+                              "for a .pt outside any run, a file beside it).", metavar="DIR")
+    force: bool = option(False, "Replace the PNG even if it is not a picture minitfm wrote.",
+                         flags=("--force",))
+
+
+@dataclass(frozen=True)
+class PatchOptions:
+    """`minitfm patch`: the clean and the corrupted input, and where the heatmap goes."""
+
+    clean: str | None = option(None, "The clean input in task syntax (default: the held-out "
+                               "example TensorBoard shows).", metavar="TEXT")
+    corrupt: str | None = option(None, "The corrupted input, as long as the clean one "
+                                 "(default: the first one-token change of it that changes "
+                                 "the answer).", metavar="TEXT")
+    out: Path | None = option(None, "PNG path (default: a file in <run>/patch/ named after the "
+                              "checkpoint and step; for a .pt outside any run, a file beside "
+                              "it).", metavar="FILE")
+    force: bool = option(False, "Replace --out even if it is not a picture minitfm wrote.",
+                         flags=("--force",))
+
+
+@dataclass(frozen=True)
 class VisualizeOptions:
     """`minitfm visualize-attention`: which input, which maps, where the picture goes."""
 

@@ -1,0 +1,127 @@
+"""`minitfm explain` and `minitfm patch`: what each head does, and which activations carry an
+answer (the lab's `look/explain.py` and `look/patching.py` measure; this prints)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from minitfm.app.console import (
+    App,
+    book_option,
+    checkpoint_option,
+    claimed_threads,
+    clean_errors,
+    json_option,
+    loaded_run,
+    option,
+    run_argument,
+    show,
+    threads_option,
+    wrote,
+)
+from minitfm.app.tables import printable
+from minitfm.lab.options import ExplainOptions, PatchOptions
+
+app = App()  # its commands join minitfm's (app/cli.py)
+EFFECT_STYLES = {"essential": "bold red", "helps": "yellow", "minor": "", "negligible": "dim"}
+
+
+@app.command()
+@clean_errors
+def explain(
+    run: Path | None = run_argument(),
+    samples: int = option(ExplainOptions, "samples"),
+    checkpoint: str = checkpoint_option(),
+    out: Path | None = option(ExplainOptions, "out"),
+    force: bool = option(ExplainOptions, "force"),
+    as_json: bool = json_option("Print one JSON object instead of the table."),
+    threads: str = threads_option(),
+    book: Path | None = book_option(),
+) -> None:
+    """What each head does: its attention pattern, what switching it off costs, its share in
+    restoring an answer under patching, and its role in words; a PNG of role cards."""
+    options = ExplainOptions(samples, out, force)
+    with claimed_threads(threads):
+        from minitfm.lab.look.explain import explain as explain_run
+
+        report = explain_run(loaded_run(run, checkpoint, book), options)
+    if as_json:
+        print(json.dumps(report.as_dict()))
+        return
+    show(Text(printable(f"{report.task} · {report.checkpoint} · step {report.step} · exact "
+                        f"match {report.exact_match:.1%} on {report.samples} held-out sequences")))
+    show(roles_table(report))
+    together = max(report.negligible_together.values(), default=None)
+    if together is not None:
+        show(Text(f"every negligible head off at once: exact match falls {100 * together:.1f} "
+                  f"points"))
+    show(Text("drops: exact match lost with the head alone off, 95% interval; patched: share of "
+              "the clean answer's logit difference the head restores (resampled inputs)"))
+    wrote(report.png)
+
+
+def roles_table(report) -> Table:
+    """A row per head: pattern and its score, the drops with their intervals, the share."""
+    table = Table(title="role cards")
+    for name, justify in (("head", "left"), ("pattern", "left"), ("fit", "right"),
+                          ("drop zero", "right"), ("drop mean", "right"),
+                          ("patched", "right"), ("role", "left")):
+        table.add_column(name, justify=justify)
+    for card in report.cards:
+        p = card.pattern
+        drops = [f"{100 * d.value:.1f} [{100 * d.low:.1f}, {100 * d.high:.1f}]"
+                 for d in (card.drops["zero"], card.drops["mean"])]
+        table.add_row(card.label, p.pattern, f"{p.score:.2f}", *drops, f"{card.restored:.2f}",
+                      Text(card.sentence, style=EFFECT_STYLES[card.effect]))
+    return table
+
+
+@app.command()
+@clean_errors
+def patch(
+    run: Path | None = run_argument(),
+    clean: str | None = option(PatchOptions, "clean"),
+    corrupt: str | None = option(PatchOptions, "corrupt"),
+    checkpoint: str = checkpoint_option(),
+    out: Path | None = option(PatchOptions, "out"),
+    force: bool = option(PatchOptions, "force"),
+    as_json: bool = json_option("Print one JSON object instead of tables."),
+    threads: str = threads_option(),
+    book: Path | None = book_option(),
+) -> None:
+    """Activation patching: how much of the clean input's answer each head, and the residual
+    stream at each position, restores when patched into the corrupted input's run."""
+    options = PatchOptions(clean, corrupt, out, force)
+    with claimed_threads(threads):
+        from minitfm.lab.look.patching import patch as patch_run
+
+        report = patch_run(loaded_run(run, checkpoint, book), options)
+    if as_json:
+        print(json.dumps(report.as_dict()))
+        return
+    show(Text(printable(report.title())))
+    heads = Table(title="heads: restored share (0: as corrupted, 1: as clean)")
+    n_heads = max(row["head"] for row in report.heads) + 1
+    heads.add_column("layer")
+    for head in range(n_heads):
+        heads.add_column(f"head {head}", justify="right")
+    layers: dict[str, list[str]] = {}
+    for row in report.heads:
+        layers.setdefault(f"{row['kind']} L{row['layer']}", []).append(f"{row['restored']:.2f}")
+    for name, cells in layers.items():
+        heads.add_row(name, *cells)
+    show(heads)
+    stream = Table(title="residual stream: restored share at each position (encoder rows: "
+                         "source positions, decoder rows: output positions)")
+    width = max(len(positions) for _, positions, _ in report.streams())
+    stream.add_column("point")
+    for label in report.position_labels(width):
+        stream.add_column(printable(label), justify="right")
+    for name, _, values in report.streams():
+        stream.add_row(name, *(f"{v:.2f}" for v in values))
+    show(stream)
+    wrote(report.png)

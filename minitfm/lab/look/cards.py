@@ -1,0 +1,91 @@
+"""The pictures of `explain` and `patch`: a page of role cards, and the patching heatmaps.
+
+A role card is one head: its mean attention map over held-out inputs of one shape (queries down,
+keys across, in the palette every attention picture uses), titled with the head, its pattern and
+effect, and its role underneath. The cards sit in a grid, a row per kind and layer, a column per
+head. The patching picture shows each head's restored share, and the residual stream's at every
+position, on one diverging scale from -1 to 1.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import numpy as np
+
+from minitfm.lab.look.probe import KINDS
+from minitfm.lab.pictures import GAMMA, wrap_to_width
+
+EFFECT_COLOURS = {"essential": "#D55E00", "helps": "#0072B2", "minor": "#555555",
+                  "negligible": "#999999"}
+
+
+def cards_figure(report, maps: dict):
+    """Every head's card of an `explain.ExplainReport`: rows kind and layer, columns heads;
+    `maps` (kind, layer) -> (H, T_q, T_k) mean maps (see `patterns.mean_maps`)."""
+    from matplotlib.colors import PowerNorm
+    from matplotlib.figure import Figure
+
+    rows = sorted({(c.pattern.kind, c.pattern.layer) for c in report.cards},
+                  key=lambda key: (KINDS.index(key[0]), key[1]))
+    n_heads = max(c.pattern.head for c in report.cards) + 1
+    fig = Figure(figsize=(2.7 * n_heads, 3.1 * len(rows) + 0.8), dpi=100, layout="constrained")
+    title = (f"role cards · {report.task} · {report.checkpoint.name} · step {report.step} · "
+             f"exact match {report.exact_match:.1%} on {report.samples} held-out sequences")
+    fig.suptitle(wrap_to_width(title, 2.7 * n_heads - 0.3, 10), fontsize=10)
+    axes = fig.subplots(len(rows), n_heads, squeeze=False)
+    for card in report.cards:
+        p = card.pattern
+        ax = axes[rows.index((p.kind, p.layer)), p.head]
+        ax.imshow(maps[(p.kind, p.layer)][p.head].numpy(), cmap="viridis",
+                  norm=PowerNorm(GAMMA, 0.0, 1.0), aspect="auto")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        drop, mode = card.drop
+        ax.set_title(f"{card.label} · {p.pattern}\n{card.effect} · {100 * drop:.0f} pts "
+                     f"({mode})", fontsize=8, color=EFFECT_COLOURS[card.effect])
+        ax.set_xlabel("\n".join(textwrap.wrap(card.sentence, 34)), fontsize=6.5)
+    return fig
+
+
+def patch_figure(report):
+    """Heatmaps of the restored share: the heads (a row per kind and layer) and the residual
+    stream (a row per point, a column per position)."""
+    from matplotlib.figure import Figure
+
+    heads = report.heads
+    keys = sorted({(r["kind"], r["layer"]) for r in heads},
+                  key=lambda key: (KINDS.index(key[0]), key[1]))
+    n_heads = max(r["head"] for r in heads) + 1
+    head_grid = np.zeros((len(keys), n_heads))
+    for r in heads:
+        head_grid[keys.index((r["kind"], r["layer"])), r["head"]] = r["restored"]
+    fig = Figure(figsize=(9, 2.2 + 0.35 * (len(keys) + len(report.streams()))), dpi=100,
+                 layout="constrained")
+    fig.suptitle(wrap_to_width(report.title(), 8.6, 9), fontsize=9)
+    top, bottom = fig.subplots(2, 1, height_ratios=[len(keys) + 1, len(report.streams()) + 1])
+    draw_grid(top, head_grid, [f"head {h}" for h in range(n_heads)],
+              [f"{kind} L{layer}" for kind, layer in keys], "heads (output before W^O)")
+    streams = report.streams()
+    width = max(len(positions) for _, positions, _ in streams)
+    grid = np.full((len(streams), width), np.nan)
+    for i, (_, _, values) in enumerate(streams):
+        grid[i, :len(values)] = values
+    image = draw_grid(bottom, grid, report.position_labels(width),
+                      [name for name, _, _ in streams], "residual stream at each position")
+    fig.colorbar(image, ax=[top, bottom], label="restored share (0: corrupted, 1: clean)",
+                 shrink=0.8)
+    return fig
+
+
+def draw_grid(ax, grid: np.ndarray, columns: list[str], rows: list[str], title: str):
+    """One heatmap of restored shares with the value in each cell; the image, for a colour bar."""
+    image = ax.imshow(grid, cmap="RdBu_r", vmin=-1.0, vmax=1.0, aspect="auto")
+    for (r, c), value in np.ndenumerate(grid):
+        if not np.isnan(value):
+            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=6.5,
+                    color="white" if abs(value) > 0.6 else "black")
+    ax.set_xticks(range(len(columns)), columns, fontsize=7)
+    ax.set_yticks(range(len(rows)), rows, fontsize=7)
+    ax.set_title(title, fontsize=8)
+    ax.tick_params(length=0)
+    return image

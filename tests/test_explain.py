@@ -178,7 +178,7 @@ def test_the_role_cards_claims_hold_when_tested(tmp_path, task):
         heads = [(c.pattern.kind, c.pattern.layer, c.pattern.head) for c in off]
         assert base - exact(heads, mode) <= 0.01 + 1e-9
     for card in report.cards:
-        p, (drop, mode) = card.pattern, card.drop
+        p, (_, mode) = card.pattern, card.drop
         if card.effect == "essential":
             assert base - exact([(p.kind, p.layer, p.head)], mode) >= 0.10
         if p.kind == "cross" and p.pattern in ("mirror", "same"):

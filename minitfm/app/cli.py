@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 
 from minitfm import __version__
+from minitfm.app import explain
 from minitfm.app.console import (
     App,
     OneLineErrors,
@@ -41,7 +42,6 @@ from minitfm.app.console import (
     widest,
     wrote,
 )
-from minitfm.app import explain
 from minitfm.app.learn import learn_app
 from minitfm.app.tables import (
     ablation_tables,

@@ -10,6 +10,7 @@ position, on one diverging scale from -1 to 1.
 from __future__ import annotations
 
 import textwrap
+
 import numpy as np
 
 from minitfm.lab.look.probe import KINDS

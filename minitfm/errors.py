@@ -1,9 +1,10 @@
 """Errors a user can cause, each carrying the exit code the CLI should use.
 
 Library code raises these with an actionable one-line message; only `app` prints them. A message
-that names one of `train`'s options names it by key (`option`), and the face that shows the
-message spells it its way (`MinitfmError.spelled`): `--resume` on the command line, `resume=`
-in the Python API.
+that names an option the command line and the Python API both have (`train`'s resume, `ablate`'s
+mode, `eval`'s max_len, ...) names it by key (`option`), and the face that shows the message
+spells it its way (`MinitfmError.spelled`): `--resume` on the command line, `resume=` in the
+Python API; `--max-len` there, `max_len` here.
 """
 
 import re
@@ -30,8 +31,9 @@ OPTION_MARK = re.compile("\0(\\w+)\0([^\0]*)\0")  # a NUL never occurs in a path
 
 
 def option(key: str, run: object = "") -> str:
-    """One of train's options, named in a message by `key`: "resume", "run_dir", "overwrite",
-    or "resume_of" and "again" (the option, and the whole call, that continue the run `run`)."""
+    """An option named in a message by `key`: train's "resume", "run_dir", "overwrite", "book",
+    "resume_of" and "again" (the option, and the whole call, that continue the run `run`); the
+    lab's "mode", "samples", "min_len", "max_len". Each face spells every key."""
     return f"\0{key}\0{run}\0"
 
 

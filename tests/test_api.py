@@ -17,6 +17,7 @@ from minitfm import load_run, train
 from minitfm.app.api import Run
 from minitfm.config import load_config, parse_override
 from minitfm.errors import ConfigError, MinitfmError, TaskInputError
+from minitfm.run.instruments import Instrument
 from tests.helpers import TINY, run_cli
 
 # TINY as Python values, one key through the `__` spelling of its dots.
@@ -198,3 +199,128 @@ def test_an_answer_is_the_same_in_any_batch(run, heads_off, mode):
                                                    heads_off=heads_off, mode=mode)):
                 answers[i] = answer
         assert [answers[i] for i in range(len(texts))] == alone
+
+
+# --- the API under threads, and its argument names (the fourth adversarial report) ---
+
+TEXTS = ["1 2 3", "4 0 2 1", "3 3 1 0 2", "0 4"]
+EVERY_HEAD = [(kind, 0, head) for kind in ("encoder", "decoder", "cross") for head in range(2)]
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_heads_off_in_one_thread_leave_a_plain_predict_in_another_alone(run, monkeypatch,
+                                                                         mode):
+    """AP_heads_off_zero, AP_heads_off_mean: thread B predicts while thread A's heads are
+    switched off (for mean: while A records the heads' means) and gets the intact answers."""
+    import threading
+    from contextlib import contextmanager
+
+    from minitfm.lab.look import ablate
+
+    intact = run.predict(TEXTS)
+    ablated = run.predict(TEXTS, heads_off=EVERY_HEAD, mode=mode)
+    assert ablated != intact  # the case at hand: these heads matter
+    answers: list = []
+    attach = ablate.edited_heads
+
+    def plain() -> None:
+        try:
+            answers.append(run.predict(TEXTS))
+        except Exception as err:  # noqa: BLE001 - a crash is an answer here too
+            answers.append(err)
+
+    @contextmanager
+    def midway(model, edits):
+        with attach(model, edits):
+            if edits and not answers:  # A's first edit is on: B predicts now, to the end
+                answers.append("B ran")
+                other = threading.Thread(target=plain)
+                other.start()
+                other.join()
+            yield
+
+    monkeypatch.setattr(ablate, "edited_heads", midway)
+    assert run.predict(TEXTS, heads_off=EVERY_HEAD, mode=mode) == ablated
+    assert answers == ["B ran", intact]
+
+
+class Pause(Instrument):
+    """An instrument that, after step `at`, calls `then()` once."""
+
+    def __init__(self, at: int, then):
+        self.at, self.then = at, then
+
+    def on_step(self, stepped) -> None:
+        if stepped.step == self.at:
+            self.then()
+
+
+def test_two_trainings_at_once_give_each_ones_numbers_alone(tmp_path, monkeypatch):
+    """AP_train_threads_dropout: run 1 starts while run 0 is at step 3, and run 0 goes on once
+    run 1 has stepped (or waits its turn): dropout draws no number of the other's."""
+    import threading
+
+    from minitfm.app.api import train_run
+    from minitfm.run import session
+
+    def config(seed: int):
+        return load_config(None, [*TINY, "model.dropout=0.1", "train.steps=30",
+                                  "train.eval_every=10", "train.eval_samples=50",
+                                  "log.tensorboard=false", "threads=1", f"seed={seed}"])
+
+    def losses(run_dir) -> list:
+        return [(r["step"], r["split"], r["loss"]) for r in
+                map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+    alone = {}
+    for seed in (0, 1):
+        train_run(config(seed), run_dir=tmp_path / f"alone{seed}")
+        alone[seed] = losses(tmp_path / f"alone{seed}")
+
+    class Watched:
+        """The training lock, saying when a run waits for it."""
+
+        def __init__(self):
+            self.lock, self.waiting = threading.Lock(), threading.Event()
+
+        def __enter__(self):
+            if not self.lock.acquire(blocking=False):
+                self.waiting.set()
+                self.lock.acquire()
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+    lock = Watched()
+    monkeypatch.setattr(session, "TRAINING_LOCK", lock, raising=False)
+    stepped, failures = threading.Event(), []
+
+    def second() -> None:
+        try:
+            train_run(config(1), Pause(1, stepped.set), run_dir=tmp_path / "together1")
+        except Exception as err:  # noqa: BLE001
+            failures.append(err)
+
+    other = threading.Thread(target=second)
+
+    def start_the_other() -> None:
+        other.start()
+        while not (stepped.is_set() or lock.waiting.is_set()) and other.is_alive():
+            stepped.wait(0.01)
+
+    train_run(config(0), Pause(3, start_the_other), run_dir=tmp_path / "together0")
+    other.join()
+    assert failures == []
+    assert losses(tmp_path / "together0") == alone[0]
+    assert losses(tmp_path / "together1") == alone[1]
+
+
+def test_heads_off_none_means_no_heads_and_mode_errors_name_the_argument(run):
+    """AP_heads_off_args: heads_off=None, mode='foo' and mode=None."""
+    assert run.predict(TEXTS, heads_off=None) == run.predict(TEXTS)
+    for mode in ("foo", None):
+        with pytest.raises(MinitfmError) as err:
+            run.predict("1 2", heads_off=[("cross", 0, 0)], mode=mode)
+        assert str(err.value).startswith(f"mode ({mode!r}) must be one of zero, mean"), \
+            str(err.value)
+        assert "--" not in str(err.value)

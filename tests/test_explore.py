@@ -308,5 +308,173 @@ def test_run_predict_heads_off_refuses_bad_heads_in_one_line(runs):
                               ([("cross", 0, 9)], "head"), ([("cross", 0)], "(kind, layer")):
         with pytest.raises(MinitfmError, match=needle.replace("(", r"\(")):
             run.predict("3 1", heads_off=heads_off)
-    with pytest.raises(MinitfmError, match="--mode"):
-        run.predict("3 1", heads_off=[("cross", 0, 0)], mode="half")
+    with pytest.raises(MinitfmError, match=r"^mode \('half'\) must be one of zero, mean$"):
+        run.predict("3 1", heads_off=[("cross", 0, 0)], mode="half")  # the API's argument
+
+
+# --- the fourth adversarial report: what the page holds and accepts, what explore writes ---
+
+def embedded(page: Path) -> dict:
+    """The page's JSON document, read as a strict parser reads it (no NaN, no Infinity)."""
+    html = page.read_text(encoding="utf-8")
+    text = html.split('<script type="application/json" id="minitfm-data">', 1)[1]
+    return json.loads(text.split("</script>", 1)[0], parse_constant=lambda constant: 1 / 0)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """A tiny run with metrics.jsonl and attention.jsonl (recorded at each evaluation)."""
+    from minitfm.app.api import train_run
+
+    run_dir = tmp_path_factory.mktemp("recorded") / "run"
+    train_run(load_config(None, [*SHORT, "train.eval_every=10", "log.attention_every=eval"]),
+              run_dir=run_dir)
+    return run_dir
+
+
+def nan_metrics(run_dir: Path) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 30, "split": "eval", "loss": NaN, "token_accuracy": 0.1, '
+                '"exact_match": 0.0, "samples": 50}\n')
+
+
+def infinite_eval(run_dir: Path) -> None:
+    (run_dir / "eval-1-16.json").write_text(
+        '{"exact_match": Infinity, "per_length": {"3": {"exact_match": Infinity, '
+        '"token_accuracy": 1.0, "count": 5}}}')
+
+
+def nan_attention(run_dir: Path) -> None:
+    path = run_dir / "attention.jsonl"
+    last = json.loads(path.read_text().splitlines()[-1])
+    last["alignment"] = [[float("nan")] * len(row) for row in last["alignment"]]
+    last["step"] += 1
+    with open(path, "a") as f:
+        f.write(json.dumps(last) + "\n")
+
+
+def nan_weights(run_dir: Path) -> None:
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for tensor in state["model"].values():
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+        torch.save(state, path)
+
+
+NON_FINITE = {  # EX_nan_metrics, EX_inf_evaljson, EX_nan_attention, EX_nan_weights
+    "nan_metrics": (nan_metrics, lambda data: data["curves"]["eval"][-1][1]),
+    "inf_evaljson": (infinite_eval, lambda data: data["per_length"]["per_length"]["3"][0]),
+    "nan_attention": (nan_attention, lambda data: data["timeline"]["alignment"][-1][0][0]),
+    "nan_weights": (nan_weights, lambda data: data["alignment"]["soft"][0][0]),
+}
+
+
+@pytest.mark.parametrize("case", list(NON_FINITE))
+def test_non_finite_numbers_in_a_run_are_null_in_the_page(recorded, tmp_path, case):
+    damage, spot = NON_FINITE[case]
+    run_dir = Path(shutil.copytree(recorded, tmp_path / case))
+    damage(run_dir)
+    result = run_cli("explore", run_dir, "--checkpoint", "last")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert spot(embedded(run_dir / "explorer.html")) is None
+
+
+def test_explore_replaces_only_a_page_minitfm_wrote_unless_forced(recorded, tmp_path):
+    """EX_out_user and EX_loose_default: the picture rule, for the page."""
+    mine = tmp_path / "mine.html"
+    mine.write_text("my precious page")
+    assert_clean_error(run_cli("explore", recorded, "--out", mine), 2, "--out", "--force")
+    assert mine.read_text() == "my precious page"
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    shutil.copy(recorded / "checkpoints" / "last.pt", loose / "model.pt")
+    (loose / "model-explorer.html").write_text("notes")
+    assert_clean_error(run_cli("explore", loose / "model.pt"), 2, "model-explorer.html",
+                       "--force")
+    assert (loose / "model-explorer.html").read_text() == "notes"
+    assert run_cli("explore", recorded, "--out", mine, "--force").exit_code == 0
+    assert embedded(mine)["meta"]["step"] == 30
+    again = run_cli("explore", recorded, "--out", mine)  # minitfm's own page now
+    assert again.exit_code == 0, again.stderr
+
+
+@pytest.mark.parametrize("name, shown", [("x\x1b[31mRED.html", "x\\x1b[31mRED.html"),
+                                         ("re\u202elmth.html", "re\\u202elmth.html")])
+def test_explore_prints_the_page_path_escaped(recorded, tmp_path, name, shown):
+    """EX_out_esc: the `wrote` line, as every command's."""
+    result = run_cli("explore", recorded, "--out", tmp_path / name)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith(f"wrote {tmp_path}/{shown} (")
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
+
+
+def test_the_page_names_files_without_their_folders(tmp_path):
+    """EX_abs_path: a pairs run's task.train_path (and log.dir) travel as names only."""
+    data = tmp_path / "private" / "data.tsv"
+    data.parent.mkdir()
+    data.write_text("".join(f"{a} {b}\t{b} {a}\n" for a in "abcd" for b in "abcd"))
+    run_dir = tmp_path / "run"
+    train(load_config(None, [
+        "task.name=pairs", f"task.train_path={data}", "task.tokenize=space",
+        f"log.dir={tmp_path / 'logs'}", "model.d_model=16", "model.n_heads=2",
+        "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.d_ff=32",
+        "model.max_len=8", "train.steps=4", "train.batch_size=8", "train.eval_every=4",
+        "train.eval_samples=4", "log.tensorboard=false", "log.attention_every=0"]),
+        run_dir=run_dir)
+    result = run_cli("explore", run_dir)
+    assert result.exit_code == 0, result.stderr
+    page = run_dir / "explorer.html"
+    assert str(tmp_path) not in page.read_text(encoding="utf-8")
+    config = embedded(page)["config"]
+    assert config["task"]["train_path"] == "data.tsv" and config["log"]["dir"] == "logs"
+
+
+def test_explore_warns_in_one_line_when_the_page_will_be_large(recorded, tmp_path,
+                                                                  monkeypatch):
+    """EX_big_page, at a bound lowered for the test."""
+    from minitfm.lab.look import explorer
+
+    monkeypatch.setattr(explorer, "PAGE_WARN_BYTES", 1000, raising=False)
+    result = run_cli("explore", recorded, "--out", tmp_path / "page.html")
+    assert result.exit_code == 0, result.stderr
+    [line] = result.stderr.splitlines()
+    assert line.startswith("warning: the page will be about ") and " MB" in line, line
+
+
+@needs_node
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_page_decodes_inputs_up_to_one_bound(case, tmp_path):
+    """EX_long_input: every positional scheme has a longest input in the page, and a longer
+    one is refused with Python's message, before any decoding."""
+    cfg = load_config(None, [*SHORT, *CASES[case]])
+    task = make_task(cfg.task)
+    spec = task_spec(cfg, task)
+    assert isinstance(spec["max_tokens"], int) and 1 <= spec["max_tokens"] <= 1000
+    symbol = task.vocab.tokens[task.first_data_id]
+    n = spec["max_tokens"] + 1
+    longest = (f"{symbol} " * (n // 2)) + "+" + (f" {symbol}" * (n - n // 2 - 1)) \
+        if task.name == "add" else " ".join([symbol] * n)
+    [result] = run_node({"task": spec}, [{"text": " ".join([symbol] * 1000)}], tmp_path)
+    assert "more than the" in result["error"] and "allowed" in result["error"], result
+    [result] = run_node({"task": spec}, [{"text": longest}], tmp_path)
+    assert f"more than the {spec['max_tokens']} allowed" in result["error"], result
+
+
+def test_explore_registers_its_threads(recorded, tmp_path, monkeypatch):
+    """EX_registry: explore computes, so it registers in the thread registry as eval does."""
+    from minitfm.lab.look import explorer
+
+    registry = tmp_path / "registry"
+    monkeypatch.setenv("MINITFM_REGISTRY", str(registry))
+    seen = []
+    original = explorer.page_data
+
+    def watched(loaded):
+        seen.append(sorted(p.name for p in registry.iterdir()) if registry.is_dir() else [])
+        return original(loaded)
+
+    monkeypatch.setattr(explorer, "page_data", watched)
+    result = run_cli("explore", recorded, "--out", tmp_path / "page.html")
+    assert result.exit_code == 0, result.stderr
+    assert seen == [[str(os.getpid())]]

@@ -149,3 +149,39 @@ def test_markup_in_a_pairs_runs_symbols_runs_nothing(pages, browser):
     assert "</script>" in page.evaluate(
         "() => JSON.stringify(window.minitfm.data.task.tokens)")
     assert problems == []
+
+
+def test_a_link_with_a_long_input_is_refused_not_decoded(pages, browser):
+    """EX_long_input through `#input=`: the page says the bound and decodes nothing."""
+    _, path = pages["copy"]
+    page, problems = open_page(browser, path, "#input=" + "+".join(["1"] * 3000))
+    assert "3000 tokens, more than the" in page.inner_text("#error")
+    assert page.locator("#steps tbody tr").count() == 0
+    assert "at most" in page.inner_text("#input-hint")
+    assert problems == []
+
+
+def test_a_page_of_non_finite_numbers_opens_without_errors(pages, browser, tmp_path):
+    """EX_nan_weights and EX_nan_metrics in the browser: null numbers are drawn as gaps."""
+    import json
+    import shutil
+
+    import torch
+
+    run_dir = Path(shutil.copytree(pages["copy"][0], tmp_path / "nan"))
+    for checkpoint in (run_dir / "checkpoints").glob("*.pt"):
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+        for tensor in state["model"].values():
+            if tensor.is_floating_point():
+                tensor.fill_(float("nan"))
+        torch.save(state, checkpoint)
+    path = run_dir / "attention.jsonl"
+    last = json.loads(path.read_text().splitlines()[-1])
+    last["alignment"] = [[float("nan")] * len(row) for row in last["alignment"]]
+    with open(path, "a") as f:
+        f.write(json.dumps({**last, "step": last["step"] + 1}) + "\n")
+    page_path = write_explorer(load(run_dir, "last")).path
+    page, problems = open_page(browser, page_path)
+    page.fill("#input", "1 2 3")
+    assert page.locator("#alignment td").count() > 0
+    assert problems == []

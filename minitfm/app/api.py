@@ -14,7 +14,12 @@ Each call goes through the functions the command line uses, so it gives the same
 `load_run` reads a RUN argument and `--checkpoint`, `Run.predict` is `minitfm predict`,
 `Run.evaluate` is `minitfm eval --json`, `Run.attention` holds the maps `minitfm
 visualize-attention` draws, and `train` is `minitfm train`. Mistakes raise
-`minitfm.errors.MinitfmError` (a subclass) with the one-line message the CLI prints.
+`minitfm.errors.MinitfmError` (a subclass) with the one-line message the CLI prints, an option
+named as this API's argument (`max_len`, not `--max-len`).
+
+Threads: a `Run` may be shared by threads (`predict` with heads switched off edits only its own
+thread's passes); `train` calls run one at a time in a process, each as it would alone (torch's
+random numbers and thread count are the process's).
 
 Shapes: H n_heads, S source length, T decoder input length (<bos> + the output; the query at
 row t writes output token t, and the last row writes EOS).
@@ -23,7 +28,8 @@ row t writes output token t, and the last row writes EOS).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +49,8 @@ from minitfm.run.rundir import resolve_checkpoint
 # How messages name `train`'s options here (see `errors.option`): as this API's arguments.
 API_OPTIONS = {"resume": "resume=", "resume_of": "resume='{}'", "run_dir": "run_dir=",
                "overwrite": "overwrite=True", "again": "train(resume='{}')",
-               "book": "book='{}'"}
+               "book": "book='{}'", "mode": "mode", "samples": "samples",
+               "min_len": "min_len", "max_len": "max_len"}
 
 
 @dataclass
@@ -74,15 +81,16 @@ class Run(Loaded):
     lab's `Loaded` (attributes `checkpoint`, `step`, `run_dir`, `config`, `task`, `model`,
     `device`) with the command line's calls."""
 
-    def predict(self, inputs: str | Sequence[str], heads_off: Sequence = (),
+    def predict(self, inputs: str | Sequence[str], heads_off: Sequence | None = (),
                 mode: str = "zero") -> str | list[str]:
         """Greedy-decode inputs in task syntax; one string in, one out; a list in, a list out.
 
         Outputs are written as the inputs are (`"314"` -> `"413"`, `"12+34"` -> `"46"`). An
         input longer than the trained lengths gives a UserWarning, a bad input a MinitfmError.
         `heads_off` switches attention heads off, as `minitfm ablate` does: (kind, layer, head)
-        triples, kind "encoder", "decoder" or "cross"; `mode` "zero" or "mean" (the mean over
-        the held-out set `minitfm ablate` decodes).
+        triples, kind "encoder", "decoder" or "cross" (None or empty: none); `mode` "zero" or
+        "mean" (the mean over the held-out set `minitfm ablate` decodes). They are off for this
+        call's decoding only: another thread's calls meanwhile see every head on.
 
         >>> run.predict(["3 1 4", "2 7"])
         ['4 1 3', '7 2']
@@ -91,7 +99,7 @@ class Run(Loaded):
         from minitfm.lab.look.ablate import edited_heads, switched_off
 
         texts = input_texts(inputs)
-        with edited_heads(self.model, switched_off(self, heads_off, mode)):
+        with api_spelling(), edited_heads(self.model, switched_off(self, heads_off, mode)):
             result = predict_lines(self, list(enumerate(texts, 1)))
         if result.error is not None:
             raise result.error
@@ -127,7 +135,8 @@ class Run(Loaded):
         options = EvalOptions(samples, min_len, max_len, seed, batch_size)
         for name, value, low, high in bounded(options):  # the bounds of `minitfm eval`
             check_integer(name, value, low, high)
-        return eval_report(self, options)
+        with api_spelling():
+            return eval_report(self, options)
 
     def explain(self, samples: int = ExplainOptions.samples,
                 out: str | Path | None = None, force: bool = False):
@@ -225,14 +234,23 @@ def train(config: str | Path | dict | Config | None = None, /, *,
     keep_freed_memory()  # as the CLI does: fewer page faults, faster steps
     reporter = ConsoleReporter() if progress else None
     try:
-        summary = train_run(cfg, reporter, **options)
-    except MinitfmError as err:
-        err.spelled(API_OPTIONS)  # the options as this API's arguments
-        raise
+        with api_spelling():
+            summary = train_run(cfg, reporter, **options)
     finally:
         if reporter is not None:
             reporter.stop()
     return load_run(summary["run_dir"], book=book)  # the workbook asked for, if any
+
+
+@contextmanager
+def api_spelling() -> Iterator[None]:
+    """The block's MinitfmError with the options its message names spelled as this API's
+    arguments (`errors.option`)."""
+    try:
+        yield
+    except MinitfmError as err:
+        err.spelled(API_OPTIONS)
+        raise
 
 
 def check_train_arguments(config: Any, run_dir: Any, resume: Any, overwrite: Any,

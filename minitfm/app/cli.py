@@ -7,7 +7,6 @@ success, 1 runtime failure, 2 bad input, 130 interrupted by Ctrl-C, 143 by SIGTE
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -37,11 +36,13 @@ from minitfm.app.console import (
     show,
     split_config_args,
     split_run_and_inputs,
+    stdin_lines,
     threads_option,
     warn,
     widest,
     wrote,
 )
+from minitfm.app.explore import explore
 from minitfm.app.learn import learn_app
 from minitfm.app.tables import (
     ablation_tables,
@@ -56,6 +57,7 @@ from minitfm.app.tables import (
 )
 from minitfm.errors import MinitfmError
 from minitfm.lab.options import AblateOptions, EvalOptions, SweepOptions, VisualizeOptions
+from minitfm.run.files import to_json
 
 app = App(
     cls=OneLineErrors,
@@ -188,7 +190,7 @@ def eval_command(
 
         report = eval_report(loaded_run(run, checkpoint, book), options)
     if as_json:
-        print(json.dumps(report))
+        print(to_json(report))
     else:
         show(per_length_table(report))
     if plot is not None:
@@ -214,7 +216,9 @@ def predict(
     """Decode your own inputs with a trained model, one output line per input.
 
     Inputs are decoded in order up to the first one that cannot be read: the outputs before
-    it are printed, then the error names it (exit 2). Blank stdin lines are skipped."""
+    it are printed, then the error names it (exit 2). Stdin is read as UTF-8, a line ending
+    at each newline; blank lines are skipped. Control and format characters of an output are
+    printed escaped (\\n, \\u202e); --json writes it exactly."""
     run, inputs = split_run_and_inputs(run, inputs or [])
     if inputs:
         lines, where = list(enumerate(inputs, 1)), "input"
@@ -222,9 +226,7 @@ def predict(
         raise MinitfmError("no input: stdin is closed; give INPUT arguments or pipe one input "
                            "per line")
     else:
-        lines = [(n, text) for n, text in enumerate(sys.stdin.read().splitlines(), 1)
-                 if text.strip()]
-        where = "line"
+        lines, where = stdin_lines(), "line"
     with claimed_threads(threads):
         from minitfm.lab.measure.evaluate import predict_lines
 
@@ -240,7 +242,7 @@ def predict(
             note(f"{where} {number}: {', '.join(map(repr, row['unknown']))} never seen in "
                  f"training, read as <unk>")
     for row in result.rows:
-        print(json.dumps(row) if as_json else row["output"])
+        print(to_json(row) if as_json else printable(row["output"]))
     if result.error is not None:
         sys.stdout.flush()  # the outputs before the bad input come first
         raise result.error
@@ -353,7 +355,7 @@ def ablate(
         check_options(options)  # before RUN is looked for
         report = ablate(loaded_run(run, checkpoint, book), options)
     if as_json:
-        print(json.dumps(report.as_dict()))
+        print(to_json(report.as_dict()))
         return
     for renderable in ablation_tables(report):
         show(renderable)
@@ -361,33 +363,7 @@ def ablate(
 
 
 app.registered_commands += explain.app.registered_commands  # explain, patch (app/explain.py)
-
-
-@app.command()
-@clean_errors
-def explore(
-    run: Path | None = run_argument(),
-    out: Path | None = typer.Option(None, metavar="FILE", help="HTML path (default: "
-                                    "explorer.html in the run directory; for a .pt outside "
-                                    "any run, a file beside it)."),
-    open_page: bool = typer.Option(False, "--open", help="Open the page in your browser."),
-    checkpoint: str = checkpoint_option(),
-) -> None:
-    """Write one offline web page where the trained model runs: type inputs, watch decoding
-    and every attention map, switch heads off, scrub attention over training."""
-    from minitfm.lab.look.explorer import check_page_path, write_explorer
-
-    if out is not None:
-        check_page_path(out)  # before the checkpoint is read
-    page = write_explorer(loaded_run(run, checkpoint), out)
-    console.print(f"wrote {page.path} ({page.size / 1000:,.0f} kB)", markup=False,
-                  highlight=False, soft_wrap=True)
-    if open_page:
-        import webbrowser
-
-        if not webbrowser.open(page.path.resolve().as_uri()):
-            console.print("(no browser found here: open the file above in one)", markup=False,
-                          highlight=False)
+app.command()(explore)  # app/explore.py
 
 
 @app.command()
@@ -426,7 +402,7 @@ def bench(
         report = {**load, **run_bench(quick=quick, solve=solve, compile_=compile_,
                                       device=device)}
     if as_json:
-        print(json.dumps(report))
+        print(to_json(report))
     else:
         for table in bench_tables(report):
             show(table)
@@ -487,7 +463,7 @@ def runs_command(
             damaged = " is unreadable" if row["status"] == "unreadable" else ""
             note(f"run '{row['name']}'{damaged}: {row['note']}")
     if as_json:
-        print(json.dumps(rows, default=str))  # a hand-edited config may hold dates
+        print(to_json(rows, default=str))  # a hand-edited config may hold dates
     elif rows:
         show(runs_table(rows, f"runs under {folder}"))
     else:

@@ -45,7 +45,8 @@ MAX_ERROR_CHARS = 500  # one line, however long the user's input was
 # How messages name `train`'s options here (see `errors.option`): as this command line's.
 CLI_OPTIONS = {"resume": "--resume", "resume_of": "--resume {}", "run_dir": "--run-dir",
                "overwrite": "--overwrite", "again": "minitfm train --resume {}",
-               "book": "--book {}"}
+               "book": "--book {}", "mode": "--mode", "samples": "--samples",
+               "min_len": "--min-len", "max_len": "--max-len"}
 RUN_HELP = "Run directory or checkpoint file; default: the most recent run under ./runs."
 BOOK_HELP = ("A workbook of minitfm learn: the model runs its functions where written, the "
              "book's elsewhere (a run trained with one runs the book's code unless asked).")
@@ -177,10 +178,11 @@ def json_option(help_text: str):
     return typer.Option(False, "--json", help=help_text)
 
 
-def force_option(replaced: str):
-    """--force: replace the picture file `replaced` names even if minitfm did not write it."""
-    return typer.Option(False, "--force", help=f"Replace {replaced} even if it is not a "
-                                                f"picture minitfm wrote.")
+def force_option(replaced: str, what: str = "picture"):
+    """--force: replace the file `replaced` names even if it is not a `what` (picture, page)
+    that minitfm wrote (the picture rule, `lab/pictures.py`)."""
+    return typer.Option(False, "--force", help=f"Replace {replaced} even if it is not a {what} "
+                                                f"minitfm wrote.")
 
 
 # --- arguments ---
@@ -216,6 +218,22 @@ def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | No
                                f".pt file")
         return None, [str(run), *inputs]
     return run, inputs
+
+
+def stdin_lines() -> list[tuple[int, str]]:
+    """stdin's lines that are not blank, with their numbers: split at "\\n" only and read as a
+    pairs file's lines are (UTF-8, a trailing "\\r" and a first byte-order mark dropped), so a
+    symbol such as U+2028, "\\x1c" or a lone "\\r" stays inside its line."""
+    from minitfm.tasks.pairfiles import decode_line
+
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else \
+        sys.stdin.read().encode("utf-8", "surrogateescape")
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":  # the newline that ends the last line starts no other
+        lines.pop()
+    read = [(n, decode_line(line, f"stdin line {n}", first=n == 1))
+            for n, line in enumerate(lines, 1)]
+    return [(n, text) for n, text in read if text.strip()]
 
 
 # What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
@@ -281,9 +299,12 @@ def say(text: str) -> None:
     console.print(printable(text), markup=False, highlight=False)
 
 
-def wrote(path: Path, stream: Console = console) -> None:
-    """`wrote PATH` on `stream`: a path, never cut in two, its control characters escaped."""
-    stream.print(f"wrote {printable(str(path))}", markup=False, highlight=False, soft_wrap=True)
+def wrote(path: Path, stream: Console = console, size: int | None = None) -> None:
+    """`wrote PATH` on `stream` (and `(N kB)` given its `size` in bytes): a path, never cut in
+    two, its control and format characters escaped."""
+    kb = "" if size is None else f" ({size / 1000:,.0f} kB)"
+    stream.print(f"wrote {printable(str(path))}{kb}", markup=False, highlight=False,
+                 soft_wrap=True)
 
 
 def widest(renderable) -> int:

@@ -7,7 +7,6 @@ workbook is `minitfm train --book DIR`. The library is `minitfm.learn`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -15,6 +14,7 @@ import typer
 from minitfm.app.console import App, OneLineErrors, clean_errors, json_option, note, say, show
 from minitfm.app.tables import grades_table, printable, zoo_table
 from minitfm.errors import MinitfmError
+from minitfm.run.files import to_json
 
 learn_app = App(cls=OneLineErrors, name="learn", no_args_is_help=True,
                 help="Write the transformer yourself: a workbook of exercises, graded against "
@@ -67,7 +67,7 @@ def check(
     changed = [name for name in workbook.changed_in_book() if not exercises or name in exercises]
     if as_json:
         for grade in grades:
-            print(json.dumps(grade.as_dict()))
+            print(to_json(grade.as_dict()))
     else:
         show(grades_table(grades))
         for grade in grades:
@@ -112,7 +112,7 @@ def check_zoo(zoo, as_json: bool) -> None:
     results = bugs_fixed(zoo)
     if as_json:
         for bug, fixed in results:
-            print(json.dumps({"bug": bug.id, "symptom": bug.symptom, "fixed": fixed}))
+            print(to_json({"bug": bug.id, "symptom": bug.symptom, "fixed": fixed}))
     else:
         show(zoo_table(results))
         say(f"{sum(fixed for _, fixed in results)} of {len(results)} bugs fixed")

@@ -10,11 +10,11 @@ with the exit codes of the command line: 2 for bad input.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from minitfm.errors import MinitfmError
 from minitfm.lab.measure.reference import TRAINERS, run
+from minitfm.run.files import to_json
 
 
 def main(argv: list[str]) -> int:
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     except MinitfmError as error:
         sys.stderr.write(f"error: {error}\n")
         return error.exit_code
-    sys.stdout.write(json.dumps(result) + "\n")  # this process's only output, for the bench
+    sys.stdout.write(to_json(result) + "\n")  # this process's only output, for the bench
     return 0
 
 

@@ -29,29 +29,42 @@ if TYPE_CHECKING:
 SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the palette's levels without colour
 
 
-# --- text from users and files: never raw control characters on the terminal ---
+# --- text from users and files: never a character that drives or reorders the terminal ---
+
+# Unicode categories never printed raw: control characters (Cc: ESC, newline, ...), format
+# characters (Cf: bidi overrides such as U+202E, zero-width ones) and the line and paragraph
+# separators (Zl, Zp). Each is written as Python's repr writes it: \x1b, \n, \u202e.
+UNPRINTED = ("Cc", "Cf", "Zl", "Zp")
+
+
+def unprinted(ch: str) -> bool:
+    """Whether `ch` is escaped before it reaches a terminal (see UNPRINTED)."""
+    return unicodedata.category(ch) in UNPRINTED
+
 
 def printable(text: str) -> str:
-    """`text` with control characters escaped, so a file name cannot drive the terminal."""
-    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch for ch in text)
+    """`text` with the UNPRINTED characters escaped, so that a file name or a model's output can
+    neither drive the terminal, nor break a line, nor show reordered."""
+    return "".join(repr(ch)[1:-1] if unprinted(ch) else ch for ch in text)
 
 
 def shell_quote(text: str) -> str:
     """`text` as one shell word to paste: shlex's quoting, or bash's `$'...'` with escapes
-    when it holds control characters (shlex would leave them raw inside its quotes)."""
+    when it holds UNPRINTED characters (shlex would leave them raw inside its quotes)."""
     if printable(text) == text:
         return shlex.quote(text)
     return "$'" + "".join(map(ansi_c, text)) + "'"
 
 
 def ansi_c(ch: str) -> str:
-    """One character inside bash's `$'...'`: control characters, `\\` and `'` escaped."""
+    """One character inside bash's `$'...'`: UNPRINTED ones, `\\` and `'` escaped."""
     if ch in "\\'":
         return "\\" + ch
-    if unicodedata.category(ch) == "Cc":  # U+0000..001F and 007F..009F
-        return f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}"
+    if unprinted(ch):  # bash reads \xHH, \uHHHH and \UHHHHHHHH
+        code = ord(ch)
+        return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 \
+            else f"\\U{code:08x}"
     return ch
-
 
 
 def heading_lines(title: str, width: int) -> list[str]:

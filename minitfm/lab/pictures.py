@@ -2,10 +2,11 @@
 figure's width, and one palette.
 
 The rule, for every picture (plot, eval --plot, visualize-attention's PNG, its --over-training
-strip and GIF, ablate's PNG, the sweep's results.png): its name has the right suffix, its folder
-can take it (checked before anything is drawn), and an existing file is replaced only if minitfm
-wrote it (a PNG's `Software` text, a GIF's comment, say "minitfm") or the user passes --force.
-A failed write names the picture, exits 2 and leaves the old file whole.
+strip and GIF, ablate's PNG, the sweep's results.png) and for the explorer's page: its name has
+the right suffix, its folder can take it (checked before anything is drawn), and an existing
+file is replaced only if minitfm wrote it (a PNG's `Software` text, a GIF's comment, say
+"minitfm"; a page's head, `PAGE_MARK`) or the user passes --force. A failed write names the
+file, exits 2 and leaves the old file whole.
 
 The palette: lines of several runs or configurations in colour-blind-safe colours
 (`LINE_COLOURS`, `line_style`); attention weights in viridis on a square-root scale (`PALETTE`,
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 SOFTWARE = "minitfm"  # a PNG's `Software` text and a GIF's comment: minitfm wrote it
+PAGE_MARK = '<meta name="generator" content="minitfm">'  # in the head of an explorer page
+PAGE_TITLE = "<title>minitfm explorer</title>"  # the head of a page written before the mark
+PAGE_SUFFIXES = (".html", ".htm")
 PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks first
 
 # Lines of several runs: colour-blind-safe colours (Okabe & Ito's blue, vermillion, green,
@@ -103,13 +107,28 @@ def is_minitfm_picture(path: Path) -> bool:
         return False
 
 
-def check_picture_path(path: Path, option: str, suffix: str = ".png") -> None:
-    """`option` names a file with `suffix` (.png, .gif), not a directory, in a folder that
-    exists or can be made, and can be written to."""
-    if path.suffix.lower() != suffix:
-        raise MinitfmError(f"{option} ('{path}') must be a {suffix} file")
+def is_minitfm_page(path: Path) -> bool:
+    """Whether `path` is an HTML file that minitfm wrote (its head holds PAGE_MARK, or the
+    title of the explorer pages written before it)."""
+    if not path.is_file():  # a FIFO would block the read
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return PAGE_MARK.encode() in head or PAGE_TITLE.encode() in head
+
+
+def check_picture_path(path: Path, option: str, suffix: str | tuple[str, ...] = ".png") -> None:
+    """`option` names a file with `suffix` (.png, .gif; or one of several, the first named), not
+    a directory, in a folder that exists or can be made, and can be written to."""
+    suffixes = (suffix,) if isinstance(suffix, str) else suffix
+    if path.suffix.lower() not in suffixes:
+        raise MinitfmError(f"{option} ('{path}') must be a {suffixes[0]} file")
     if path.is_dir():
-        raise MinitfmError(f"{option} ('{path}') is a directory: give a {suffix} file in it")
+        raise MinitfmError(f"{option} ('{path}') is a directory: give a {suffixes[0]} file "
+                           f"in it")
     folder = next(folder for folder in path.absolute().parents if folder.exists())
     if not folder.is_dir():
         raise MinitfmError(f"cannot write '{path}' ('{folder}' is a file, not a folder): "
@@ -119,12 +138,15 @@ def check_picture_path(path: Path, option: str, suffix: str = ".png") -> None:
                            f"choose another {option}")
 
 
-def check_output(path: Path, option: str, force: bool, suffix: str = ".png") -> None:
+def check_output(path: Path, option: str, force: bool,
+                 suffix: str | tuple[str, ...] = ".png") -> None:
     """The picture rule (module docstring): `option`'s path may be written, and an existing
-    file is minitfm's picture, or `force`."""
+    file is minitfm's picture (or page, for an .html path), or `force`."""
     check_picture_path(path, option, suffix)
-    if path.exists() and not force and not is_minitfm_picture(path):
-        raise MinitfmError(f"{option} ('{path}') exists and is not a picture minitfm wrote: "
+    page = path.suffix.lower() in PAGE_SUFFIXES
+    ours, what = (is_minitfm_page, "page") if page else (is_minitfm_picture, "picture")
+    if path.exists() and not force and not ours(path):
+        raise MinitfmError(f"{option} ('{path}') exists and is not a {what} minitfm wrote: "
                            f"choose another {option}, or pass --force to replace it")
 
 

@@ -1,9 +1,10 @@
-"""Files a run writes: the one atomic write, `mkdir -p` that cleans up, metrics lines; and
-the one reader of Linux's /proc files (`proc_value`).
+"""Files a run writes: the one atomic write, `mkdir -p` that cleans up, metrics lines, JSON as
+minitfm writes it; and the one reader of Linux's /proc files (`proc_value`).
 
 Every file minitfm replaces (checkpoints, config.yaml, summary.json, pictures, a sweep's
 results) goes through `write_atomic`: a reader, or a kill midway, sees the old file or the new
-one, never half of it. No torch here.
+one, never half of it. Every JSON document minitfm writes or prints goes through `to_json`:
+strict JSON, a number that is not finite (NaN, infinity) written as null. No torch here.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import stat
 import tempfile
@@ -82,4 +84,21 @@ def make_dirs(path: Path) -> None:
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
     """Append one JSON line to `metrics.jsonl`."""
     with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(to_json(record) + "\n")
+
+
+def to_json(value: Any, **options: Any) -> str:
+    """`value` as strict JSON (`json.dumps` with `options`): NaN and infinities, which strict
+    parsers refuse, written as null, the value JSON has for a missing number."""
+    return json.dumps(finite(value), allow_nan=False, **options)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every float that is NaN or infinite, in any list, tuple or dict, as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value

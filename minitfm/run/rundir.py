@@ -29,7 +29,7 @@ import yaml
 
 from minitfm.config import Config, to_yaml
 from minitfm.errors import CheckpointError, MinitfmError, RunFailed, option, quote
-from minitfm.run.files import make_dirs, write_atomic
+from minitfm.run.files import make_dirs, to_json, write_atomic
 from minitfm.yamlfile import MAX_CONFIG_BYTES, error_line, load_yaml
 
 CHECKPOINTS = ("best", "last")
@@ -324,7 +324,7 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
     previous = read_summary(run_dir) or {}
     total = summary["wall_s"] + previous.get("wall_s", 0.0)
     record = {**summary, "wall_s": total, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    write_atomic(run_dir / SUMMARY, (json.dumps(record, indent=1) + "\n").encode("utf-8"))
+    write_atomic(run_dir / SUMMARY, (to_json(record, indent=1) + "\n").encode("utf-8"))
     return total
 
 

@@ -5,11 +5,17 @@ torchrun) and hands the book's loop (`minitfm.book.loop.run_loop`) a `Training`:
 events, which do the run's work between steps on the cadence of `schedule` (train lines,
 quick checks, attention snapshots, `last.pt` and `best.pt`) and tell the instruments what
 happened (see `instruments`).
+
+Runs in one process train one at a time (`TRAINING_LOCK`): torch's random numbers (the initial
+weights, dropout) and its thread count belong to the process, so two runs at once, in two
+threads of a Python program, would draw each other's numbers and differ from each alone. The
+second waits for the first to end; processes of their own (`minitfm sweep`) train together.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -59,6 +65,8 @@ from minitfm.run.state import RunState, init_state
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Batch, eval_set
 
+TRAINING_LOCK = threading.Lock()  # the process's one lock: its random numbers are one stream
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -87,7 +95,7 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
         cfg = resumed.cfg
     else:
         check_fits(training_parts(cfg), "training")  # before anything is allocated or written
-    with distributed.session(cfg.device) as dist, ExitStack() as held:
+    with TRAINING_LOCK, distributed.session(cfg.device) as dist, ExitStack() as held:
         claim = options.threads or held.enter_context(ThreadClaim(cfg.threads))
         claim.update(cfg.threads)
         claim.apply()

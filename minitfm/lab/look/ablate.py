@@ -18,13 +18,16 @@ exact match minus the ablated one, as fractions.
 
 The model knows nothing of ablations: `edited_heads` attaches forward hooks to the hook point
 `heads` of each `MultiHeadAttention` (its head outputs, before W^O) for the length of a block,
-and removes them after, so the greedy decoding of `minitfm eval` runs unchanged underneath.
+and removes them after, so the greedy decoding of `minitfm eval` runs unchanged underneath. A
+hook edits only the passes of the thread that attached it: another thread running the same
+model meanwhile (the Python API's `Run`, shared by a notebook's widgets) runs it intact.
 
 Shapes: B batch, H n_heads, Q query len, K d_head, L layers.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,7 +46,7 @@ from minitfm.book.metrics import (
     score,
 )
 from minitfm.book.model import eval_mode
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, option
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.probe import KIND_TITLES, KINDS
 from minitfm.lab.options import MODES, AblateOptions
@@ -88,8 +91,13 @@ def hook_point(model, kind: str, layer: int) -> nn.Module:
 
 
 def forward_hook(edit: HeadEdit):
-    """`edit` as a forward hook: a hook that returns a tensor replaces the module's output."""
-    return lambda _module, _inputs, heads: edit(heads)
+    """`edit` as a forward hook of this thread's passes: a hook that returns a tensor replaces
+    the module's output, one that returns None leaves it (another thread's pass) as it is."""
+    owner = threading.get_ident()
+
+    def hook(_module, _inputs, heads: Tensor) -> Tensor | None:
+        return edit(heads) if threading.get_ident() == owner else None
+    return hook
 
 
 @contextmanager
@@ -240,9 +248,9 @@ def ablate_model(loaded: Loaded, pairs: list[Pair],
 
 
 def check_mode(mode: str) -> None:
-    """`--mode`: one of MODES."""
+    """`--mode` (the API's `mode`): one of MODES."""
     if mode not in MODES:
-        raise MinitfmError(f"--mode ({mode!r}) must be one of {', '.join(MODES)}")
+        raise MinitfmError(f"{option('mode')} ({mode!r}) must be one of {', '.join(MODES)}")
 
 
 def check_options(options: AblateOptions) -> None:
@@ -325,10 +333,11 @@ def draw_drops(subfigure, kind: str, rows: list[list[dict]]) -> None:
 # --- heads switched off by name: Run.predict(heads_off=...) and `minitfm explore` ---
 
 def check_heads(model, heads_off) -> list[tuple[str, int, int]]:
-    """`heads_off` as (kind, layer, head) triples, each naming a head the model has."""
+    """`heads_off` as (kind, layer, head) triples, each naming a head the model has (None:
+    none)."""
     n_layers, n_heads = layer_counts(model), model.config.n_heads
     checked = []
-    for item in heads_off:
+    for item in () if heads_off is None else heads_off:
         if not (isinstance(item, (tuple, list)) and len(item) == 3):
             raise MinitfmError(f"heads_off item ({item!r}) must be (kind, layer, head), "
                                f"e.g. ('cross', 0, 1)")

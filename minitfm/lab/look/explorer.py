@@ -9,7 +9,11 @@ pictures) into one JSON document and inlines it with the scripts and the style s
 Everything from the run is data, never markup: the JSON sits in a `<script
 type="application/json">` with `<`, `>`, `&` and U+2028/9 escaped, the page shows it with
 `textContent`, and a Content-Security-Policy lets only the page's own scripts run (by their
-SHA-256) and nothing load from anywhere: no fonts, no CDN, no fetch.
+SHA-256) and nothing load from anywhere: no fonts, no CDN, no fetch. A page is made to be
+shared: the JSON is strict (a number that is not finite is null, drawn as a gap), it names files
+without their folders, and the page decodes inputs of at most PAGE_MAX_TOKENS tokens, so that a
+link cannot freeze the tab of whoever opens it. The page is written by the picture rule
+(`pictures.check_output`): a file minitfm did not write is replaced only with --force.
 
 Shapes: L layers, H n_heads, K d_head, V vocab_size, N snapshots, T_q and T_k query and key len.
 """
@@ -39,8 +43,8 @@ from minitfm.lab.look.ablate import replacements
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, alignment_scores
 from minitfm.lab.look.timeline import read_timeline
 from minitfm.lab.measure.evaluate import input_limit
-from minitfm.lab.pictures import GAMMA, PALETTE
-from minitfm.run.files import write_atomic
+from minitfm.lab.pictures import GAMMA, PAGE_MARK, PAGE_SUFFIXES, PALETTE, check_output
+from minitfm.run.files import to_json, write_atomic
 from minitfm.tasks.base import Task
 
 PAGE_NAME = "explorer.html"
@@ -50,6 +54,11 @@ MAX_SNAPSHOTS = 60  # attention.jsonl records kept (evenly spread, the last one 
 MAX_TRAIN_POINTS = 400  # loss curve points kept (evenly spread)
 MAX_ABLATION_PNG_BYTES = 400_000  # an ablation picture larger than this is left out
 CAP_TABLE = 8  # decoding caps tabulated for sources of 0..8 tokens, then extended linearly
+# The longest input the page decodes (fewer where the positions end): at the default model size
+# about a second a keystroke; 1,000 tokens took ten, and a page keeps every map it draws.
+PAGE_MAX_TOKENS = 200
+PAGE_WARN_BYTES = 50_000_000  # a larger page opens slowly in a browser, if at all
+BYTES_PER_WEIGHT = 16 / 3  # a float32 in base64
 
 
 @dataclass
@@ -61,11 +70,13 @@ class ExplorerPage:
     seconds: float
 
 
-def write_explorer(loaded: Loaded, out: Path | None = None) -> ExplorerPage:
-    """`minitfm explore`: write a loaded run's page (default `<run>/explorer.html`)."""
+def write_explorer(loaded: Loaded, out: Path | None = None,
+                   force: bool = False) -> ExplorerPage:
+    """`minitfm explore`: write a loaded run's page (default `<run>/explorer.html`; a file there
+    that minitfm did not write only with `force`)."""
     start = time.perf_counter()
     out = Path(out) if out is not None else default_path(loaded)
-    check_page_path(out)
+    check_page_path(out, force)
     data = page_data(loaded)
     html = render(data).encode("utf-8")
     try:
@@ -76,10 +87,21 @@ def write_explorer(loaded: Loaded, out: Path | None = None) -> ExplorerPage:
     return ExplorerPage(out, len(html), time.perf_counter() - start)
 
 
-def check_page_path(out: Path) -> None:
-    """`--out` must name an HTML file."""
-    if Path(out).suffix.lower() not in (".html", ".htm"):
-        raise MinitfmError(f"--out ('{out}') must be an .html file")
+def check_page_path(out: Path, force: bool = False) -> None:
+    """`--out` names an HTML file that may be written, by the picture rule."""
+    check_output(Path(out), "--out", force, PAGE_SUFFIXES)
+
+
+def size_warning(loaded: Loaded) -> str | None:
+    """A line when the page will be larger than PAGE_WARN_BYTES: its weights in base64 and
+    about 0.2 MB besides (docs/explore.md)."""
+    weights = sum(p.numel() for p in loaded.model.parameters())
+    size = weights * BYTES_PER_WEIGHT + 200_000
+    if size <= PAGE_WARN_BYTES:
+        return None
+    return (f"the page will be about {size / 1e6:,.1f} MB ({weights:,} weights at "
+            f"{BYTES_PER_WEIGHT:.1f} bytes each): a browser opens a page over "
+            f"{PAGE_WARN_BYTES / 1e6:.0f} MB slowly, if at all")
 
 
 def default_path(loaded: Loaded) -> Path:
@@ -99,7 +121,7 @@ def page_data(loaded: Loaded) -> dict:
     predictions = predict(model, task, [src for src, _ in examples], loaded.device)
     return {
         "meta": meta(loaded),
-        "config": cfg.model_dump(mode="json"),
+        "config": names_only(cfg.model_dump(mode="json")),
         "model": model_spec(model),
         "task": task_spec(cfg, task),
         "means": {f"{kind}.{layer}": floats(value)  # (H, K) each
@@ -127,6 +149,22 @@ def meta(loaded: Loaded) -> dict:
             "written": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+# Config values that may be paths (absolute once resolved): the page shows their last names.
+PATH_KEYS = ("task.train_path", "task.eval_path", "model.code", "log.dir")
+
+
+def names_only(config: dict) -> dict:
+    """A dumped config with each of PATH_KEYS as its last name (`data.tsv`): a page travels, the
+    folders of the machine that wrote it stay there."""
+    shown = {section: dict(values) if isinstance(values, dict) else values
+             for section, values in config.items()}
+    for key in PATH_KEYS:
+        section, name = key.split(".")
+        if isinstance(shown.get(section), dict) and isinstance(shown[section].get(name), str):
+            shown[section][name] = Path(shown[section][name]).name
+    return shown
+
+
 def floats(tensor) -> str:
     """A tensor as base64 of little-endian float32 (4 bytes a number, 5.3 in base64)."""
     array = np.ascontiguousarray(tensor.detach().cpu().float().numpy(), dtype="<f4")
@@ -143,7 +181,8 @@ def model_spec(model) -> dict:
         index[f"model.{name}"] = [offset, list(state[name].shape)]
         offset += state[name].numel()
     blob = torch.cat([state[name].detach().float().cpu().flatten() for name in names])
-    return {"config": {**cfg.model_dump(mode="json"), "vocab_size": model.vocab_size},
+    sizes = cfg.model_dump(mode="json", exclude={"code"})  # model.js needs no code's path
+    return {"config": {**sizes, "vocab_size": model.vocab_size},
             "pad_id": model.pad_id, "bos_id": 1, "eos_id": 2, "index": index,
             "weights": floats(blob), **POSITION_TABLES[cfg.positional](model)}
 
@@ -168,16 +207,18 @@ POSITION_TABLES = {
 
 def task_spec(cfg, task: Task) -> dict:
     """How task.js reads and writes the task's text: the vocabulary, the reading rule, the
-    phrases of Python's messages, the longest input and the decoding caps."""
+    phrases of Python's messages, the longest input (the model's, at most PAGE_MAX_TOKENS) and
+    the decoding caps."""
     spec = TASKS[task.name]
     reading = spec.reading or task.cfg.tokenize  # pairs: as task.tokenize, char or space
     reserved = (*SPECIAL_TOKENS, *spec.task_symbols)  # pairs: <unk> last
+    limit = input_limit(cfg, task)  # None: positions without an end
     return {"name": task.name, "tokens": list(task.vocab.tokens), "reading": reading,
             "compact": task.compact, "separator": task.separator,
             "allowed": task._allowed(), "example": task._example_text(),
             "reserved": list(reserved),
             "unk_id": task.vocab.id(reserved[-1]) if task.name == "pairs" else None,
-            "max_tokens": input_limit(cfg, task),
+            "max_tokens": PAGE_MAX_TOKENS if limit is None else min(limit, PAGE_MAX_TOKENS),
             "caps": [task.max_target_len(n) + 1 for n in range(CAP_TABLE + 1)],  # + EOS
             "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}
 
@@ -271,9 +312,10 @@ def source(name: str) -> str:
 
 
 def embed_json(data) -> str:
-    """JSON that cannot end its <script> element or be read as markup: <, >, & and the line
-    separators U+2028/9 written as \\u escapes (the same strings to JSON.parse)."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    """Strict JSON (`files.to_json`: a number that is not finite is null) that cannot end its
+    <script> element or be read as markup: <, >, & and the line separators U+2028/9 written as
+    \\u escapes (the same strings to JSON.parse)."""
+    text = to_json(data, ensure_ascii=False, separators=(",", ":"))
     for char in "<>&\u2028\u2029":
         text = text.replace(char, f"\\u{ord(char):04x}")
     return text
@@ -288,6 +330,7 @@ def render(data: dict) -> str:
     hashes = " ".join("'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest())
                       .decode() + "'" for s in scripts)
     page = source("page.html")
+    assert PAGE_MARK in page, "page.html's head must hold PAGE_MARK (the picture rule)"
     page = page.replace("/*CSP*/", f"default-src 'none'; script-src {hashes}; "
                         "style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
                         "form-action 'none'")

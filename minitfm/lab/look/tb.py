@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import unicodedata
 import zlib
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ ENTROPY_TAG = "6_entropy/{name}"
 HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
 LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
+MARKDOWN_SYNTAX = frozenset("\\`*_[]<>&|")  # pairs text must not format, link or end a cell
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -99,10 +101,13 @@ class TensorBoardLogger(Instrument):
                 self.attention_images(snapshot)
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
-        fmt = self.task.format
+        """The first held-out pairs and their predictions, a markdown table of text."""
+        def cell(tokens) -> str:
+            return markdown_text(self.task.format(tokens))
+
         rows = ["| input | target | prediction | ok |", "|---|---|---|---|"]
         for (src, tgt), pred in list(zip(pairs, predictions, strict=True))[:N_SAMPLES]:
-            rows.append(f"| {fmt(src)} | {fmt(tgt)} | {fmt(pred)} | "
+            rows.append(f"| {cell(src)} | {cell(tgt)} | {cell(pred)} | "
                         f"{'yes' if pred == tgt else 'no'} |")
         return "\n".join(rows)
 
@@ -183,6 +188,14 @@ class TensorBoardLogger(Instrument):
         finally:
             threading.excepthook = self.previous_hook
             self.writer = None
+
+
+def markdown_text(text: str) -> str:
+    """`text` as TensorBoard's markdown shows it, as text: each character that markdown or HTML
+    reads as syntax (`|` ends a table cell, `<` starts a tag, ...) and each control character
+    (a newline ends the table's row) written as a numeric character reference, `&#124;`."""
+    return "".join(f"&#{ord(ch)};" if ch in MARKDOWN_SYNTAX or unicodedata.category(ch) == "Cc"
+                   else ch for ch in text)
 
 
 def image_summary(tag: str, picture: np.ndarray):

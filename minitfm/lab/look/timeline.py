@@ -32,6 +32,7 @@ from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.run.files import to_json
 from minitfm.run.instruments import Evaluation, Instrument, SnapshotDue, Started
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
@@ -140,7 +141,7 @@ class AttentionRecorder(Instrument):
         """Append the snapshot's line to attention.jsonl (when recording)."""
         if self.path is None:
             return
-        line = json.dumps(snapshot.record(self.task), separators=(",", ":"))
+        line = to_json(snapshot.record(self.task), separators=(",", ":"))
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
 

@@ -23,7 +23,7 @@ from minitfm.lab.curves import scan_metrics
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.runs import short_label
 from minitfm.lab.pictures import line_style, save_png
-from minitfm.run.files import write_atomic
+from minitfm.run.files import to_json, write_atomic
 from minitfm.run.rundir import read_summary, run_status
 
 
@@ -93,7 +93,7 @@ def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
 
 def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
     """results.jsonl (everything), results.csv (no per-length figures) and results.png."""
-    lines = "".join(json.dumps(row) + "\n" for row in rows)
+    lines = "".join(to_json(row) + "\n" for row in rows)
     write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]

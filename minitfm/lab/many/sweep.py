@@ -40,7 +40,7 @@ from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write
 from minitfm.lab.many.runs import SWEEP_FILE
 from minitfm.lab.many.scheduler import Job, Scheduler, plan_job
 from minitfm.lab.options import SweepOptions
-from minitfm.run.files import make_dirs, write_atomic
+from minitfm.run.files import make_dirs, to_json, write_atomic
 from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import is_run_dir, lock_exclusively, new_run_dir
 from minitfm.run.threads import cores
@@ -260,7 +260,7 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
     with SweepLock(plan.folder):
         check_folder(plan.folder, plan.grid, plan.base, plan.runs)  # no sweep came between
-        record = json.dumps(plan.record(), indent=1) + "\n"
+        record = to_json(plan.record(), indent=1) + "\n"
         write_atomic(plan.folder / SWEEP_FILE, record.encode("utf-8"))
         for spec in plan.runs:  # left by a sweep killed midway; under the lock, none is live
             for stale in spec.run_dir.glob(".eval-*.tmp"):

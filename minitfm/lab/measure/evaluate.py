@@ -16,7 +16,7 @@ from typing import Any
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE, evaluate, predict
 from minitfm.catalog import position_shortfall
-from minitfm.errors import MinitfmError, quote
+from minitfm.errors import MinitfmError, option, quote
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.options import EvalOptions
 from minitfm.lab.pictures import LINE_COLOURS, save_png, wrap_to_width
@@ -33,8 +33,9 @@ def check_representable(cfg, task: Task, max_len: int) -> None:
     short = position_shortfall(cfg.model, needed)
     if short is not None:
         key, limit, needed = short
-        raise MinitfmError(f"--max-len {max_len} needs {needed} positions but this model's "
-                           f"positions stop at {key} ({limit}); evaluate up to a shorter length")
+        raise MinitfmError(f"{option('max_len')} {max_len} needs {needed} positions but this "
+                           f"model's positions stop at {key} ({limit}); evaluate up to a "
+                           f"shorter length")
 
 
 def eval_report(loaded: Loaded, options: EvalOptions = EvalOptions()) -> dict:
@@ -43,9 +44,10 @@ def eval_report(loaded: Loaded, options: EvalOptions = EvalOptions()) -> dict:
     lo = options.min_len if options.min_len is not None else cfg.task.min_len
     hi = options.max_len if options.max_len is not None else max(cfg.task.max_len, lo)
     if lo > hi:
-        raise MinitfmError(f"--min-len ({lo}) must be <= --max-len ({hi})")
+        raise MinitfmError(f"{option('min_len')} ({lo}) must be <= {option('max_len')} ({hi})")
     check_representable(cfg, task, hi)
-    check_fits(decoding_parts(cfg, options.samples, hi, options.batch_size), "evaluation")
+    check_fits(decoding_parts(cfg, options.samples, hi, options.batch_size,
+                              (option("samples"), option("max_len"))), "evaluation")
     seed = cfg.task.eval_seed if options.seed is None else options.seed
     pairs = eval_set(task, options.samples, seed, lo, hi)
     result = evaluate(loaded.model, task, pairs, loaded.device, options.batch_size)

@@ -38,6 +38,7 @@
   }
   const $ = (id) => document.getElementById(id);
   const percent = (x) => (x == null ? "–" : `${(100 * x).toFixed(1)}%`);
+  const fixed = (x, digits) => (x == null ? "–" : x.toFixed(digits)); // null: not a number
   const short = (token, n = 6) => (Array.from(token).length > n ? Array.from(token).slice(0, n - 1).join("") + "…" : token);
 
   // --- the model on typed input ---
@@ -92,8 +93,9 @@
   // --- colours: viridis (colour-blind safe), colour ∝ weight^γ as the PNG figures ---
 
   const STOPS = DATA.palette.map((hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16)));
-  function colour(weight) {
-    const x = Math.min(Math.max(weight, 0), 1) ** DATA.gamma * (STOPS.length - 1);
+  function colour(weight) { // NaN or null (a diverged model's): the dark end, as the PNGs
+    const w = Number.isFinite(weight) ? weight : 0;
+    const x = Math.min(Math.max(w, 0), 1) ** DATA.gamma * (STOPS.length - 1);
     const i = Math.min(Math.floor(x), STOPS.length - 2), f = x - i;
     const rgb = STOPS[i].map((c, k) => Math.round(c + f * (STOPS[i + 1][k] - c)));
     return `rgb(${rgb.join(",")})`;
@@ -284,8 +286,8 @@
     a.soft.forEach((row, l) => row.forEach((v, h) => {
       const tr = el("tr");
       const isBest = l === best[0] && h === best[1];
-      tr.append(el("td", l, "num"), el("td", h, "num"), el("td", v.toFixed(3), "num"),
-        el("td", a.hard[l][h].toFixed(3), "num"), el("td", isBest ? "← best" : ""));
+      tr.append(el("td", l, "num"), el("td", h, "num"), el("td", fixed(v, 3), "num"),
+        el("td", fixed(a.hard[l][h], 3), "num"), el("td", isBest ? "← best" : ""));
       table.append(tr);
     }));
     box.replaceChildren(table, el("p", "score: mean weight on the ideal source position over the target positions (EOS excluded), teacher-forced on the true target, as minitfm visualize-attention computes it: 1 = exact, about 1/S = uniform. Argmax share: how often the strongest key is the ideal one.", "hint"));
@@ -431,7 +433,7 @@
           drawCells(canvas.getContext("2d"), rows, t.source.length, cell, 0, 0);
           const figure = el("figure");
           figure.style.margin = "0";
-          const score = t.alignment ? `alignment ${t.alignment[n][l][h].toFixed(2)}` : "";
+          const score = t.alignment ? `alignment ${fixed(t.alignment[n][l][h], 2)}` : "";
           figure.append(canvas, el("figcaption", score, "label"));
           grid.append(figure);
         });
@@ -546,7 +548,7 @@
     const m = DATA.meta;
     $("title").textContent = `· ${m.task} · ${m.run || m.checkpoint} · step ${m.step}`;
     const [lo, hi] = DATA.task.trained_lengths;
-    $("input-hint").textContent = `(task ${DATA.task.name}: ${DATA.task.allowed}; e.g. ${DATA.task.example}; trained on lengths ${lo}..${hi})`;
+    $("input-hint").textContent = `(task ${DATA.task.name}: ${DATA.task.allowed}; e.g. ${DATA.task.example}; trained on lengths ${lo}..${hi}; at most ${DATA.task.max_tokens} tokens)`;
     state.input = DATA.timeline ? DATA.timeline.input : DATA.task.example;
     switches(); legend(); alignmentTable(); ablationPictures(); timeline(); runFacts(); zoomEvents();
     readHash();

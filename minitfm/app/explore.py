@@ -1,0 +1,54 @@
+"""`minitfm explore`: a trained run in one offline web page (the page is
+`lab/look/explorer.py`'s). A module of its own, as `minitfm learn`'s commands are: `app/cli.py`
+registers it in its place among the commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from minitfm.app.console import (
+    checkpoint_option,
+    claimed_threads,
+    clean_errors,
+    console,
+    force_option,
+    loaded_run,
+    run_argument,
+    threads_option,
+    warn,
+    wrote,
+)
+
+
+@clean_errors
+def explore(
+    run: Path | None = run_argument(),
+    out: Path | None = typer.Option(None, metavar="FILE", help="HTML path (default: "
+                                    "explorer.html in the run directory; for a .pt outside "
+                                    "any run, a file beside it)."),
+    force: bool = force_option("the page file (--out or the default)", "page"),
+    open_page: bool = typer.Option(False, "--open", help="Open the page in your browser."),
+    checkpoint: str = checkpoint_option(),
+    threads: str = threads_option(),
+) -> None:
+    """Write one offline web page where the trained model runs: type inputs, watch decoding
+    and every attention map, switch heads off, scrub attention over training."""
+    from minitfm.lab.look.explorer import check_page_path, size_warning, write_explorer
+
+    if out is not None:
+        check_page_path(out, force)  # before the checkpoint is read
+    with claimed_threads(threads):  # its forward passes share the cores, as eval's do
+        loaded = loaded_run(run, checkpoint)
+        if too_large := size_warning(loaded):
+            warn(too_large)
+        page = write_explorer(loaded, out, force)
+    wrote(page.path, size=page.size)
+    if open_page:
+        import webbrowser
+
+        if not webbrowser.open(page.path.resolve().as_uri()):
+            console.print("(no browser found here: open the file above in one)", markup=False,
+                          highlight=False)

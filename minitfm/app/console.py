@@ -32,7 +32,7 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from minitfm.app.tables import heading_lines, printable
-from minitfm.errors import Interrupted, MinitfmError, quote, spell
+from minitfm.errors import Interrupted, MinitfmError, quote, shown_path, spell
 from minitfm.lab.options import option_field
 from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
@@ -281,9 +281,11 @@ def say(text: str) -> None:
     console.print(printable(text), markup=False, highlight=False)
 
 
-def wrote(path: Path, stream: Console = console) -> None:
-    """`wrote PATH` on `stream`: a path, never cut in two, its control characters escaped."""
-    stream.print(f"wrote {printable(str(path))}", markup=False, highlight=False, soft_wrap=True)
+def wrote(path: Path, stream: Console = console, size: str = "") -> None:
+    """`wrote PATH` on `stream` (`shown_path`: relative inside the current folder, else
+    absolute) and `size`: a path never cut in two, its control characters escaped."""
+    stream.print(f"wrote {printable(shown_path(path))}{size}", markup=False, highlight=False,
+                 soft_wrap=True)
 
 
 def widest(renderable) -> int:

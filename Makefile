@@ -12,7 +12,7 @@ CONFIG ?=
 ARGS   ?=
 PORT   ?= 6006
 
-.PHONY: install train test test-fast test-book lint bench tensorboard notebook data clean FORCE
+.PHONY: install train test test-fast test-book lint bench tensorboard notebook figures data clean FORCE
 
 install: $(STAMP)
 
@@ -53,6 +53,15 @@ tensorboard: install
 # gets 2 threads, so a second run on the same machine gives the same numbers. The run goes to runs/.
 notebook: install
 	$(BIN)/python notebooks/execute.py
+
+# Remakes every figure of docs/ that a command makes, on an idle machine, after a change of the
+# default: the default run's pictures (docs/over-training-reverse.png, docs/ablate-reverse.png),
+# the shipped configs' runs, the lengthgen sweep (docs/lengthgen.png: 18 runs, most of the time)
+# and the notebook (as `make notebook`); their numbers go to docs/figures.json, which
+# tests/test_docs.py holds the docs to. Runs go to runs/figures/. One step:
+# `make figures ARGS="--only default"` (steps: default, configs, lengthgen, notebook).
+figures: install data
+	$(BIN)/python docs/make_figures.py $(ARGS)
 
 # The example data of configs/dates.yaml (seeded; standard library only, so no install).
 data:

@@ -7,9 +7,11 @@ spells it its way (`MinitfmError.spelled`): `--resume` on the command line, `res
 Python API; `--max-len` there, `max_len` here.
 """
 
+import os
 import re
 import reprlib
 from collections.abc import Mapping
+from pathlib import Path
 
 QUOTE_LIMIT = 80  # characters of a user's value quoted in a message
 
@@ -25,6 +27,18 @@ def quote(value, limit: int = QUOTE_LIMIT) -> str:
     short.maxstring = short.maxother = short.maxlong = limit
     text = short.repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as minitfm prints it, in any output line or message, whoever found it (a resolved
+    checkpoint, a path as typed): relative to the current folder (`runs/r/best.pt`,
+    `../runs/r`), or absolute where that is shorter (`/data/r` rather than `../../../data/r`)."""
+    try:
+        whole = os.path.abspath(path)  # `..` folded; links left as they are
+        relative = os.path.relpath(whole)
+    except (OSError, ValueError):  # no current folder (removed), another drive, a NUL
+        return str(path)
+    return relative if len(relative) <= len(whole) else whole
 
 
 OPTION_MARK = re.compile("\0(\\w+)\0([^\0]*)\0")  # a NUL never occurs in a path or a key

@@ -28,7 +28,9 @@ THREADS = 2  # OMP_NUM_THREADS of the kernel: a fixed thread count repeats bit f
 
 
 def kernel(folder: Path, env: dict[str, str] | None = None):
-    """A KernelManager that starts ipykernel with this interpreter, registered nowhere."""
+    """A KernelManager that starts ipykernel with this interpreter, registered nowhere. It
+    talks to the kernel over Unix sockets in `folder` (IPC): over TCP, the default, the kernel
+    warns that anyone on the machine could listen in, which alarms a learner for nothing."""
     from jupyter_client import KernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
@@ -38,7 +40,8 @@ def kernel(folder: Path, env: dict[str, str] | None = None):
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "minitfm", "language": "python", "env": env or {}}))
     specs = KernelSpecManager(kernel_dirs=[str(folder / "kernels")])
-    return KernelManager(kernel_name="minitfm", kernel_spec_manager=specs)
+    return KernelManager(kernel_name="minitfm", kernel_spec_manager=specs, transport="ipc",
+                         ip=str(folder / "kernel"))
 
 
 def code_digest(nb: nbformat.NotebookNode) -> str:

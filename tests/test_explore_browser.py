@@ -64,10 +64,14 @@ def browser():
         instance.close()
 
 
-def open_page(browser, path: Path, hash_: str = ""):
+def open_page(browser, path: Path, hash_: str = "", clock: bool = False):
     """The page from its file:// path; every other request aborted and recorded, like every
-    page error, console error and dialog."""
+    page error, console error and dialog. With `clock`, the page's timers wait for the test's
+    `page.clock.run_for` (work the page does in slices runs only then, however loaded the
+    machine)."""
     page = browser.new_page()
+    if clock:
+        page.clock.install()
     problems = []
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                else (problems.append(f"request {route.request.url}"), route.abort()))
@@ -135,6 +139,53 @@ def test_the_page_says_what_it_knows_beside_the_output(pages, browser):
     page.fill("#input", "9 x")
     assert page.inner_text("#zoom-title") == "fix the input above to see its attention maps"
     assert page.inner_text("#readout") == "" and page.inner_text("#verdict") == ""
+    assert problems == []
+
+
+def test_held_out_exact_match_is_shown_under_the_heads_it_was_computed_for(pages, browser):
+    """Heads switched faster than the page decodes its 200 held-out examples (a newcomer clicking
+    two switches within half a second): the number shown at the end is the one Python gives for
+    the heads off at the end, under their label. A cache hit used to leave an earlier state's job
+    running, which then wrote its number under the later label ("56.5% (every head on)")."""
+    run_dir, path = pages["copy"]
+    run = load_run(run_dir, checkpoint="last")
+    page, problems = open_page(browser, path, clock=True)
+    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
+    held = page.evaluate("() => window.minitfm.data.held_out")
+    sources, targets = ([" ".join(tokens[i] for i in ids) for ids in rows]
+                        for rows in (held["sources"], held["targets"]))
+
+    def python_exact(off):
+        outputs = run.predict(sources, heads_off=off, mode="zero")
+        return sum(o == t for o, t in zip(outputs, targets, strict=True)) / len(targets)
+
+    def switch(*heads, mode):  # one after the other, before the page's next timer
+        for kind, layer, head in heads:
+            page.evaluate("([k, l, h, m]) => window.minitfm.setHead(k, l, h, m)",
+                          [kind, layer, head, mode])
+
+    def shown():
+        page.clock.run_for(60_000)  # every slice of every job still running
+        return page.inner_text("#exact")
+
+    intact = python_exact([])
+    label = f"held-out exact match on {len(targets)} examples: "
+    assert shown() == f"{label}{100 * intact:.1f}% (every head on)"
+    a, b = ("cross", 0, 1), ("decoder", 0, 1)
+    switch(a, mode="zero")
+    switch(a, mode="on")  # back to a cached state while a's job runs
+    assert shown() == f"{label}{100 * intact:.1f}% (every head on)"
+    switch(a, mode="zero")
+    assert shown() == f"{label}{100 * python_exact([a]):.1f}% with 1 head(s) switched off; " \
+                      f"intact model: {100 * intact:.1f}%"
+    switch(b, mode="zero")
+    switch(b, mode="on")
+    assert shown() == f"{label}{100 * python_exact([a]):.1f}% with 1 head(s) switched off; " \
+                      f"intact model: {100 * intact:.1f}%"
+    switch(b, mode="zero")
+    switch(a, b, mode="on")  # a and b computed and cached by now: two cache hits in a row
+    assert shown() == f"{label}{100 * intact:.1f}% (every head on)"
+    assert len({intact, python_exact([a]), python_exact([a, b])}) == 3  # the test can tell
     assert problems == []
 
 

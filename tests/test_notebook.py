@@ -114,3 +114,10 @@ def test_the_tour_runs(tmp_path):
     text = output_text(nb)
     assert "exact match on lengths 17..32" in text and "Run(checkpoint=" in text
     assert len(list((tmp_path / "runs").glob("reverse-*/checkpoints/best.pt"))) == 1
+
+
+def test_the_kernel_talks_over_unix_sockets_in_its_own_folder(tmp_path):
+    """`make notebook` printed ipykernel's warning that a kernel over TCP can be eavesdropped
+    on: its kernel uses IPC, with the sockets in the kernel's temporary folder."""
+    manager = load_execute().kernel(tmp_path)
+    assert manager.transport == "ipc" and manager.ip.startswith(str(tmp_path))

@@ -307,3 +307,72 @@ def test_the_ending_says_why_the_run_ended(best, status, expected):
     step = 300 if status == "finished" else 250
     summary = {"step": step, "steps": 300, "status": status, "best_exact_match": best}
     assert ending(summary, 0.99) == expected
+
+
+# --- paths: one rule for every command ---
+
+def test_a_path_is_shown_relative_to_the_current_folder_or_absolute_if_shorter(tmp_path,
+                                                                              monkeypatch):
+    from minitfm.errors import shown_path
+
+    deep = tmp_path / "work" / "a" / "b"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "work")
+    here = Path.cwd()
+    assert shown_path("runs/r/best.pt") == "runs/r/best.pt"
+    assert shown_path(here / "runs" / "r") == "runs/r"  # a resolved path, inside
+    assert shown_path("runs/../runs/r") == "runs/r"
+    assert shown_path(here.parent / "other" / "r") == "../other/r"  # beside: shorter relative
+    assert shown_path("/") == "/"  # not ../../..
+    assert shown_path(".") == "."
+    monkeypatch.chdir(deep)
+    assert shown_path(here / "runs") == "../../runs"
+
+
+@pytest.fixture(scope="module")
+def path_run(tmp_path_factory):
+    """A tiny run with its attention recorded, in <tmp>/work/runs/r."""
+    from minitfm.app.api import train_run
+
+    root = tmp_path_factory.mktemp("paths")
+    recorded = [item for item in TINY if not item.startswith("log.attention_every")]
+    train_run(load_config(None, [*recorded, "train.steps=50", "train.eval_every=25",
+                                 "log.tensorboard=false"]), run_dir=root / "work" / "runs" / "r")
+    return root
+
+
+PATH_COMMANDS = {  # each command's options, and the start of the file it writes in the run
+    "visualize-attention": (["--no-terminal", "--force"], "attention/best-step"),
+    "over-training": (["--over-training", "--force"], "attention/over-training-layer0.png"),
+    "ablate": (["--samples", "20", "--force"], "ablate/best-step"),
+    "explore": ([], "explorer.html"),
+    "plot": (["--force"], "plot.png"),
+}
+
+
+@pytest.mark.parametrize("where", ["inside", "beside", "far"])
+def test_every_command_prints_its_paths_by_the_one_rule(path_run, monkeypatch, where):
+    """The run given by its absolute path from the folder holding it, as `../work/runs/r` from
+    a folder beside it, or from a folder so deep that the relative path is the longer: every
+    path printed is relative to the current folder, or absolute where that is shorter.
+    visualize-attention, ablate and explore printed absolute paths where --over-training and
+    plot printed relative ones."""
+    run = path_run / "work" / "runs" / "r"
+    depth = len(str(run)) // 3 + 1  # `../` that many times is longer than the absolute path
+    folder = {"inside": path_run / "work", "beside": path_run / "beside",
+              "far": path_run.joinpath(*["d"] * depth)}[where]
+    folder.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(folder)
+    given = {"inside": run, "beside": "../work/runs/r", "far": os.path.relpath(run)}[where]
+    shown = {"inside": "runs/r", "beside": "../work/runs/r", "far": str(run)}[where]
+    for command, (options, written) in PATH_COMMANDS.items():
+        name = "visualize-attention" if command == "over-training" else command
+        result = run_cli(name, given, *options)
+        assert result.exit_code == 0, (command, result.stderr)
+        lines = (result.stdout + result.stderr).splitlines()
+        assert any(line.startswith(f"wrote {shown}/{written}") for line in lines), \
+            (command, lines)
+        others = str(path_run) if where != "far" else "../"
+        assert not any(others in line for line in lines), (command, lines)
+    result = run_cli("eval", given, "--samples", "20")
+    assert f"copy · {shown}/checkpoints/best.pt · step" in result.stdout, result.stdout

@@ -291,7 +291,7 @@ def test_tensorboard_of_a_pairs_run(gone):
     events = EventAccumulator(str(gone), size_guidance={"images": 0, "scalars": 0})
     events.Reload()
     assert [e.step for e in events.Scalars("2_accuracy/exact_match")] == [10, 20, 30]
-    assert "3_attention/cross" in events.Tags()["images"]
+    assert "3_attention/cross/layer0/head0" in events.Tags()["images"]
     assert not [tag for tag in events.Tags()["scalars"] if "alignment/" in tag]
 
 

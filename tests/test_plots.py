@@ -7,7 +7,7 @@ import struct
 import pytest
 from matplotlib.colors import to_hex
 
-from minitfm.config import load_config
+from minitfm.config import load_config, to_yaml
 from minitfm.lab.curves import run_curves
 from minitfm.lab.many.plots import curves_figure, run_labels
 from minitfm.lab.measure.evaluate import BEYOND, TRAINED, length_figure
@@ -143,6 +143,27 @@ def test_length_figure_tells_trained_lengths_from_those_beyond():
         "trained lengths 1..4", "beyond the trained lengths"]
     labels = [t.get_text() for t in ax.texts]  # each bar's value, 0% ones included
     assert labels == ["100%"] * 4 + ["0%"] * 2
+
+
+@pytest.mark.parametrize("lengths", [1, 6, 32, 64])
+def test_length_figures_title_and_labels_lie_inside_the_figure(tmp_path, lengths):
+    """The title names the run and checkpoint in full, wrapped, never cut: it used to be centred
+    over the axes, narrower than the figure by the legend, and poked out on the left."""
+    from matplotlib.text import Text
+
+    from tests.test_viz import texts_outside
+
+    run_dir = tmp_path / "reverse-lengthgen-rope-random-20261125-101010"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(load_config(None, [])))
+    per_length = {str(n): {"count": 10, "exact_match": 1.0 if n <= 16 else 0.5,
+                           "token_accuracy": 1.0} for n in range(1, lengths + 1)}
+    report = {"per_length": per_length, "trained_lengths": [1, 16], "task": "reverse",
+              "checkpoint": str(run_dir / "checkpoints" / "best.pt"), "step": 12345}
+    fig = length_figure(report)
+    assert texts_outside(fig) == []
+    shown = " ".join(t.get_text().replace("\n", " ") for t in fig.findobj(Text))
+    assert f"reverse · {run_dir.name}/best.pt · step 12345" in shown
 
 
 def test_eval_plot_writes_the_chart_and_keeps_json_on_stdout(runs, tmp_path):

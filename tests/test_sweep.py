@@ -399,3 +399,42 @@ def test_results_picture_shows_exact_match_over_training_and_lengths_only_when_b
         row["per_length"] = {6: 1.0, 8: 0.2}
     curves, lengths = results_figure(rows).get_axes()[:2]
     assert lengths.get_xlabel() == "input length" and len(lengths.get_lines()) == 2
+
+
+def test_many_configurations_are_small_multiples_a_style_meaning_one_family(tmp_path):
+    """The lengthgen sweep's 18 configurations (docs/lengthgen.png): a column per positional
+    scheme, each line's colour its task and its dash its random positions, the same in every
+    column; every text inside the picture."""
+    from minitfm.lab.many.results import results_figure
+    from tests.test_viz import texts_outside
+
+    schemes = ["sinusoidal", "learned", "rope", "alibi", "none"]
+    rows = [fake_row(tmp_path, f"{task}-{scheme}-{spread}",
+                     f"task.name={task}, model.positional={scheme}, "
+                     f"model.random_positions={spread}", 0, [0.5, 1.0], {6: 1.0, 9: 0.5})
+            for task in ("copy", "reverse") for scheme in schemes for spread in ("null", "64")
+            if not (scheme == "none" and spread == "64")]
+    fig = results_figure(rows)
+    top = fig.get_axes()[:len(schemes)]
+    assert [ax.get_title() for ax in top] == [f"positional={s}" for s in schemes]
+    styles = {}
+    for ax in fig.get_axes():
+        for line in ax.get_lines():
+            style = (line.get_color(), line.get_linestyle())
+            styles.setdefault(line.get_label(), set()).add(style)
+    families = [f"task={t}, random_positions={r}"
+                for t in ("copy", "reverse") for r in ("null", "64")]
+    assert set(styles) == set(families)
+    assert all(len(found) == 1 for found in styles.values())  # one style per family everywhere
+    (copy_null,), (copy_64,), (reverse_null,), _ = (styles[f] for f in families)
+    assert copy_null[0] == copy_64[0] != reverse_null[0] and copy_null[1] != copy_64[1]
+    assert max(len(ax.get_lines()) for ax in fig.get_axes()) == 4
+    assert [t.get_text() for t in top[-1].get_legend().get_texts()] == [
+        *families, "trained lengths 1..6"]
+    assert texts_outside(fig) == []
+
+
+def test_a_swept_task_is_labelled_task_not_name():
+    from minitfm.lab.many.runs import short_label
+
+    assert short_label("task.name=copy, model.positional=rope") == "task=copy, positional=rope"

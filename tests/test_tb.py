@@ -16,6 +16,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.config import load_config
+from minitfm.lab.look.tb import CARD_WIDTH
 from tests.helpers import QUICK, TINY
 
 KINDS = ("encoder", "decoder", "cross")
@@ -23,6 +24,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # One encoder and two decoder layers, so "every layer" means more than layer 0.
 LAYERS = {"encoder": 1, "decoder": 2, "cross": 2}
 EVALS = [25, 50]
+CROSS = "3_attention/cross/layer0/head0"  # one of the pictures
 # The groups TensorBoard shows, in its own order (by name): learning curves first.
 GROUPS = ["1_loss", "2_accuracy", "3_attention", "4_alignment", "5_train", "6_entropy"]
 # Tags that say where a run went and how fast, not what it learned: not in HPARAMS.
@@ -94,20 +96,33 @@ def test_entropy_scalars_per_head_at_every_evaluation_as_recorded(run):
                 [r["entropy"][layer][head] for r in recorded], abs=1e-4)
 
 
-def test_attention_images_of_every_kind_at_every_evaluation_by_default(run):
+def test_attention_images_of_every_head_at_every_evaluation_by_default(run):
     _, _, events = run
-    expected = {f"3_attention/{kind}" for kind in KINDS}
+    expected = {f"3_attention/{kind}/layer{layer}/head{head}"
+                for kind in KINDS for layer in range(LAYERS[kind]) for head in range(2)}
     assert set(events.Tags()["images"]) == expected
-    sizes = {}
     for tag in expected:
         images = events.Images(tag)
         assert [image.step for image in images] == EVALS, tag  # the end is not doubled
         shapes = {png_size(image.encoded_image_string) for image in images}
         assert shapes == {(images[0].width, images[0].height)}, tag  # one size for all frames
-        sizes[tag.split("/")[1]] = shapes.pop()
-    # two heads side by side (16-pixel cells, 6 or 7 tokens), a row per layer, a colour bar
-    assert all(250 <= width <= 600 for width, _ in sizes.values()), sizes
-    assert sizes["decoder"][1] - sizes["encoder"][1] >= 100, sizes  # 2 decoder layers, 1 encoder
+        # one map (16-pixel cells, 6 or 7 tokens) and a colour bar, within a card's width
+        assert 150 <= images[0].width <= CARD_WIDTH, (tag, images[0].width)
+
+
+def test_attention_images_of_the_default_run_fit_tensorboards_cards(tmp_path):
+    """The default run's probe has 16 tokens and 4 heads: a grid of a kind's 8 maps was 1,150
+    pixels wide, shrunk to a third in the IMAGES tab's 350-pixel cards (letters 4 pixels high).
+    One map per image: shown at its own size, every token labelled."""
+    run_dir = tmp_path / "default"
+    train(load_config(None, ["train.steps=2", "train.warmup_steps=1", "train.eval_every=2",
+                             "train.eval_samples=20"]), run_dir=run_dir)
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
+    events.Reload()
+    tags = events.Tags()["images"]
+    assert len(tags) == 3 * 2 * 4, tags  # encoder, decoder, cross; 2 layers; 4 heads
+    widths = {events.Images(tag)[-1].width for tag in tags}
+    assert 300 <= min(widths) and max(widths) <= CARD_WIDTH, widths
 
 
 def test_attention_images_change_as_the_model_learns(run):
@@ -117,7 +132,7 @@ def test_attention_images_change_as_the_model_learns(run):
 
     _, _, events = run
     first, last = (matplotlib.image.imread(io.BytesIO(image.encoded_image_string), format="png")
-                   for image in (events.Images("3_attention/cross")[i] for i in (0, -1)))
+                   for image in (events.Images(CROSS)[i] for i in (0, -1)))
     assert first.ndim == 3 and first.shape[2] in (3, 4)
     assert first[..., :3].std(axis=2).max() > 0.2  # a colour map, not grey
     assert first.shape == last.shape and abs(first - last).max() > 0.2  # new maps each frame
@@ -185,7 +200,7 @@ def wait_for_run(port: int, name: str, server, log, timeout: float = 60.0) -> No
 
 @pytest.mark.slow
 def test_tensorboard_server_serves_images_scalars_and_hparams(run, tmp_path):
-    run_dir, _, _ = run
+    run_dir, _, events = run
     try:
         port = free_port()
     except OSError as err:
@@ -200,12 +215,13 @@ def test_tensorboard_server_serves_images_scalars_and_hparams(run, tmp_path):
     try:
         wait_for_run(port, run_dir.name, server, log)
         tags = json.loads(get(port, "/data/plugin/images/tags"))[run_dir.name]
-        assert "3_attention/cross" in tags, tags
+        assert CROSS in tags, tags
         images = json.loads(get(port, "/data/plugin/images/images", run=run_dir.name,
-                                tag="3_attention/cross", sample=0))
+                                tag=CROSS, sample=0))
         assert [image["step"] for image in images] == EVALS
         blob = get(port, "/data/plugin/images/individualImage?" + images[-1]["query"])
-        assert png_size(blob)[0] >= 250
+        stored = events.Images(CROSS)[-1]
+        assert png_size(blob) == (stored.width, stored.height)  # the whole picture, not a thumbnail
         scalars = json.loads(get(port, "/data/plugin/scalars/scalars", run=run_dir.name,
                                  tag="1_loss/train"))
         assert [step for _, step, _ in scalars] == list(range(10, 51, 10))
@@ -233,7 +249,7 @@ def test_attention_every_n_steps_and_at_the_end(tmp_path):
     train(cfg, run_dir=tmp_path / "run")
     events = EventAccumulator(str(tmp_path / "run"), size_guidance={"images": 0})
     events.Reload()
-    assert [image.step for image in events.Images("3_attention/cross")] == [40, 60]
+    assert [image.step for image in events.Images(CROSS)] == [40, 60]
     assert [event.step for event in events.Scalars("2_accuracy/exact_match")] == [25, 50, 60]
 
 

@@ -55,7 +55,7 @@ from minitfm.app.tables import (
     sweep_table,
     tasks_table,
 )
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.options import AblateOptions, EvalOptions, SweepOptions, VisualizeOptions
 from minitfm.run.files import to_json
 
@@ -304,8 +304,8 @@ def show_over_training(run: Path | None, layer: int | None, out: Path | None,
     report = over_training(run, layer, out, gif, force)
     if report.note:
         note(report.note)
-    console.print(f"{printable(str(report.timeline.run_dir))} · cross-attention over training",
-                  markup=False, highlight=False, soft_wrap=True)
+    console.print(printable(shown_path(report.timeline.run_dir)) + " · cross-attention over "
+                  "training", markup=False, highlight=False, soft_wrap=True)
     show(over_training_table(report))
     for path in (report.png, report.gif):
         if path is not None:
@@ -440,11 +440,12 @@ def sweep(
             print(line)
         return
     result = run_sweep(plan, say)
-    show(sweep_table(result.rows, result.keys, f"sweep {plan.folder}"))
-    say(f"wrote {plan.folder / 'results.jsonl'}, results.csv and results.png")
+    folder = shown_path(plan.folder)
+    show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
+    say(f"wrote {shown_path(plan.folder / 'results.jsonl')}, results.csv and results.png")
     if result.failed:
         fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
-             f"({', '.join(result.failed)}): see their .log files in {plan.folder}", 1)
+             f"({', '.join(result.failed)}): see their .log files in {folder}", 1)
 
 
 @app.command("runs")
@@ -465,9 +466,9 @@ def runs_command(
     if as_json:
         print(to_json(rows, default=str))  # a hand-edited config may hold dates
     elif rows:
-        show(runs_table(rows, f"runs under {folder}"))
+        show(runs_table(rows, f"runs under {shown_path(folder)}"))
     else:
-        say(f"no runs under {folder}")
+        say(f"no runs under {shown_path(folder)}")
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from minitfm.app.tables import heading_lines, printable
-from minitfm.errors import Interrupted, MinitfmError, quote, spell
+from minitfm.errors import Interrupted, MinitfmError, quote, shown_path, spell
 from minitfm.lab.options import option_field
 from minitfm.run.signals import signals_held, started, starting_message, stopped_by
 
@@ -300,10 +300,11 @@ def say(text: str) -> None:
 
 
 def wrote(path: Path, stream: Console = console, size: int | None = None) -> None:
-    """`wrote PATH` on `stream` (and `(N kB)` given its `size` in bytes): a path, never cut in
-    two, its control and format characters escaped."""
+    """`wrote PATH` on `stream` (`shown_path`: relative inside the current folder, else
+    absolute), and `(N kB)` given its `size` in bytes: a path never cut in two, its control and
+    format characters escaped."""
     kb = "" if size is None else f" ({size / 1000:,.0f} kB)"
-    stream.print(f"wrote {printable(str(path))}{kb}", markup=False, highlight=False,
+    stream.print(f"wrote {printable(shown_path(path))}{kb}", markup=False, highlight=False,
                  soft_wrap=True)
 
 

@@ -3,7 +3,6 @@ answer (the lab's `look/explain.py` and `look/patching.py` measure; this prints)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.table import Table
@@ -24,7 +23,9 @@ from minitfm.app.console import (
     wrote,
 )
 from minitfm.app.tables import printable
+from minitfm.errors import shown_path
 from minitfm.lab.options import ExplainOptions, PatchOptions
+from minitfm.run.files import to_json
 
 app = App()  # its commands join minitfm's (app/cli.py)
 EFFECT_STYLES = {"essential": "bold red", "helps": "yellow", "minor": "", "negligible": "dim"}
@@ -50,10 +51,11 @@ def explain(
 
         report = explain_run(loaded_run(run, checkpoint, book), options)
     if as_json:
-        print(json.dumps(report.as_dict()))
+        print(to_json(report.as_dict()))
         return
-    show(Text(printable(f"{report.task} · {report.checkpoint} · step {report.step} · exact "
-                        f"match {report.exact_match:.1%} on {report.samples} held-out sequences")))
+    show(Text(printable(f"{report.task} · {shown_path(report.checkpoint)} · step {report.step}"
+                        f" · exact match {report.exact_match:.1%} on {report.samples} held-out "
+                        f"sequences")))
     show(roles_table(report))
     together = max(report.negligible_together.values(), default=None)
     if together is not None:
@@ -101,7 +103,7 @@ def patch(
 
         report = patch_run(loaded_run(run, checkpoint, book), options)
     if as_json:
-        print(json.dumps(report.as_dict()))
+        print(to_json(report.as_dict()))
         return
     show(Text(printable(report.title())))
     heads = Table(title="heads: restored share (0: as corrupted, 1: as clean)")

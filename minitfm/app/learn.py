@@ -13,7 +13,7 @@ import typer
 
 from minitfm.app.console import App, OneLineErrors, clean_errors, json_option, note, say, show
 from minitfm.app.tables import grades_table, printable, zoo_table
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.run.files import to_json
 
 learn_app = App(cls=OneLineErrors, name="learn", no_args_is_help=True,
@@ -31,9 +31,9 @@ def start(folder: Path = typer.Argument(Path("workbook"), metavar="[DIR]",
     from minitfm.learn.workbook import write_workbook
 
     write_workbook(folder, workbook_readme(str(folder)))
-    say(f"wrote {printable(str(folder))}/: the book's chapters with {len(EXERCISES)} exercises "
-        f"(its README.md says how to work through them); first: "
-        f"{printable(str(folder / EXERCISES[0].file))}, {EXERCISES[0].name}")
+    say(f"wrote {printable(shown_path(folder))}/: the book's chapters with {len(EXERCISES)} "
+        f"exercises (its README.md says how to work through them); first: "
+        f"{printable(shown_path(folder / EXERCISES[0].file))}, {EXERCISES[0].name}")
     say(f"next: minitfm learn check {printable(str(folder))} {EXERCISES[0].name}")
 
 
@@ -94,14 +94,12 @@ def progress_line(grades: list, workbook) -> str:
     todo = next((grade for grade in grades if grade.status != "passed"), None)
     if todo is None:
         folder = workbook.folder
-        shown = folder.relative_to(Path.cwd()) if folder.is_relative_to(Path.cwd()) else folder
         return (f"{passed} of {len(grades)} passed: train with your code, minitfm train --book "
-                f"{printable(str(shown))}")
+                f"{printable(shown_path(folder))}")
     exercise = todo.exercise
     node = find_function(parse_chapters(workbook.folder)[exercise.chapter], exercise.name)
     path = workbook.folder / exercise.file
-    where = f"{path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}:" \
-            f"{node.lineno}"
+    where = f"{shown_path(path)}:{node.lineno}"
     return f"{passed} of {len(grades)} passed; next: {exercise.name} ({printable(where)})"
 
 
@@ -129,7 +127,7 @@ def bugs(folder: Path = typer.Argument(Path("bugs"), metavar="[DIR]",
     from minitfm.learn.zoo import BUGS, write_zoo
 
     write_zoo(folder)
-    say(f"wrote {printable(str(folder))}/: the book with {len(BUGS)} bugs planted (its "
+    say(f"wrote {printable(shown_path(folder))}/: the book with {len(BUGS)} bugs planted (its "
         f"README.md lists their symptoms); train it with minitfm train --book "
         f"{printable(str(folder))}")
     say(f"next: minitfm learn check {printable(str(folder))}")

@@ -11,6 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from minitfm.app.tables import printable, shell_quote
+from minitfm.errors import shown_path
 from minitfm.run.instruments import Ended, Evaluation, Instrument, Note, Started, Stepped, TrainLine
 
 MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
@@ -138,7 +139,7 @@ class ConsoleReporter(Instrument):
         cfg, device = run.cfg, run.device
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
         self.book = cfg.model.code if run.code.startswith(("workbook ", "bug zoo ")) else None
-        self._print(f"run directory: {printable(shown(run.run_dir))}", markup=False,
+        self._print(f"run directory: {printable(shown_path(run.run_dir))}", markup=False,
                     highlight=False)
         params = sum(p.numel() for p in run.model.parameters())
         threads = f", {run.threads}" if run.threads and device.type == "cpu" else ""
@@ -206,18 +207,6 @@ class ConsoleReporter(Instrument):
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 
 
-def shown(run_dir: str | Path) -> str:
-    """A run directory as a fresh run names it: relative to the current folder when inside it
-    (a resume finds its run from the checkpoint's resolved path, an absolute one)."""
-    path = Path(run_dir)
-    if path.is_absolute():
-        try:
-            return str(path.relative_to(Path.cwd().resolve()))
-        except (ValueError, OSError):  # outside the current folder, or no current folder
-            pass
-    return str(path)
-
-
 def ending(summary: dict, target: float | None) -> str:
     """Why the run ended, in plain words."""
     step, steps, status = summary["step"], summary["steps"], summary["status"]
@@ -244,7 +233,7 @@ def summary_table(summary: dict) -> Table:
     table = Table(show_header=False)
     table.add_column()
     table.add_column(overflow="fold")  # a long run directory folds, never ends in `…`
-    table.add_row("run directory", Text(printable(shown(summary["run_dir"]))))  # Text: no markup
+    table.add_row("run directory", Text(printable(shown_path(summary["run_dir"]))))  # no markup
     table.add_row("steps", f"{summary['step']} of {summary['steps']}")
     table.add_row("wall time", f"{summary['wall_s']:.1f} s")
     for key in ("exact_match", "token_accuracy", "loss"):
@@ -261,8 +250,8 @@ def summary_table(summary: dict) -> Table:
 def next_commands(summary: dict, tensorboard: bool, book: str | None = None) -> list[str]:
     """What to try next with this run, ready to paste: the README's Start here, in its order;
     with `--book` for a run of a learner's workbook (its code runs only when asked)."""
-    run = shell_quote(shown(summary["run_dir"]))
-    yours = "" if book is None else f" --book {shell_quote(shown(book))}"
+    run = shell_quote(shown_path(summary["run_dir"]))
+    yours = "" if book is None else f" --book {shell_quote(shown_path(book))}"
     commands = [f"minitfm eval {run}{yours}", f"minitfm visualize-attention {run}{yours}",
                 f"minitfm ablate {run}{yours}", f"minitfm explore {run}"]
     if summary["status"] in ("interrupted", "paused"):
@@ -277,4 +266,4 @@ def tensorboard_command(run_dir: Path) -> str:
     TensorBoard on the run itself."""
     if Path("Makefile").is_file() and Path("runs").resolve() in run_dir.resolve().parents:
         return "make tensorboard"
-    return f"tensorboard --logdir {shell_quote(shown(run_dir))}"
+    return f"tensorboard --logdir {shell_quote(shown_path(run_dir))}"

@@ -18,6 +18,8 @@ from rich.columns import Columns
 from rich.table import Table
 from rich.text import Text
 
+from minitfm.errors import shown_path
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -83,7 +85,8 @@ def heading_lines(title: str, width: int) -> list[str]:
 def per_length_table(report: dict) -> Table:
     """A row per length (count, exact match, token accuracy) and the totals."""
     lo, hi = report["trained_lengths"]
-    table = Table(title=f"{report['task']} · {report['checkpoint']} · step {report['step']}")
+    where = shown_path(report["checkpoint"])
+    table = Table(title=f"{report['task']} · {where} · step {report['step']}")
     for column in ("length", "count", "exact match", "token accuracy"):
         table.add_column(column, justify="right")
     for length, row in report["per_length"].items():
@@ -109,7 +112,7 @@ def attention_text(report: AttentionReport, terminal: bool, width: int,
     """What `visualize-attention` prints before the PNG's path, in order: plain lines (str:
     heading, input, prediction, expected) and renderables (the terminal heatmaps when asked for
     and when they fit `width`, which `widest` measures; their legend; the alignment table)."""
-    heading = f"{report.task.name} · {report.checkpoint} · step {report.step}"
+    heading = f"{report.task.name} · {shown_path(report.checkpoint)} · step {report.step}"
     out: list = [*heading_lines(printable(heading), width), *probe_lines(report)]
     maps = attention_heatmaps(report.terminal_blocks) if terminal else []
     needed = max(map(widest, maps), default=0)
@@ -252,7 +255,7 @@ def ablation_tables(report: AblationReport) -> list:
     from minitfm.lab.look.ablate import MARKED_DROP, grid, headline
     from minitfm.lab.look.probe import KIND_TITLES, KINDS
 
-    lines = headline(report, str(report.checkpoint)).split("\n")  # each escaped, not the break
+    lines = headline(report, shown_path(report.checkpoint)).split("\n")  # escaped one by one
     out: list = [Text("\n".join(printable(line) for line in lines))]
     for kind in KINDS:
         rows = grid(report, kind)

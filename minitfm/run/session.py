@@ -28,7 +28,7 @@ import torch
 from minitfm.book.loop import TrainState, due, reached_target, warmup_warning
 from minitfm.book.metrics import EvalResult, LengthStats
 from minitfm.config import Config
-from minitfm.errors import Interrupted, RunFailed, option
+from minitfm.errors import Interrupted, RunFailed, option, shown_path
 from minitfm.learn.workbook import learner_errors
 from minitfm.run import distributed
 from minitfm.run.checkpoint import load_checkpoint, save_checkpoint
@@ -293,8 +293,8 @@ class Training:
         again = " (under torchrun again, with any number of processes)" \
             if state.dist.world_size > 1 else ""
         return state.dist.on_all_ranks(Interrupted(
-            f"{name} at step {state.step}: saved {path}; continue with "
-            f"{option('again', self.run_dir)}{again}", 128 + self.signum))
+            f"{name} at step {state.step}: saved {shown_path(path)}; continue with "
+            f"{option('again', shown_path(self.run_dir))}{again}", 128 + self.signum))
 
     def finish(self) -> dict[str, Any]:
         """Final evaluation (unless the last step had one), attention snapshot, `last.pt`."""

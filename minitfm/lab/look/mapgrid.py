@@ -20,7 +20,7 @@ from minitfm.lab.look.probe import MapBlock
 from minitfm.lab.pictures import GAMMA, colours, wrap_words
 
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide
-GRID_MAP_PIXELS = 256  # TensorBoard pictures: a map's longer side, at most (cells <= 16 px)
+GRID_MAP_PIXELS = 256  # a map's longer side, at most (cells <= 16 px); TensorBoard's: tb.py
 GRID_PAD, GRID_GAP, GRID_BAR = 8, 12, 12  # pixels: the border, between maps, the bar's width
 
 
@@ -30,7 +30,8 @@ class MapGrid:
     drawn once; a frame pastes the maps and writes its caption. Milliseconds, where a
     matplotlib figure takes about a second: TensorBoard gets one at every evaluation."""
 
-    def __init__(self, block: MapBlock, header: str, longest_caption: str, size: int = 11):
+    def __init__(self, block: MapBlock, header: str, longest_caption: str, size: int = 11,
+                 map_pixels: int = GRID_MAP_PIXELS):
         from PIL import Image, ImageDraw, ImageFont
 
         # Pillow draws with one font: what it lacks is written as its code point
@@ -39,7 +40,7 @@ class MapGrid:
         block, header = letters.block(block), letters.text(header)
         self.font = ImageFont.truetype(font_path(), size)
         self.title_font = ImageFont.truetype(font_path(), size + 2)
-        self.layout = GridLayout(self.font, self.title_font, block)
+        self.layout = GridLayout(self.font, self.title_font, block, map_pixels)
         header_lines = self.wrap(header)
         self.caption_y = GRID_PAD + len(header_lines) * self.layout.title_line
         # room for the longest caption any frame can have: every frame has the same size
@@ -94,11 +95,11 @@ class MapGrid:
 class GridLayout:
     """Where `MapGrid` puts each map, label and the colour bar, in pixels."""
 
-    def __init__(self, font, title_font, block: MapBlock):
+    def __init__(self, font, title_font, block: MapBlock, map_pixels: int = GRID_MAP_PIXELS):
         n_layers, n_heads, n_queries, n_keys = block.weights.shape
         self.font, self.line = font, font.size + 4
         self.title_line = title_font.size + 4
-        self.cell = max(4, min(16, GRID_MAP_PIXELS // max(n_queries, n_keys)))
+        self.cell = max(4, min(16, map_pixels // max(n_queries, n_keys)))
         self.map_w, self.map_h = n_keys * self.cell, n_queries * self.cell
         self.queries = [SHORT_TOKENS.get(t, t) for t in block.queries]
         self.keys = [SHORT_TOKENS.get(t, t) for t in block.keys]

@@ -4,9 +4,11 @@ TensorBoard shows tag groups (the part of a tag before its first '/') in name or
 groups are numbered in the order a learner reads them:
 
 - `1_loss/train`, `1_loss/eval`; `2_accuracy/exact_match`, `2_accuracy/token_accuracy`;
-- `3_attention/{encoder,decoder,cross}`: images of every layer (rows) and head (columns) on a
-  fixed held-out probe, teacher-forced on its target so that every frame has the same axes
-  (the title shows the model's greedy output at that step);
+- `3_attention/<kind>/layer<L>/head<H>`, kind encoder, decoder or cross: an image of one map
+  on a fixed held-out probe, teacher-forced on its target so that every frame has the same
+  axes (the title shows the model's greedy output at that step). One map per image, at most
+  CARD_WIDTH pixels wide: TensorBoard's IMAGES tab scales every image to a card 350 pixels
+  wide, where a grid of all of a kind's heads had letters a few pixels high;
 - `4_alignment/best` and `4_alignment/layer<L>/head<H>`, for tasks with an ideal alignment;
 - `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`;
 - `6_entropy/layer<L>/head<H>`: each cross-attention head's attention entropy (nats).
@@ -38,7 +40,10 @@ TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/
               "tokens_per_s": "5_train/tokens_per_s"}
 EVAL_TAGS = {"loss": "1_loss/eval", "exact_match": "2_accuracy/exact_match",
              "token_accuracy": "2_accuracy/token_accuracy"}
-ATTENTION_TAG = "3_attention/{kind}"
+ATTENTION_TAG = "3_attention/{kind}/layer{layer}/head{head}"
+CARD_WIDTH = 350  # pixels: an image card of TensorBoard's IMAGES tab (tf-image-loader)
+MAP_PIXELS = 272  # a map's longer side at most: 17 tokens in 16-pixel cells fit CARD_WIDTH
+FONT_SIZE = 12  # pixels, shown at about that size in a card
 ALIGNMENT_TAG = "4_alignment/{name}"
 ENTROPY_TAG = "6_entropy/{name}"
 HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
@@ -57,7 +62,7 @@ class TensorBoardLogger(Instrument):
         self.writer = None  # made when the run starts, if log.tensorboard
         self.previous_hook = None
         self.cfg = self.task = None
-        self.grids: dict = {}  # kind -> its mapgrid.MapGrid, made at the first picture
+        self.grids: dict = {}  # (kind, layer, head) -> its mapgrid.MapGrid, made when first drawn
 
     def on_start(self, run: Started) -> None:
         """Open the event files, with the config as text."""
@@ -112,16 +117,19 @@ class TensorBoardLogger(Instrument):
         return "\n".join(rows)
 
     def attention_images(self, snapshot) -> None:
-        """Heatmaps of every kind on the probe; each cross-attention head's alignment score
-        (tasks with an ideal alignment) and entropy."""
-        from minitfm.lab.look.probe import map_blocks
+        """A heatmap of every head of every kind on the probe, one per image; each
+        cross-attention head's alignment score (tasks with an ideal alignment) and entropy."""
+        from minitfm.lab.look.probe import map_blocks, only
 
         step = snapshot.step
         caption = self._caption(step, snapshot.probe.prediction, snapshot.target)
         for block in map_blocks(snapshot.probe, self.task):
-            picture = self._grid(block, snapshot).frame(block, caption)
-            self.writer.file_writer.add_summary(
-                image_summary(ATTENTION_TAG.format(kind=block.kind), picture), step)
+            for layer in block.layers:
+                for head in block.heads:
+                    one = only(block, layer, head)
+                    picture = self._grid(one, snapshot).frame(one, caption)
+                    tag = ATTENTION_TAG.format(kind=block.kind, layer=layer, head=head)
+                    self.writer.file_writer.add_summary(image_summary(tag, picture), step)
         if snapshot.alignment is not None:
             self._per_head(ALIGNMENT_TAG, snapshot.alignment, step)
             self.writer.add_scalar(ALIGNMENT_TAG.format(name="best"),
@@ -134,20 +142,23 @@ class TensorBoardLogger(Instrument):
             self.writer.add_scalar(tag.format(name=f"layer{layer}/head{head}"), value, step)
 
     def _grid(self, block, snapshot):
-        """The kind's picture maker, sized for the longest caption any step can have."""
+        """The picture maker of one head's map, sized for the longest caption any step can
+        have."""
         from minitfm.lab.look.mapgrid import MapGrid
         from minitfm.lab.look.probe import KIND_TITLES
 
-        if block.kind not in self.grids:
+        key = (block.kind, *block.layers, *block.heads)
+        if key not in self.grids:
             tokens = self.task.vocab.tokens
             widest = max((i for i, t in enumerate(tokens) if not t.startswith("<")),
                          key=lambda i: len(tokens[i]))
             src, target = snapshot.probe.src, snapshot.target
             cap = self.task.max_target_len(len(src)) + 1  # greedy decoding's limit
             header = f"{KIND_TITLES[block.kind]}\n{self._header(src, target)}"
-            self.grids[block.kind] = MapGrid(block, header,
-                                             self._caption(LONGEST_STEP, [widest] * cap, target))
-        return self.grids[block.kind]
+            self.grids[key] = MapGrid(block, header,
+                                      self._caption(LONGEST_STEP, [widest] * cap, target),
+                                      size=FONT_SIZE, map_pixels=MAP_PIXELS)
+        return self.grids[key]
 
     def _header(self, src: list[int], target: list[int]) -> str:
         """The probe, as every frame shows it."""

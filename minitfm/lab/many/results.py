@@ -22,7 +22,7 @@ from minitfm.config import parse_override
 from minitfm.lab.curves import scan_metrics
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.runs import short_label
-from minitfm.lab.pictures import line_style, save_png
+from minitfm.lab.pictures import LINE_COLOURS, line_style, save_png
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.rundir import read_summary, run_status
 
@@ -128,34 +128,78 @@ def plot_results(rows: list[dict[str, Any]], path: Path) -> None:
     save_png(results_figure(rows), path, "--out", force=True)
 
 
+MAX_LINES = 6  # configurations in one panel; more are drawn as small multiples
+
+
 def results_figure(rows: list[dict[str, Any]]):
     """What differs between the runs: held-out exact match over training steps, a line per run
-    coloured by configuration (its seeds in one colour); beside it, when lengths outside the
-    trained ones were evaluated (`--eval-lengths`), exact match per input length (mean over
-    seeds). Colours and dashes from `pictures.line_style`."""
+    styled by configuration (its seeds alike); below it, when lengths outside the trained ones
+    were evaluated (`--eval-lengths`), exact match per input length (mean over seeds). Up to
+    MAX_LINES configurations share one column of panels; more get a column per value of the
+    swept key with the most values (`small_multiples`), the same style meaning the same values
+    of the other keys in every column."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
-    groups = by_configuration(rows)
+    columns = small_multiples(by_configuration(rows))
     beyond = rows and any(not lo <= int(n) <= hi for row in rows for n in row["per_length"]
                           for lo, hi in [row["trained_lengths"]])
-    fig = Figure(figsize=((8 if len(groups) <= 6 else 11) + 5 * bool(beyond), 4.5), dpi=120,
-                 layout="constrained")
-    axes = fig.subplots(1, 2 if beyond else 1, squeeze=False)[0]
-    for i, (label, group) in enumerate(groups.items()):
-        for n, row in enumerate(group):
-            steps, exact = eval_curve(Path(row["run_dir"]))
-            axes[0].plot(steps, exact, **line_style(i), label=None if n else short_label(label))
-    axes[0].set(xlabel="step", ylabel="exact match (held-out, greedy decoding)",
-                ylim=(-0.02, 1.02), title="exact match over training (one line per run)")
-    if beyond:
-        plot_lengths(axes[1], rows, groups)
-    for ax in axes:
+    wide = len(columns) == 1
+    fig = Figure(figsize=(8 if wide else 1.5 + 3.2 * len(columns), 4.5 + 3.5 * bool(beyond)),
+                 dpi=120, layout="constrained")
+    axes = fig.subplots(1 + bool(beyond), len(columns), squeeze=False, sharey=True)
+    for c, (title, lines) in enumerate(columns):
+        for label, style, group in lines:
+            for n, row in enumerate(group):
+                steps, exact = eval_curve(Path(row["run_dir"]))
+                axes[0][c].plot(steps, exact, **style, label=None if n else label)
+        axes[0][c].set(xlabel="step", title=title or "exact match over training (a line per run)")
+        if beyond:
+            plot_lengths(axes[1][c], rows, lines)
+            axes[1][c].set_title(title or "exact match per input length (held-out)")
+    axes[0][0].set_ylabel("exact match over training\n(held-out, greedy decoding)")
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
+        ax.set(ylim=(-0.02, 1.02), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1])  # none past the limits
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    # beside the axes, not on them: with many configurations a legend inside hides the lines
-    axes[-1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # one legend beside the panels, not on them: with many configurations it would hide lines
+    handles: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    axes[0][-1].legend(handles.values(), handles.keys(), fontsize="small", loc="upper left",
+                       bbox_to_anchor=(1.01, 1.0))
     return fig
+
+
+def small_multiples(groups: dict[str, list]) -> list[tuple[str, list]]:
+    """[(column title, [(legend label, line style, rows of one configuration)])]: one column
+    for up to MAX_LINES configurations, else a column per value of the swept key with the
+    most values, each line coloured by the value of the first other key and dashed by the
+    second (more other keys: a style per combination, `pictures.line_style`)."""
+    values = {label: dict(part.partition("=")[::2] for part in label.split(", "))
+              for label in groups}
+    keys = list(dict.fromkeys(key for choice in values.values() for key in choice))
+    if len(groups) <= MAX_LINES or len(keys) < 2:
+        return [("", [(short_label(label), line_style(i), group)
+                      for i, (label, group) in enumerate(groups.items())])]
+    split = max(keys, key=lambda key: len({choice.get(key) for choice in values.values()}))
+    others = [key for key in keys if key != split]
+    combos = list(dict.fromkeys(tuple(c.get(k) for k in others) for c in values.values()))
+    seen = [list(dict.fromkeys(combo[i] for combo in combos)) for i in range(len(others))]
+    columns: dict[str, list] = {}
+    for label, group in groups.items():
+        combo = tuple(values[label].get(k) for k in others)
+        if len(others) > 2:
+            style = line_style(combos.index(combo))
+        else:
+            dash = seen[1].index(combo[1]) if len(others) == 2 else 0
+            style = {**line_style(dash * len(LINE_COLOURS)),
+                     "color": LINE_COLOURS[seen[0].index(combo[0]) % len(LINE_COLOURS)]}
+        legend = short_label(", ".join(f"{k}={v}" for k, v in zip(others, combo, strict=True)))
+        title = short_label(f"{split}={values[label].get(split)}")
+        columns.setdefault(title, []).append((legend, style, group))
+    return list(columns.items())
 
 
 def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
@@ -167,18 +211,19 @@ def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
     return steps, [by_step[step] for step in steps]
 
 
-def plot_lengths(ax, rows: list[dict[str, Any]], groups: dict[str, list]) -> None:
+def plot_lengths(ax, rows: list[dict[str, Any]], lines: list) -> None:
     """Exact match per input length, a line per configuration (mean over seeds), the trained
-    lengths shaded."""
-    for i, (label, group) in enumerate(groups.items()):
+    lengths shaded; `lines` as `small_multiples` gives them."""
+    for label, style, group in lines:
         lengths = sorted({int(n) for row in group for n in row["per_length"]})
         means = [mean(row["per_length"][n] for row in group if n in row["per_length"])
                  for n in lengths]
-        ax.plot(lengths, means, **line_style(i), label=short_label(label))
+        ax.plot(lengths, means, **style, label=label)
     lo, hi = rows[0]["trained_lengths"]
     ax.axvspan(lo - 0.5, hi + 0.5, color="0.93", zorder=0, label=f"trained lengths {lo}..{hi}")
-    ax.set(xlabel="input length", ylabel="exact match (mean over seeds)", ylim=(-0.02, 1.02),
-           title="exact match per input length (held-out)")
+    ax.set_xlabel("input length")
+    if ax.get_subplotspec().is_first_col():
+        ax.set_ylabel("exact match per input length\n(mean over seeds)")
 
 
 def spread(values: list[float | None], form: str = "{:.1%}") -> str:

@@ -54,13 +54,14 @@ def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def short_names(keys: list[str]) -> dict[str, str]:
-    """`model.positional` -> `positional`, unless two keys would share a name."""
-    last = [key.rpartition(".")[2] for key in keys]
+    """`model.positional` -> `positional` (`task.name` -> `task`), unless two keys would share
+    a name."""
+    last = ["task" if key == "task.name" else key.rpartition(".")[2] for key in keys]
     return {key: name if last.count(name) == 1 else key for key, name in zip(keys, last)}
 
 
 def short_label(configuration: str) -> str:
-    """`task.name=copy, model.positional=rope` -> `name=copy, positional=rope`."""
+    """`task.name=copy, model.positional=rope` -> `task=copy, positional=rope`."""
     pairs = [part.partition("=")[::2] for part in configuration.split(", ")]
     names = short_names([key for key, _ in pairs])
     return ", ".join(f"{names[key]}={value}" for key, value in pairs)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minitfm.errors import Interrupted
+from minitfm.errors import Interrupted, shown_path
 from minitfm.lab.many.grid import Grid, RunSpec
 from minitfm.lab.many.results import eval_path, eval_ranges, read_eval, run_line
 from minitfm.run.files import write_atomic
@@ -170,7 +170,7 @@ class Scheduler:
         if code != 0:
             if not stopping:
                 self.failed.append(job)
-                self.say(f"failed: {job.spec.id} (exit {code}); see {job.log}: "
+                self.say(f"failed: {job.spec.id} (exit {code}); see {shown_path(job.log)}: "
                          f"{last_line(job.log)}")
         elif job.commands and not stopping:
             self.start(job)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from minitfm.config import EVAL_BATCH_SIZE, flatten, load_config
-from minitfm.errors import MinitfmError, quote
+from minitfm.errors import MinitfmError, quote, shown_path
 from minitfm.lab.many.grid import (
     NAME_MAX,
     Grid,
@@ -266,7 +266,7 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
             for stale in spec.run_dir.glob(".eval-*.tmp"):
                 stale.unlink()
         jobs = plan.jobs()
-        say(f"sweep folder: {plan.folder}")
+        say(f"sweep folder: {shown_path(plan.folder)}")
         if plan.note:
             say(f"note: {plan.note}")
         for reason in plan.skipped:

@@ -148,9 +148,11 @@ def length_figure(report: dict[str, Any]):
     run_dir = find_run_dir(checkpoint)
     where = f"{run_dir.name}/{checkpoint.name}" if run_dir else checkpoint.name
     title = f"exact match per input length · {report['task']} · {where} · step {report['step']}"
-    ax.set_title(wrap_to_width(title, fig.get_figwidth() - 0.3, 11), fontsize=11)
+    # over the whole figure, as wide as it: over the axes alone, the legend beside them would
+    # push a title wrapped to the figure's width off its left edge
+    fig.suptitle(wrap_to_width(title, fig.get_figwidth() - 0.3, 11), fontsize=11)
     ax.set(xlabel="input length", ylabel="exact match (greedy decoding, held-out)",
-           ylim=(0, 1.15))  # room for the labels of 100% bars
+           ylim=(0, 1.15), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1])  # room for 100% bars' labels
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(axis="y", alpha=0.3)

@@ -350,18 +350,24 @@
     return hits / Math.max(targets.length, 1);
   }
 
-  const exactCache = new Map();
-  let exactJob = 0;
+  const exactCache = new Map(); // state key -> held-out exact match
+  let exactJob = null; // the one decoding now: { key, cancelled, promise }
+  const stateKey = () => JSON.stringify(offList().sort()); // the heads off now, in one string
+
   /** Held-out exact match with the heads switched off now, decoded in slices so the page
-   * stays responsive; a Promise of the fraction. */
+   * stays responsive; a Promise of the fraction, or of null when the switches changed before
+   * it was done. One job at a time: any call for another state (a cache hit too) cancels it. */
   function exactMatch() {
-    const key = JSON.stringify(offList().sort());
+    const key = stateKey();
+    if (exactJob && exactJob.key === key) return exactJob.promise;
+    if (exactJob) exactJob.cancelled = true; // its number would be for an earlier state
+    exactJob = null;
     if (exactCache.has(key)) return Promise.resolve(exactCache.get(key));
-    const job = ++exactJob, switched = M.switchesFor(model, MEANS, offList());
+    const job = { key, cancelled: false }, switched = M.switchesFor(model, MEANS, offList());
     const sources = DATA.held_out.sources, predictions = [];
-    return new Promise((resolve) => {
+    job.promise = new Promise((resolve) => {
       const slice = () => {
-        if (job !== exactJob) { resolve(null); return; } // the switches changed meanwhile
+        if (job.cancelled) { resolve(null); return; }
         for (const end = Math.min(predictions.length + 10, sources.length); predictions.length < end;) {
           const src = sources[predictions.length];
           const decoded = M.greedyDecode(model, src, task.cap(src.length), switched).decoded;
@@ -369,19 +375,22 @@
         }
         $("exact").textContent = `held-out exact match: computing… ${predictions.length} of ${sources.length}`;
         if (predictions.length < sources.length) { setTimeout(slice, 0); return; }
-        const value = exactOf(predictions);
-        exactCache.set(key, value);
-        resolve(value);
+        exactCache.set(key, exactOf(predictions));
+        if (exactJob === job) exactJob = null;
+        resolve(exactCache.get(key));
       };
-      slice();
+      setTimeout(slice, 0);
     });
+    exactJob = job;
+    return job.promise;
   }
 
+  /** The exact match under the label of the state it was computed for, and only while that
+   * state is still the page's. */
   function showExact() {
-    const n = DATA.held_out.sources.length;
+    const n = DATA.held_out.sources.length, key = stateKey(), off = offList().length;
     exactMatch().then((value) => {
-      if (value == null) return;
-      const off = offList().length;
+      if (value == null || key !== stateKey()) return; // a later state shows its own
       $("exact").textContent = `held-out exact match on ${n} examples: ${percent(value)}` +
         (off ? ` with ${off} head(s) switched off; intact model: ${percent(intactExact)}` : " (every head on)");
     });

@@ -1,7 +1,6 @@
 """What minitfm prints: a live bar at 80 columns in a terminal (a real pty), whole lines when
 piped, --help that reads plainly, the warmup warning, `interrupted:` for a user's Ctrl-C."""
 
-import ast
 import fcntl
 import io
 import os
@@ -28,6 +27,7 @@ from minitfm.app.tables import bench_tables, heading_lines
 from minitfm.config import load_config
 from minitfm.run.instruments import Started, Stepped, TrainLine
 from tests.helpers import TINY, command_names, run_cli
+from tests.imports import imported_modules, read_imports
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 FRAME = re.compile(r"step +(\d+)/(\d+) ")  # a frame of the progress bar
@@ -243,26 +243,17 @@ def test_help_does_not_import_torch():
     assert proc.returncode == 0, proc.stderr
 
 
-def imported_modules(source: str) -> set[str]:
-    """Every module a Python source imports, at the top or inside functions."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module)
-    return names
-
-
 def test_only_the_face_imports_rich():
-    assert "rich.text" in imported_modules("def f():\n    from rich.text import Text\n")
+    # the reader sees lazy and relative imports (`from .rich import x` is no rich)
+    assert {m for m, _ in read_imports("def f():\n    from rich.text import Text\n"
+                                         "    from .rich import x\n", "minitfm.book")} == \
+        {"rich.text", "minitfm.book.rich"}
     package = Path(minitfm.__file__).parent
     offenders = [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
                  if path.relative_to(package).parts[0] != "app" and any(
-                     name == "rich" or name.startswith("rich.")
-                     for name in imported_modules(path.read_text(encoding="utf-8")))]
+                     name.split(".")[0] == "rich" for name in imported_modules(path))]
     assert offenders == []
-    assert "rich.table" in imported_modules((package / "app" / "tables.py").read_text())
+    assert "rich.table" in imported_modules(package / "app" / "tables.py")
 
 
 # --- warnings and interruptions ---

@@ -49,8 +49,9 @@ tensorboard: install
 	$(BIN)/tensorboard --logdir runs --port $(PORT) --samples_per_plugin images=100
 
 # Runs notebooks/tour.ipynb from top to bottom and writes it back with its outputs (it ships
-# executed, pictures included; tests/test_notebook.py checks they belong to its code). Its kernel
-# gets 2 threads, so a second run on the same machine gives the same numbers. The run goes to runs/.
+# executed, pictures included; tests/test_notebook.py checks they belong to its code, and warns
+# when the package changed since). Its kernel gets 2 threads, so a second run on the same
+# machine gives the same numbers. The run goes to runs/.
 notebook: install
 	$(BIN)/python notebooks/execute.py
 

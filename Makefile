@@ -10,6 +10,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 CONFIG ?=
 ARGS   ?=
+# The package's extras to install; CI adds bench (x-transformers): `make install EXTRAS=dev,bench`.
+EXTRAS ?= dev
 PORT   ?= 6006
 
 .PHONY: install train test test-fast test-book lint bench tensorboard notebook data clean FORCE
@@ -22,7 +24,7 @@ PINNED := $(shell cat $(STAMP) 2>/dev/null)
 $(STAMP): pyproject.toml $(if $(subst $(TORCH),,$(PINNED))$(subst $(PINNED),,$(TORCH)),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	echo "$(TORCH)" > $(STAMP)
 
 train: install

@@ -100,7 +100,10 @@ def test_the_bar_shows_every_step_when_refreshed():
 
 
 @pytest.mark.slow  # starts minitfm processes
-def test_the_bar_moves_between_train_lines_fits_80_columns_and_ends_with_why(tmp_path):
+def test_the_bar_in_a_terminal_fits_80_columns_and_ends_with_why(tmp_path):
+    """A real terminal: every frame fits, the last says why the run ended. (That the bar moves
+    between train lines is test_the_bar_shows_every_step_when_refreshed's: here it would depend
+    on rich's 10 Hz clock.)"""
     run_dir = "run"  # short, so that the commands to paste fit 80 columns too
     code, drawn = in_terminal(["train", *TINY, "log.log_every=50", "log.tensorboard=false",
                                "train.target_exact_match=null", "--run-dir", run_dir],
@@ -109,9 +112,6 @@ def test_the_bar_moves_between_train_lines_fits_80_columns_and_ends_with_why(tmp
     lines = screen_lines(drawn)
     assert_fits(lines)
     frames = [line for line in lines if FRAME.match(line)]
-    steps = {int(FRAME.match(line)[1]) for line in frames}
-    # between train lines (every 50 steps) the bar still moves
-    assert any(step % 50 for step in steps), sorted(steps)
     assert FRAME.match(frames[-1])[1] == "200" and frames[-1].rstrip().endswith("done")
     assert "loss " in frames[-1] and "exact " in frames[-1]
     text = "\n".join(lines)

@@ -297,6 +297,36 @@ def test_a_reference_trainer_prints_its_json_line_in_a_fresh_process(trainer):
     assert timed["wall_s"] > 0 and timed["steps"] == 4
 
 
+@pytest.mark.slow  # a Python process per seed and trainer (minitfm's own and the references)
+def test_solve_runs_times_real_processes_of_every_trainer(monkeypatch):
+    """`bench --solve`'s pipeline with its real processes, on a tiny config and one seed (the
+    command itself always trains the default config for 3 seeds, minutes: docs/speed.md; the
+    medians over seeds are test_bench_tables_... and test_solve_skips_...'s, with fakes)."""
+    import minitfm.lab.measure.bench as bench
+
+    monkeypatch.setattr(bench, "SOLVE_SEEDS", (3,))
+    installed = bench.import_xtransformers() is not None
+    if not installed and os.environ.get("MINITFM_CI") == "1":
+        missing(NEEDS_XT)
+    report = bench.solve_runs([*TINY_REFERENCE, "log.tensorboard=false"])
+    assert [run["seed"] for run in report["solve"]] == list(bench.SOLVE_SEEDS)
+    for run in report["solve"]:
+        assert run["steps"] == 4 and run["wall_s"] > 0 and run["peak_rss_mb"] > 0
+        assert run["steps_to_99"] is None and 0.0 <= run["exact_match"] <= 1.0
+    [ours] = [run["wall_s"] for run in report["solve"]]
+    assert report["solve_median_wall_s"] == ours
+    ran = [t for t in TRAINERS if installed or t != "x-transformers"]
+    assert set(report["solve_reference"]) == set(TRAINERS)
+    for trainer in ran:
+        ref = report["solve_reference"][trainer]
+        assert [run["seed"] for run in ref["runs"]] == list(bench.SOLVE_SEEDS)
+        assert all(run["steps"] == 4 and run["steps_to_target"] is None for run in ref["runs"])
+        assert ref["median_wall_s"] == ref["runs"][0]["wall_s"] > 0
+        assert ref["ratio"] == pytest.approx(ref["median_wall_s"] / ours, rel=1e-12)
+    if not installed:
+        assert report["solve_reference"]["x-transformers"] == {"skipped": bench.XT_MISSING}
+
+
 def test_an_unknown_reference_trainer_is_one_line_and_exit_2(capsys):
     assert reference_entry.main(["jax"]) == 2
     assert capsys.readouterr().err == "error: trainer ('jax') must be one of torch, " \

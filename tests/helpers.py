@@ -51,6 +51,7 @@ def missing(reason: str) -> None:
     """Skip a test for want of a tool this machine lacks (`reason` says how to get it); under
     MINITFM_CI=1, which .ci/run sets, fail instead: CI must run every test, never go green on a
     skip."""
+    __tracebackhide__ = True  # the skip line names the test, not this helper
     if os.environ.get("MINITFM_CI") == "1":
         pytest.fail(f"MINITFM_CI=1 and {reason}", pytrace=False)
     pytest.skip(reason)

@@ -10,6 +10,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 CONFIG ?=
 ARGS   ?=
+# The package's extras to install; CI adds bench (x-transformers): `make install EXTRAS=dev,bench`.
+EXTRAS ?= dev
 PORT   ?= 6006
 
 .PHONY: install train test test-fast test-book lint bench tensorboard notebook figures data clean FORCE
@@ -22,7 +24,7 @@ PINNED := $(shell cat $(STAMP) 2>/dev/null)
 $(STAMP): pyproject.toml $(if $(subst $(TORCH),,$(PINNED))$(subst $(PINNED),,$(TORCH)),FORCE)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	echo "$(TORCH)" > $(STAMP)
 
 train: install
@@ -49,8 +51,9 @@ tensorboard: install
 	$(BIN)/tensorboard --logdir runs --port $(PORT) --samples_per_plugin images=100
 
 # Runs notebooks/tour.ipynb from top to bottom and writes it back with its outputs (it ships
-# executed, pictures included; tests/test_notebook.py checks they belong to its code). Its kernel
-# gets 2 threads, so a second run on the same machine gives the same numbers. The run goes to runs/.
+# executed, pictures included; tests/test_notebook.py checks they belong to its code, and warns
+# when the package changed since). Its kernel gets 2 threads, so a second run on the same
+# machine gives the same numbers. The run goes to runs/.
 notebook: install
 	$(BIN)/python notebooks/execute.py
 

@@ -7,7 +7,10 @@ the notebooks/ folder (the run goes to the repository's runs/), with the kernel 
 second run on the same machine repeats the numbers (another CPU gives slightly different ones).
 The kernel is this interpreter (the project's venv), from a kernel spec written into a temporary
 folder: nothing is registered with Jupyter. The notebook's metadata records a digest of its code
-cells, which tests/test_notebook.py compares with the code: edit a cell, run `make notebook`.
+cells, which tests/test_notebook.py compares with the code: edit a cell, run `make notebook`. It
+also records a digest of each of the package's Python files, which shape the outputs (the tour
+trains, evaluates, probes attention and grades with `check`): after a package edit the test
+warns, naming the files, until `make notebook` has run again.
 
     .venv/bin/python notebooks/execute.py
 """
@@ -24,6 +27,8 @@ import nbclient
 import nbformat
 
 NOTEBOOK = Path(__file__).resolve().parent / "tour.ipynb"
+ROOT = NOTEBOOK.parent.parent
+SOURCES = "minitfm/**/*.py"  # what the tour runs reaches most of the package: all of it counts
 THREADS = 2  # OMP_NUM_THREADS of the kernel: a fixed thread count repeats bit for bit
 
 
@@ -50,6 +55,13 @@ def code_digest(nb: nbformat.NotebookNode) -> str:
     return hashlib.sha256(json.dumps(code).encode()).hexdigest()
 
 
+def source_digests(root: Path = ROOT) -> dict[str, str]:
+    """The package's Python files (`SOURCES` under `root`), each with the first 16 hex digits
+    of its sha256: what the shipped outputs were made with."""
+    return {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            for path in sorted(root.glob(SOURCES))}
+
+
 def execute(nb: nbformat.NotebookNode, folder: Path, cwd: Path,
             env: dict[str, str] | None = None) -> None:
     """Run every cell of `nb` in place, in `cwd`; `folder` holds the kernel spec.
@@ -70,6 +82,7 @@ def main() -> None:
     if kernelspec is not None:  # the learner's Jupyter picks its own python3 kernel
         nb.metadata["kernelspec"] = kernelspec
     nb.metadata["minitfm"] = {"code_sha256": code_digest(nb),
+                              "sources": source_digests(),
                               "regenerate": "make notebook",
                               "OMP_NUM_THREADS": THREADS}
     nbformat.validate(nb)

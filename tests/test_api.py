@@ -18,10 +18,12 @@ from minitfm.app.api import Run
 from minitfm.config import load_config, parse_override
 from minitfm.errors import ConfigError, MinitfmError, TaskInputError
 from minitfm.run.instruments import Instrument
-from tests.helpers import TINY, run_cli
+from tests.helpers import QUICK, TINY, run_cli
 
-# TINY as Python values, one key through the `__` spelling of its dots.
-SETTINGS = dict(parse_override(item) for item in TINY)
+# QUICK as Python values, one key through the `__` spelling of its dots: 50 steps, a model that
+# has learnt a little (no test here needs a solved one).
+SETTINGS = dict(parse_override(item) for item in QUICK)
+STEPS = SETTINGS["train.steps"]
 SETTINGS["log__tensorboard"] = SETTINGS.pop("log.tensorboard", False)
 
 
@@ -41,7 +43,7 @@ def test_train_returns_the_loaded_run(run):
     assert isinstance(run, Run) and run.checkpoint.name == "best.pt"
     assert run.run_dir is not None and (run.run_dir / "checkpoints" / "last.pt").is_file()
     assert run.config.task.name == "copy" and run.config.log.tensorboard is False
-    assert run.config == load_config(None, TINY + ["log.tensorboard=false"])
+    assert run.config == load_config(None, QUICK + ["log.tensorboard=false"])
     assert not any(run.run_dir.glob("events.*"))
 
 
@@ -101,7 +103,7 @@ def test_attention_shapes_and_labels(run):
 
 def test_load_run_picks_checkpoints_as_the_cli_does(run):
     last = load_run(run.run_dir, checkpoint="last")
-    assert last.checkpoint.name == "last.pt" and last.step == 200
+    assert last.checkpoint.name == "last.pt" and last.step == STEPS
     cli = run_cli("eval", run.run_dir, "--checkpoint", "middle")
     with pytest.raises(MinitfmError) as err:
         load_run(run.run_dir, checkpoint="middle")
@@ -172,9 +174,9 @@ def test_errors_name_the_api_arguments_not_cli_options(run, tmp_path):
 def test_train_resumes_and_overwrites_as_the_cli_does(run, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(run.run_dir, copy)
-    assert train(resume=copy, train__steps=203, progress=False).run_dir == copy.resolve()
+    assert train(resume=copy, train__steps=STEPS + 3, progress=False).run_dir == copy.resolve()
     last = load_run(copy, checkpoint="last")
-    assert last.step == 203 and last.config.train.steps == 203
+    assert last.step == STEPS + 3 and last.config.train.steps == STEPS + 3
     fresh = train(None, run_dir=copy, overwrite=True, progress=False,
                   **{**SETTINGS, "train.steps": 2})
     assert load_run(fresh.run_dir, checkpoint="last").step == 2

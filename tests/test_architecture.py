@@ -3,12 +3,14 @@
     app → lab → run → learn → fast → book → tasks → kernel (config → yamlfile, catalog → errors)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
-`TYPE_CHECKING` blocks included, so a deferred import cannot hide an arrow that points up.
+`TYPE_CHECKING` blocks included, and relative ones resolved (tests/imports.py), so neither a
+deferred import nor a spelling can hide an arrow that points up.
 A module may import its own floor and the floors below it. `minitfm/__init__.py` (the
 package's front door, which lazily re-exports the Python API) counts as the top floor, and
-anyone may read `minitfm.__version__` from it: Python runs the package's `__init__` before any
-of its modules anyway, so that arrow adds no dependency. The kernel is the package's top-level
-modules, each a floor of its own: torch-free, each importing only the kernel below it.
+anyone may read `minitfm.__version__` from it, and nothing else: Python runs the package's
+`__init__` before any of its modules anyway, so that arrow adds no dependency. The kernel is
+the package's top-level modules, each a floor of its own: torch-free, each importing only the
+kernel below it.
 
 The lab has wings by concern, floors inside its floor: the modules it shares (`lab/*.py`: the
 loaded run, the options, the curves, the pictures) at the bottom, then `measure`, `look`,
@@ -24,12 +26,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.imports import file_imports, read_imports
+
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
 KERNEL = ["errors", "catalog", "yamlfile", "config"]  # bottom to top; no torch
 FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules
 MAX_LINES, MAX_LAB_LINES, MAX_PARAMETERS = 500, 450, 6
+FRONT_DOOR = {"__version__"}  # what a module below the front door may take from it
 
 
 def module_name(path: Path) -> str:
@@ -43,16 +48,23 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 def imports_of(name: str) -> set[str]:
     """The minitfm modules `name` imports anywhere in its source (`from minitfm.x import y`
-    counts as minitfm.x.y when that is a module, else as minitfm.x)."""
+    counts as minitfm.x.y when that is a module, else as minitfm.x; relative imports resolved)."""
     found = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if sub in MODULES else node.module)
+    for module, names in file_imports(MODULES[name]):
+        found |= {f"{module}.{alias}" if f"{module}.{alias}" in MODULES else module
+                  for alias in names} if names else {module}
     return {m for m in found if m == "minitfm" or m.startswith("minitfm.")}
+
+
+def front_door_names(name: str) -> set[str]:
+    """What `name` takes from minitfm/__init__.py: the names of `from minitfm import ...` that
+    are no module, and `*` for a bare `import minitfm` (any attribute may follow)."""
+    taken = set()
+    for module, names in file_imports(MODULES[name]):
+        if module == "minitfm":
+            taken |= {alias for alias in names if f"minitfm.{alias}" not in MODULES} \
+                if names else {"*"}
+    return taken
 
 
 def floor(name: str) -> int:
@@ -71,9 +83,24 @@ def test_every_module_sits_on_a_floor():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_go_down_only(name):
+    # the front door ("minitfm") is above every floor; what may be read from it is checked below
     upward = sorted(m for m in GRAPH[name] - {"minitfm"} if floor(m) > floor(name))
     assert not upward, f"{name} (floor {FLOORS[floor(name)] if name not in TOP else 'top'}) " \
                        f"imports from a floor above it: {upward}"
+
+
+def test_below_the_front_door_only_the_version_is_read_from_it():
+    taken = {name: front_door_names(name) for name in sorted(set(MODULES) - TOP)}
+    assert {name: names for name, names in taken.items() if names - FRONT_DOOR} == {}
+
+
+def test_the_checker_resolves_relative_imports():
+    """`from ..app import cli` in the book is the worst upward arrow, however it is spelled."""
+    source = "def f():\n    from ..app import cli\n    from . import attention\n"
+    assert read_imports(source, "minitfm.book") == [("minitfm.app", ["cli"]),
+                                                    ("minitfm.book", ["attention"])]
+    assert read_imports("from .. import load_run\n", "minitfm.fast") == [
+        ("minitfm", ["load_run"])]
 
 
 def test_the_kernel_imports_only_the_kernel_below_it_and_no_torch():
@@ -81,11 +108,8 @@ def test_the_kernel_imports_only_the_kernel_below_it_and_no_torch():
     for i, name in enumerate(KERNEL):
         module = f"minitfm.{name}"
         assert GRAPH[module] <= {f"minitfm.{below}" for below in KERNEL[:i]}, GRAPH[module]
-        tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-        found = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                 for alias in node.names}
-        found |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        assert not [m for m in found if m and m.split(".")[0] == "torch"], module
+        found = {m for m, _ in file_imports(MODULES[module])}
+        assert not [m for m in found if m.split(".")[0] == "torch"], module
 
 
 def test_the_kernels_know_no_model():
@@ -208,8 +232,7 @@ def test_the_books_tests_read_only_the_book_and_what_is_below_it():
     """`make test-book` checks the chapters alone: its tests import nothing above the book."""
     above = ("minitfm.fast", "minitfm.run", "minitfm.lab", "minitfm.app")
     for path in sorted((PACKAGE.parent / "tests" / "book").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith(above), f"{path.name}: {node.module}"
-            if isinstance(node, ast.ImportFrom) and node.module == "tests.helpers":
+        for module, _ in file_imports(path):  # `from ..helpers import x` is tests.helpers
+            assert not module.startswith(above), f"{path.name}: {module}"
+            if module == "tests.helpers":
                 pytest.fail(f"{path.name} imports tests.helpers (the CLI's): use tests.book")

@@ -1,6 +1,7 @@
 """`minitfm bench --quick`: every figure is there and sane (no timing is asserted)."""
 
 import ctypes
+import importlib.util
 import json
 import os
 import platform
@@ -30,7 +31,7 @@ from minitfm.lab.measure.reference import TRAINERS
 from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
-from tests.helpers import TINY, run_cli
+from tests.helpers import TINY, missing, run_cli
 
 
 def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
@@ -256,18 +257,30 @@ NEEDS_XT = "x-transformers is an optional extra (pip install -e '.[bench]')"
 
 
 def needs(trainer: str) -> None:
-    """Skip (with the reason) a test of the x-transformers trainer when it is not installed."""
-    if trainer == "x-transformers":
-        pytest.importorskip("x_transformers", reason=NEEDS_XT)
+    """Skip (with the reason) a test of the x-transformers trainer when it is not installed;
+    under MINITFM_CI=1 fail (.ci/run installs the bench extra)."""
+    if trainer == "x-transformers" and importlib.util.find_spec("x_transformers") is None:
+        missing(NEEDS_XT)
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_a_reference_trainer_trains_and_evaluates_on_schedule(trainer):
+def test_a_reference_trainer_trains_and_evaluates_on_schedule(trainer, monkeypatch):
     needs(trainer)
+    evaluations = []  # (pairs decoded, exact match) of each evaluation of the trainer's model
+    real = reference.exact_match
+
+    def recorded(ref, task, pairs, device):
+        evaluations.append((len(pairs), real(ref, task, pairs, device)))
+        return evaluations[-1][1]
+
+    monkeypatch.setattr(reference, "exact_match", recorded)
     result = reference.run(trainer, TINY_REFERENCE)
     assert result["trainer"] == trainer and result["seed"] == 0
     assert result["steps"] == 4 and result["steps_to_target"] is None  # 4 steps learn nothing
-    assert 0.0 <= result["exact_match"] <= 1.0
+    # evaluated on the 10 held-out pairs after steps 2 and 4 (eval_every=2): the last one is
+    # the result (the decoding itself: test_reference_exact_match_compares_decoding_...)
+    assert [n for n, _ in evaluations] == [10, 10]
+    assert result["exact_match"] == evaluations[-1][1]
 
 
 @pytest.mark.slow  # starts a Python process per trainer
@@ -282,6 +295,36 @@ def test_a_reference_trainer_prints_its_json_line_in_a_fresh_process(trainer):
     assert result["trainer"] == trainer and result["seed"] == 3 and result["steps"] == 4
     timed = reference_subprocess(trainer, TINY_REFERENCE)  # as the bench runs it
     assert timed["wall_s"] > 0 and timed["steps"] == 4
+
+
+@pytest.mark.slow  # a Python process per seed and trainer (minitfm's own and the references)
+def test_solve_runs_times_real_processes_of_every_trainer(monkeypatch):
+    """`bench --solve`'s pipeline with its real processes, on a tiny config and one seed (the
+    command itself always trains the default config for 3 seeds, minutes: docs/speed.md; the
+    medians over seeds are test_bench_tables_... and test_solve_skips_...'s, with fakes)."""
+    import minitfm.lab.measure.bench as bench
+
+    monkeypatch.setattr(bench, "SOLVE_SEEDS", (3,))
+    installed = bench.import_xtransformers() is not None
+    if not installed and os.environ.get("MINITFM_CI") == "1":
+        missing(NEEDS_XT)
+    report = bench.solve_runs([*TINY_REFERENCE, "log.tensorboard=false"])
+    assert [run["seed"] for run in report["solve"]] == list(bench.SOLVE_SEEDS)
+    for run in report["solve"]:
+        assert run["steps"] == 4 and run["wall_s"] > 0 and run["peak_rss_mb"] > 0
+        assert run["steps_to_99"] is None and 0.0 <= run["exact_match"] <= 1.0
+    [ours] = [run["wall_s"] for run in report["solve"]]
+    assert report["solve_median_wall_s"] == ours
+    ran = [t for t in TRAINERS if installed or t != "x-transformers"]
+    assert set(report["solve_reference"]) == set(TRAINERS)
+    for trainer in ran:
+        ref = report["solve_reference"][trainer]
+        assert [run["seed"] for run in ref["runs"]] == list(bench.SOLVE_SEEDS)
+        assert all(run["steps"] == 4 and run["steps_to_target"] is None for run in ref["runs"])
+        assert ref["median_wall_s"] == ref["runs"][0]["wall_s"] > 0
+        assert ref["ratio"] == pytest.approx(ref["median_wall_s"] / ours, rel=1e-12)
+    if not installed:
+        assert report["solve_reference"]["x-transformers"] == {"skipped": bench.XT_MISSING}
 
 
 def test_an_unknown_reference_trainer_is_one_line_and_exit_2(capsys):

@@ -1,6 +1,5 @@
 """Config loading, overrides and validation (no torch needed)."""
 
-import ast
 import re
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import yaml
 from minitfm.catalog import TASKS
 from minitfm.config import Config, load_config, parse_threads, to_yaml
 from minitfm.errors import ConfigError
+from tests.imports import imported_modules
 
 CONFIGS = sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml"))
 
@@ -171,10 +171,7 @@ def test_attention_images_follow_the_evaluations_by_default():
 
 def test_config_imports_only_the_kernel():
     # The kernel: a config reads the same without torch and on any machine.
-    tree = ast.parse((Path(__file__).parent.parent / "minitfm" / "config.py").read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported = imported_modules(Path(__file__).parent.parent / "minitfm" / "config.py")
     assert {name for name in imported if name.split(".")[0] == "minitfm"} == \
         {"minitfm.catalog", "minitfm.errors", "minitfm.yamlfile"}
     code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"

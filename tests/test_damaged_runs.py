@@ -300,21 +300,31 @@ def test_wall_time_adds_up_over_resumes(tmp_path):
 def test_the_api_imports_from_a_script_beside_the_clone(tmp_path):
     """A script whose folder holds the clone (`minitfm/` with runs/, tests/, configs/: no
     `__init__.py`) imports the package, not that folder as a namespace package. The install
-    puts the clone's root on sys.path (pyproject's `package-dir`, a path entry as below): a
-    regular package found on sys.path wins over a namespace folder of the same name."""
+    puts the clone's root on sys.path (pyproject's `package-dir`: a path entry in a .pth
+    file): a regular package found on sys.path wins over a namespace folder of the same name.
+    The script runs with no PYTHONPATH, so what it imports comes from the install alone."""
+    import importlib.metadata
+
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert setuptools["package-dir"] == {"": "."}
+    # the install's path entry: the clone it was made from (this one, or the one whose
+    # virtual environment runs the tests), never an import hook
+    files = importlib.metadata.distribution("minitfm").files or []
+    [pth] = [f for f in files if f.name.endswith(".pth")]
+    lines = [line.strip() for line in pth.locate().read_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and not lines[0].startswith("import"), \
+        (lines, "an import hook, not a path entry: run `make install` again")
+    root = Path(lines[0])
+    assert (root / "minitfm" / "__init__.py").is_file(), root
     clone = tmp_path / "minitfm"
     for folder in ("runs", "tests", "configs", "docs", "minitfm"):
         (clone / folder).mkdir(parents=True)
     script = tmp_path / "api.py"
     script.write_text("from minitfm import load_run, train\nimport minitfm.lab.many.runs as runs\n"
                       "print(load_run.__module__, train.__module__, runs.__file__)\n")
-    # The clone's root first; entries already there stay (packages installed that way).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])}
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["minitfm.app.api", "minitfm.app.api",
-                                   str(REPO / "minitfm" / "lab" / "many" / "runs.py")]
+                                   str(root / "minitfm" / "lab" / "many" / "runs.py")]

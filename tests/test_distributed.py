@@ -243,7 +243,14 @@ def test_a_ddp_checkpoint_resumes_in_one_process(worker_out, tmp_path):
 
     run_dir = tmp_path / "signal"
     shutil.copytree(worker_out / "signal", run_dir)  # the module's run stays as the others read it
-    assert len(load_checkpoint(run_dir / "checkpoints" / "last.pt")["rng"]["ranks"]) == NPROC
+    saved = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert len(saved["rng"]["ranks"]) == NPROC
+    # in one process the checkpoint's streams are rank 0's: dropout and batches go on from them
+    state = init_state(tiny(), torch.device("cpu"))
+    state.load_state_dict(saved)
+    rank0 = saved["rng"]["ranks"][0]
+    assert torch.equal(state.data_rng.get_state(), rank0["data"])
+    assert torch.equal(torch.get_rng_state(), rank0["torch"])
     summary = train(None, resume=run_dir / "checkpoints" / "last.pt",
                     overrides=["train.steps=30"])
     assert summary["status"] == "finished" and summary["step"] == 30, summary

@@ -4,14 +4,18 @@ measures.
 
 The numerics tests run the page's own scripts (minitfm/lab/look/explore/*.js) in Node on small
 trained runs of every positional scheme and both layer-norm placements, and compare greedy
-outputs, logits and attention weights with PyTorch. Without `node` they skip with one line.
-The browser tests are in tests/test_explore_browser.py.
+outputs, logits and attention weights with PyTorch. Node is `node` on PATH, else the one inside
+the Playwright package (the dev extra); with neither they skip with one line, and under
+MINITFM_CI=1 (.ci/run) they fail. The browser tests are in tests/test_explore_browser.py.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,20 +28,43 @@ from minitfm.config import load_config
 from minitfm.errors import MinitfmError
 from minitfm.lab.loaded import Loaded, load
 from minitfm.lab.look.ablate import ablated, replacements
-from minitfm.lab.look.explorer import embed_json, page_data, task_spec
+from minitfm.lab.look.explorer import embed_json, page_data, task_spec, write_explorer
 from minitfm.lab.measure.evaluate import predict_lines
 from minitfm.lab.options import AblateOptions
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Task
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, missing, run_cli
 from tests.helpers import train_bare as train
 
-NODE = shutil.which("node")
+
+def find_node() -> str | None:
+    """`node` on PATH, else the Node binary shipped inside the Playwright package."""
+    if shutil.which("node"):
+        return shutil.which("node")
+    try:
+        import playwright
+    except ImportError:
+        return None
+    shipped = Path(playwright.__file__).parent / "driver" / "node"
+    return str(shipped) if os.access(shipped, os.X_OK) else None
+
+
+NODE = find_node()
 EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "look" / "explore"
 RUNNER = Path(__file__).resolve().parent / "js" / "run_model.js"
 TOLERANCE = 1e-4  # the issue's bar for logits and attention weights
-needs_node = pytest.mark.skipif(NODE is None, reason="no `node` on PATH: install Node.js to "
-                                "check the page's JavaScript model against PyTorch")
+NO_NODE = ("no Node.js (neither `node` on PATH nor Playwright's): install Node.js or the dev "
+           "extra to check the page's JavaScript model against PyTorch")
+
+
+@pytest.fixture
+def node() -> str:
+    if NODE is None:
+        missing(NO_NODE)
+    return NODE
+
+
+needs_node = pytest.mark.usefixtures("node")
 
 SHORT = [*TINY, "log.tensorboard=false", "train.steps=30", "train.warmup_steps=5",
          "train.eval_every=30", "train.eval_samples=50", "train.target_exact_match=null"]
@@ -97,6 +124,7 @@ def run_node(data: dict, items: list[dict], tmp_path: Path) -> list:
     data_file, items_file = tmp_path / "data.json", tmp_path / "items.json"
     data_file.write_text(embed_json(data), encoding="utf-8")
     items_file.write_text(json.dumps(items), encoding="utf-8")
+    assert NODE is not None, NO_NODE
     done = subprocess.run([NODE, str(RUNNER), str(data_file), str(items_file)],
                           capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MINITFM_EXPLORE_DIR": str(EXPLORE_DIR)})
@@ -120,9 +148,14 @@ def differences(model, result: dict) -> tuple[float, float]:
     logit_diff = (logits[0].double() - torch.tensor(result["logits"])).abs().max().item()
     weight_diff = 0.0
     for kind in ("encoder", "decoder", "cross"):
+        assert len(result["maps"][kind]) == len(getattr(maps, kind)), kind  # every layer
         for layer, torch_map in enumerate(getattr(maps, kind)):  # (1, H, T_q, T_k)
-            for head, rows in enumerate(result["maps"][kind][layer]):
+            heads = result["maps"][kind][layer]
+            assert len(heads) == torch_map.size(1), (kind, layer)  # every head
+            for head, rows in enumerate(heads):
+                assert len(rows) == torch_map.size(2), (kind, layer, head)  # every query
                 for i, row in enumerate(rows):  # decoder rows stop at the diagonal
+                    assert len(row) == (i + 1 if kind == "decoder" else torch_map.size(3))
                     theirs = torch_map[0, head, i].double()
                     weight_diff = max(weight_diff, (theirs[:len(row)] - torch.tensor(row))
                                       .abs().max().item())
@@ -183,6 +216,37 @@ def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path
     assert page_exact == measured["exact_match"]
 
 
+@needs_node
+@pytest.mark.parametrize("case, heads_off, mode", [
+    ("sinusoidal-pre", (), "zero"),
+    ("sinusoidal-pre", (("cross", 0, 0), ("cross", 0, 1)), "zero"),
+    ("alibi-pre-3-heads", (("cross", 0, 0), ("cross", 0, 2)), "mean"),
+    ("rope-post", (("cross", 0, 1), ("encoder", 0, 0)), "mean"),
+], ids=["heads-on", "both-cross-heads-zero", "two-of-3-cross-heads-mean", "cross-and-encoder"])
+def test_the_page_one_input_at_a_time_equals_run_predict_in_any_batch(
+        runs, case, heads_off, mode, tmp_path):
+    """The page decodes one input at a time (no padding, its own cap); `Run.predict` decodes
+    batches (padded, one chunk). The same inputs give the same outputs in batches of random
+    sizes and orders, with and without heads switched off."""
+    loaded, data = page_of(runs[case])
+    generator = random.Random(case)
+    sources = generator.sample(data["held_out"]["sources"], 24)
+    assert len({len(src) for src in sources}) > 1  # caps differ within a batch
+    texts = inputs_of(loaded.task, sources)
+    off = [[*head, mode] for head in heads_off]
+    page = [r["output"] for r in run_node(data, [{"text": t, "heads_off": off} for t in texts],
+                                          tmp_path)]
+    run = load_run(runs[case], checkpoint="last")
+    for size in (len(texts), *(generator.randint(2, len(texts) - 1) for _ in range(3))):
+        order = generator.sample(range(len(texts)), len(texts))
+        answers = {}
+        for start in range(0, len(order), size):
+            part = order[start:start + size]
+            outputs = run.predict([texts[i] for i in part], heads_off=heads_off, mode=mode)
+            answers.update(zip(part, outputs, strict=True))
+        assert [answers[i] for i in range(len(texts))] == page, (size, order)
+
+
 def differences_with_heads_off(run, result, heads_off, mode) -> tuple[float, float]:
     from minitfm.lab.look.ablate import edited_heads, switched_off
 
@@ -235,7 +299,7 @@ def test_typed_input_is_read_with_predicts_rules_and_messages(overrides, tmp_pat
     cfg = load_config(None, overrides)
     task = make_task(cfg.task)
     results = run_node({"task": task_spec(cfg, task)}, [{"text": t} for t in TYPED], tmp_path)
-    for text, result in zip(TYPED, results):
+    for text, result in zip(TYPED, results, strict=True):
         reading = Loaded(Path("none.pt"), 0, cfg, task, None, "cpu")  # no model: only reading
         expected = decoded(reading, text) if not parses(cfg, task, text) else None
         if expected is None:
@@ -279,6 +343,74 @@ def test_explore_writes_one_offline_page_and_prints_path_and_size(runs):
                     "src=\"http", "url("):
         assert outside not in html, outside
     assert "Content-Security-Policy" in html and "default-src 'none'" in html
+
+
+@pytest.mark.parametrize("opened", [True, False])
+def test_explore_open_opens_the_page_or_says_there_is_no_browser(runs, monkeypatch, opened):
+    """`--open` hands the page's file:// address to the browser; without one, a note."""
+    asked = []
+    monkeypatch.setattr("webbrowser.open", lambda url: asked.append(url) or opened)
+    result = run_cli("explore", str(runs["rope-post"]), "--open")
+    assert result.exit_code == 0, result.stderr
+    assert asked == [(runs["rope-post"] / "explorer.html").resolve().as_uri()]
+    note = "(no browser found here: open the file above in one)"
+    assert (note in result.stdout) is not opened, result.stdout
+    without = run_cli("explore", str(runs["rope-post"]))
+    assert len(asked) == 1 and note not in without.stdout  # no --open: no browser
+
+
+def test_the_page_embeds_the_runs_curves_evaluation_ablation_and_facts(runs, tmp_path):
+    """docs/explore.md 3 and 5: the `minitfm ablate` picture, loss and exact match against
+    step from metrics.jsonl, exact match per length from the last eval-A-B.json, and the seed,
+    version and dates."""
+    import minitfm
+
+    run_dir = shutil.copytree(runs["sinusoidal-pre"], tmp_path / "run")
+    ablate = run_cli("ablate", str(run_dir), "--checkpoint", "last", "--samples", "40")
+    assert ablate.exit_code == 0, ablate.stderr
+    [picture] = (run_dir / "ablate").glob("*.png")
+    report = run_cli("eval", str(run_dir), "--checkpoint", "last", "--min-len", "1",
+                     "--max-len", "6", "--samples", "60", "--json")
+    assert report.exit_code == 0, report.stderr
+    (run_dir / "eval-1-6.json").write_text(report.stdout, encoding="utf-8")  # as a sweep saves
+    loaded = load(run_dir / "checkpoints" / "last.pt", device="cpu")
+    data = page_data(loaded)
+    assert data["ablation"] == [{"name": picture.name,
+                                 "png": base64.b64encode(picture.read_bytes()).decode()}]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_records = [[r["step"], r["loss"]] for r in records if r["split"] == "train"]
+    assert data["curves"]["train"] == train_records and len(train_records) == 3  # 10, 20, 30
+    assert data["curves"]["eval"] == [[r["step"], r["loss"], r["exact_match"]]
+                                      for r in records if r["split"] == "eval"] != []
+    per_length = json.loads(report.stdout)["per_length"]
+    assert data["per_length"] == {"file": "eval-1-6.json", "per_length": {
+        n: [row["exact_match"], row["count"]] for n, row in per_length.items()}}
+    assert sorted(map(int, per_length)) == list(range(1, 7))
+    meta = data["meta"]
+    assert (meta["run"], meta["checkpoint"], meta["step"], meta["seed"], meta["version"]) == \
+        ("run", "last.pt", 30, loaded.config.seed, minitfm.__version__)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", meta["saved"]) and meta["written"]
+    assert data["config"] == loaded.config.model_dump(mode="json")
+
+
+def test_the_page_is_about_5_3_bytes_per_parameter_plus_the_runs_records(tmp_path):
+    """docs/explore.md, Share it: the weights as base64 float32 (5.33 bytes a parameter), and a
+    one-step run of configs/reverse.yaml the size its table says (within 10%)."""
+    root = Path(__file__).resolve().parent.parent
+    cfg = load_config(root / "configs" / "reverse.yaml",
+                      ["train.steps=1", "train.eval_samples=200", "log.tensorboard=false"])
+    train(cfg, run_dir=tmp_path / "reverse")
+    loaded = load(tmp_path / "reverse", "last", device="cpu")
+    page = write_explorer(loaded, tmp_path / "page.html")
+    params = sum(p.numel() for p in loaded.model.parameters())
+    html = page.path.read_text(encoding="utf-8")
+    [weights] = re.findall(r'"weights":"([A-Za-z0-9+/=]+)"', html)
+    assert 5.3 <= len(weights) / params <= 5.4, len(weights) / params
+    table = (root / "docs" / "explore.md").read_text(encoding="utf-8")
+    [documented] = re.findall(r"\| reverse \| ([\d,]+) kB \|", table)
+    assert abs(page.size / 1000 - int(documented.replace(",", ""))) <= 0.1 * page.size / 1000, \
+        (page.size, documented)
+    assert page.size == len(html.encode("utf-8"))
 
 
 def test_embedded_json_cannot_end_its_script_element():

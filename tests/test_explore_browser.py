@@ -1,20 +1,25 @@
 """`minitfm explore`'s page in a real browser: the system's Chromium driven by Playwright
 (never a browser Playwright downloads). Without Chromium or Playwright these tests skip with one
-line saying how to run them."""
+line saying how to run them; under MINITFM_CI=1 (.ci/run) they fail instead."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from minitfm.app.api import load_run
 from minitfm.app.api import train_run as train  # with the attention recorder
+from minitfm.book.metrics import evaluate
 from minitfm.config import load_config
 from minitfm.lab.loaded import load
+from minitfm.lab.look.ablate import HeadAblation, ablated, replacements
 from minitfm.lab.look.explorer import write_explorer
-from tests.helpers import TINY
+from minitfm.lab.options import AblateOptions
+from tests.helpers import TINY, missing, run_cli
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists()
                                         else None)
@@ -23,12 +28,15 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     sync_playwright = None
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None or sync_playwright is None,
-                       reason="no Chromium/Playwright: apt-get install chromium and pip install "
-                              "playwright (the dev extra) to run the explorer's browser tests"),
-]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def chromium():
+    """Before any run is trained: skip (or, under MINITFM_CI=1, fail) without a browser."""
+    if CHROMIUM is None or sync_playwright is None:
+        missing("no Chromium/Playwright: apt-get install chromium and pip install playwright "
+                "(the dev extra) to run the explorer's browser tests")
 ARTEFACTS = Path(__file__).resolve().parent.parent / "test-artefacts"
 NASTY = ["</script>", "<img src=x onerror=alert(1)>", "javascript:alert(1)"]
 
@@ -41,6 +49,10 @@ def pages(tmp_path_factory):
     copy = root / "copy"
     train(load_config(None, [*TINY, "log.tensorboard=false", "train.steps=100",
                              "train.eval_every=25", "log.attention_every=eval"]), run_dir=copy)
+    # the run's own records beside it: an ablation picture and a saved per-length evaluation
+    assert run_cli("ablate", copy, "--checkpoint", "last", "--samples", "40").exit_code == 0
+    report = run_cli("eval", copy, "--checkpoint", "last", "--samples", "60", "--json")
+    (copy / "eval-1-6.json").write_text(report.stdout, encoding="utf-8")
     found["copy"] = (copy, write_explorer(load(copy, "last")).path)
     data = root / "nasty.tsv"
     rows = [f"{a} {b}\t{b} {a}" for a in NASTY + ["x", "y"] for b in NASTY + ["x", "y"]]
@@ -64,12 +76,12 @@ def browser():
         instance.close()
 
 
-def open_page(browser, path: Path, hash_: str = "", clock: bool = False):
-    """The page from its file:// path; every other request aborted and recorded, like every
-    page error, console error and dialog. With `clock`, the page's timers wait for the test's
-    `page.clock.run_for` (work the page does in slices runs only then, however loaded the
-    machine)."""
-    page = browser.new_page()
+def open_page(browser, path: Path, hash_: str = "", clock: bool = False, **options):
+    """The page from its file:// path (`options` for the browser's new_page); every other
+    request aborted and recorded, like every page error, console error and dialog. With
+    `clock`, the page's timers wait for the test's `page.clock.run_for` (work the page does in
+    slices runs only then, however loaded the machine)."""
+    page = browser.new_page(**options)
     if clock:
         page.clock.install()
     problems = []
@@ -92,7 +104,8 @@ def test_typed_inputs_and_heads_off_equal_python(pages, browser):
     for text in ("1 2 3", "4321", "0", "3 3 1 0 2 4"):
         assert page.evaluate("t => window.minitfm.predict(t).output", text) == run.predict(text)
         page.fill("#input", text)
-        assert page.inner_text("#output") in (run.predict(text), "(empty)")
+        expected = run.predict(text)
+        assert page.inner_text("#output") == (expected or "(empty)")  # what the user reads
     error = page.evaluate("() => window.minitfm.predict('9 x').error")
     assert error.startswith("input 1 ('9 x'):")
     for mode in ("zero", "mean"):
@@ -100,7 +113,21 @@ def test_typed_inputs_and_heads_off_equal_python(pages, browser):
         for text in ("1 2 3", "4 0 2 1"):
             assert page.evaluate("t => window.minitfm.predict(t).output", text) == \
                 run.predict(text, heads_off=[("cross", 0, 1)], mode=mode)
-    assert 0.0 <= page.evaluate("() => window.minitfm.exactMatch()") <= 1.0
+    # the held-out exact match with the head off: what `minitfm ablate` measures on them
+    loaded = load(run_dir, "last", device="cpu")
+    # the page's own computation first: a call of exactMatch() would cancel it mid-way
+    page.wait_for_function("() => document.querySelector('#exact').textContent"
+                           ".includes('head(s) switched off')")
+    shown = page.evaluate("() => window.minitfm.exactMatch()")  # now from its cache
+    examples = loaded.ablation_pairs()[:len(page.evaluate(
+        "() => window.minitfm.data.held_out.sources"))]
+    values = replacements(loaded, loaded.ablation_pairs(), "mean")[("cross", 0)]
+    baseline = evaluate(loaded.model, loaded.task, examples, "cpu")
+    measured = ablated(loaded, examples, baseline, {
+        ("cross", 0): HeadAblation(torch.tensor([False, True]), values)}, AblateOptions())
+    assert shown == measured["exact_match"]
+    assert page.inner_text("#exact").startswith(
+        f"held-out exact match on {len(examples)} examples: {100 * shown:.1f}% with 1 head(s)")
     # the state is in the address: reopened from it, the same view
     url = page.url
     assert "off=cross.0.1.mean" in url
@@ -186,6 +213,68 @@ def test_held_out_exact_match_is_shown_under_the_heads_it_was_computed_for(pages
     switch(a, b, mode="on")  # a and b computed and cached by now: two cache hits in a row
     assert shown() == f"{label}{100 * intact:.1f}% (every head on)"
     assert len({intact, python_exact([a]), python_exact([a, b])}) == 3  # the test can tell
+
+
+def test_the_step_table_and_the_run_section_show_what_the_run_holds(pages, browser):
+    """docs/explore.md 1 and 5: per step the token read, the token written, its probability
+    and three runners-up; the ablation picture, the curves, exact match per length, the facts."""
+    import minitfm
+
+    run_dir, path = pages["copy"]
+    loaded = load(run_dir, "last", device="cpu")
+    page, problems = open_page(browser, path)
+    page.fill("#input", "3 1 4 0")
+    rows = [[cell.inner_text() for cell in row.locator("td").all()]
+            for row in page.locator("#steps tbody tr").all()]
+    decoded = page.evaluate("() => window.minitfm.predict('3 1 4 0').decoded")
+    tokens = loaded.task.vocab.tokens
+    assert [row[2] for row in rows] == [tokens[i] for i in decoded]  # writes
+    assert [row[1] for row in rows] == [tokens[i] for i in [1, *decoded[:-1]]]  # reads <bos>...
+    with torch.no_grad():  # PyTorch's probabilities, teacher-forced on what the page wrote
+        logits = loaded.model(torch.tensor([loaded.task.parse("3 1 4 0")]),
+                              torch.tensor([[1, *decoded[:-1]]]))
+    probs = logits[0].double().softmax(-1)
+    for t, row in enumerate(rows):
+        assert abs(float(row[3].split()[0]) - probs[t, decoded[t]].item()) < 1e-4, row
+        runners = [float(part.split()[-1]) for part in row[4].split(" · ")]
+        assert len(runners) == 3 and runners == sorted(runners, reverse=True)
+        assert runners[0] <= float(row[3].split()[0]), row
+    assert page.locator("#ablation img").count() == 1
+    assert page.locator("#curves canvas").count() == 2  # loss, exact match
+    per_length = json.loads((run_dir / "eval-1-6.json").read_text())["per_length"]
+    assert page.locator("#per-length tr").count() == 1 + len(per_length)
+    assert "eval-1-6.json" in page.inner_text("#per-length caption")
+    facts = page.inner_text("#facts")
+    for fact in (f"seed\n{loaded.config.seed}", f"minitfm\n{minitfm.__version__}",
+                 "step 100", "checkpoint saved", "page written"):
+        assert fact in facts, (fact, facts)
+    assert json.loads(page.text_content("#config")) == loaded.config.model_dump(mode="json")
+    assert problems == []
+
+
+def test_the_page_follows_dark_mode_works_from_the_keyboard_and_prints(pages, browser):
+    """docs/explore.md: "follows your system's light or dark setting, works from the keyboard,
+    and prints"."""
+    _, path = pages["copy"]
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    light, _ = open_page(browser, path, color_scheme="light")
+    page, problems = open_page(browser, path, color_scheme="dark")
+    assert light.evaluate(background) == "rgb(255, 255, 255)"
+    assert page.evaluate(background) == "rgb(22, 22, 22)"
+    page.fill("#input", "3 1 4")
+    page.focus("#zoom-canvas")
+    first = page.inner_text("#readout")
+    assert first.startswith("query 0 ") and " key 0 " in first
+    page.keyboard.press("ArrowRight")
+    assert " key 1 " in page.inner_text("#readout") and page.inner_text("#readout") != first
+    page.keyboard.press("ArrowDown")
+    assert page.inner_text("#readout").startswith("query 1 ")
+    page.emulate_media(media="print")
+    assert page.evaluate(background) == "rgb(255, 255, 255)"  # paper, whatever the setting
+    assert page.evaluate("() => getComputedStyle(document.querySelector('#input')).display") \
+        == "none"
+    assert page.locator("#run").is_visible() and page.locator("#steps").is_visible()
+    assert page.pdf().startswith(b"%PDF")
     assert problems == []
 
 

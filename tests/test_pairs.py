@@ -56,6 +56,7 @@ def metrics(run_dir, split):
 
 # --- learning ---
 
+@pytest.mark.slow  # trains until solved: past the fast half's ~50 steps
 def test_fifty_uppercase_pairs_are_learned_in_a_few_hundred_steps(tmp_path):
     cfg = load_config(None, [*upper(tmp_path), "train.steps=400",
                              "train.target_exact_match=1.0"])

@@ -318,6 +318,21 @@ def test_an_empty_newer_run_does_not_hide_a_good_one(base, tmp_path, monkeypatch
     assert run_cli("predict", "1 2 3").exit_code == 0
 
 
+def test_left_out_a_run_is_the_most_recent_one(base, tmp_path, monkeypatch):
+    """README: a RUN left out is the most recent run under ./runs (by its checkpoints' time,
+    not its name)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("a-first", "b-second"):
+        shutil.copytree(base, tmp_path / "runs" / name)
+    for newer, older in (("a-first", "b-second"), ("b-second", "a-first")):
+        os.utime(tmp_path / "runs" / newer / "checkpoints", (2_000_000_000, 2_000_000_000))
+        os.utime(tmp_path / "runs" / older / "checkpoints", (1_000_000_000, 1_000_000_000))
+        result = run_cli("eval", "--samples", "5")
+        assert result.exit_code == 0, result.stderr
+        title = result.stdout.splitlines()[0]
+        assert f"runs/{newer}/checkpoints/best.pt" in title and older not in title, title
+
+
 def test_best_pt_that_is_a_directory(tmp_path):
     (tmp_path / "fakerun" / "checkpoints" / "best.pt").mkdir(parents=True)
     assert_clean_error(run_cli("eval", tmp_path / "fakerun"), 2, "best.pt' is not a file")

@@ -3,13 +3,15 @@ of 2026-11-24, H1 and M1).
 
 Planted links, FIFOs and folders of others are never followed, never opened for reading and
 never written through: the command goes on (unregistered, or skipping the entry) with one
-`warning:` line. Each case plants its files in a private HOME and TMPDIR, then registers as every
+`warning:` line, and a folder it does not trust is left as planted (no entry of its own, nothing
+removed). Each case plants its files in a private HOME and TMPDIR, then registers as every
 computing command does; where a mistake would hang (a FIFO), in a child process whose timeout
 is a safety net, not the assertion.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -26,11 +28,14 @@ OTHER_UID = 23457  # the report's other local user
 IS_ROOT = os.geteuid() == 0
 # What `eval`, `predict`, `train`... do first: register, then read the neighbours (twice, as
 # training does every second: the warning still comes once).
-CLAIM = ("import sys\n"
+# Inside the claim it also prints its pid and the listings of the folders named in WATCHED.
+CLAIM = ("import json, os, sys\n"
          "from minitfm.run.threads import ThreadClaim\n"
          "say = lambda text: print('warning:', text, file=sys.stderr)\n"
          "with ThreadClaim('auto', warn=say) as claim:\n"
-         "    print(claim.resolve(), claim.resolve())\n")
+         "    print(claim.resolve(), claim.resolve())\n"
+         "    watched = json.loads(os.environ['WATCHED'])\n"
+         "    print(json.dumps([os.getpid(), {f: sorted(os.listdir(f)) for f in watched}]))\n")
 
 
 def next_pids(count: int) -> range:
@@ -48,9 +53,10 @@ def give_away(path: Path) -> None:
         os.chown(path, OTHER_UID, OTHER_UID)
 
 
-def planted_folder(tmp: Path) -> Path:
+def planted_folder(s: Scene) -> Path:
     """The report's attack: the temp-folder registry made first, by someone else, for all."""
-    folder = tmp / f"minitfm-{os.geteuid()}"
+    folder = s.tmp / f"minitfm-{os.geteuid()}"
+    s.untrusted = [folder, folder / "procs"]
     (folder / "procs").mkdir(parents=True)
     for path in (folder / "procs", folder):
         path.chmod(0o777)
@@ -59,9 +65,10 @@ def planted_folder(tmp: Path) -> Path:
 
 
 def plant_hidden_links(s: Scene) -> str:
-    """REG_symlink: `.<pid>.tmp` links to the victim for the next pids, where minitfm wrote."""
-    folder = planted_folder(s.tmp)
-    for pid in next_pids(300):
+    """REG_symlink: `.<pid>.tmp` links to the victim for this process's pid (the case registers
+    in it) and the next pids, where minitfm wrote."""
+    folder = planted_folder(s)
+    for pid in {os.getpid(), *next_pids(300)}:
         for where in (folder, folder / "procs"):
             (where / f".{pid}.tmp").symlink_to(s.victim)
     return "owned by uid 23457" if IS_ROOT else "is writable by others (mode 777)"
@@ -69,7 +76,7 @@ def plant_hidden_links(s: Scene) -> str:
 
 def plant_fifo_in_tmp(s: Scene) -> str:
     """REG_fifo: a FIFO among the entries of the temp-folder registry."""
-    folder = planted_folder(s.tmp)
+    folder = planted_folder(s)
     os.mkfifo(folder / "1")
     os.mkfifo(folder / "procs" / "1")
     return "owned by uid 23457" if IS_ROOT else "is writable by others (mode 777)"
@@ -107,6 +114,7 @@ def plant_linked_registry(s: Scene) -> str:
     """The registry folder itself a link (to a folder of the victim's)."""
     s.registry.parent.mkdir(parents=True)
     s.registry.symlink_to(s.victim.parent)
+    s.untrusted = [s.registry]
     return "is a symbolic link: not used (threads=auto cannot see other minitfm processes); " \
         "remove the link"
 
@@ -117,6 +125,7 @@ def plant_writable(mode: int):
     def plant(s: Scene) -> str:
         s.registry.mkdir(mode=0o700, parents=True)
         s.registry.chmod(mode)
+        s.untrusted = [s.registry]
         return f"is writable by others (mode {mode:o}): not used"
     plant.__doc__ = f"The user's registry folder with mode {mode:o}."
     return plant
@@ -128,11 +137,13 @@ def plant_foreign(s: Scene) -> str:
         pytest.skip("only root can give a folder to another uid")
     s.registry.mkdir(mode=0o700, parents=True)
     give_away(s.registry)
+    s.untrusted = [s.registry]
     return f"is owned by uid {OTHER_UID}, not by you (uid 0)"
 
 
 class Scene:
-    """A private HOME and TMPDIR, a victim file, and the environment of the process."""
+    """A private HOME and TMPDIR, a victim file, the environment of the process, and the planted
+    folders it must not use (`untrusted`, set by the plant)."""
 
     def __init__(self, root: Path, home_is_a_file: bool):
         self.victim = root / "victim" / "precious.txt"
@@ -148,21 +159,32 @@ class Scene:
         else:
             home.mkdir()
         self.registry = home / ".cache" / "minitfm" / "procs"
+        self.untrusted: list[Path] = []
         drop = ("OMP_NUM_THREADS", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "MINITFM_REGISTRY")
         self.env = {k: v for k, v in os.environ.items() if k not in drop}
         self.env.update(HOME=str(home), TMPDIR=str(self.tmp))
 
 
-def register_in_child(scene: Scene) -> tuple[list[int], list[str]]:
-    """Register in another process (for what would hang if it went wrong): counts, warnings."""
-    proc = subprocess.run([sys.executable, "-c", CLAIM], env=scene.env, text=True,
+def listings(folders: list[Path]) -> dict[str, list[str]]:
+    """The entries of each folder, sorted (through a planted link: the folder it names)."""
+    return {str(folder): sorted(os.listdir(folder)) for folder in folders}
+
+
+def register_in_child(scene: Scene) -> tuple[list[int], list[str], int, dict]:
+    """Register in another process (for what would hang if it went wrong): counts, warnings,
+    its pid and the untrusted folders' listings while it was registered."""
+    env = {**scene.env, "WATCHED": json.dumps([str(f) for f in scene.untrusted])}
+    proc = subprocess.run([sys.executable, "-c", CLAIM], env=env, text=True,
                           capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return [int(n) for n in proc.stdout.split()], proc.stderr.splitlines()
+    counts, inside = proc.stdout.splitlines()
+    pid, seen = json.loads(inside)
+    return [int(n) for n in counts.split()], proc.stderr.splitlines(), pid, seen
 
 
-def register_here(scene: Scene, monkeypatch) -> tuple[list[int], list[str]]:
-    """Register in this process, in the scene's environment: counts, warnings."""
+def register_here(scene: Scene, monkeypatch) -> tuple[list[int], list[str], int, dict]:
+    """Register in this process, in the scene's environment: counts, warnings, its pid and the
+    untrusted folders' listings while it was registered."""
     for name in {*os.environ} - {*scene.env}:
         monkeypatch.delenv(name)
     for name, value in scene.env.items():
@@ -171,7 +193,8 @@ def register_here(scene: Scene, monkeypatch) -> tuple[list[int], list[str]]:
     warnings = []
     with ThreadClaim("auto", warn=lambda text: warnings.append(f"warning: {text}")) as claim:
         counts = [claim.resolve(), claim.resolve()]
-    return counts, warnings
+        seen = listings(scene.untrusted)
+    return counts, warnings, os.getpid(), seen
 
 
 # case: (plant, no usable home, would hang if opened)
@@ -194,10 +217,14 @@ def test_a_planted_registry_is_not_trusted(tmp_path, monkeypatch, case):
     plant, home_is_a_file, would_hang = CASES[case]
     scene = Scene(tmp_path, home_is_a_file)
     needle = plant(scene)
+    planted = listings(scene.untrusted)
     if would_hang:
-        counts, warnings = register_in_child(scene)
+        counts, warnings, pid, seen = register_in_child(scene)
     else:
-        counts, warnings = register_here(scene, monkeypatch)
+        counts, warnings, pid, seen = register_here(scene, monkeypatch)
+    # an untrusted folder is not used: no entry of this process's, nothing removed or added
+    assert seen == planted and not any(str(pid) in names for names in seen.values()), seen
+    assert listings(scene.untrusted) == planted
     assert counts[0] == counts[1] >= 1
     assert len(warnings) == 1 and warnings[0].startswith("warning: thread registry "), warnings
     assert needle in warnings[0], (needle, warnings[0])

@@ -260,6 +260,33 @@ def test_a_pairs_resume_after_the_data_changed_blames_the_data(tmp_path, change)
     assert snapshot(tmp_path / "run") == before
 
 
+# --- a torchrun checkpoint resumed in one process ---
+
+def test_one_process_continues_rank_0s_streams_of_a_torchrun_checkpoint(base, tmp_path):
+    """With another process count, rank 0's saved random streams go on (docs/operations.md);
+    tests/test_distributed.py resumes a real 2-rank checkpoint, this one needs no launch."""
+    import torch
+
+    from minitfm.run.state import init_state
+
+    saved = load_checkpoint(base / "checkpoints" / "last.pt")
+    other = torch.Generator().manual_seed(12345).get_state()
+    # as rank 0 of 2 saves: its own streams at the top and first in `ranks`, rank 1's after
+    saved["rng"]["ranks"] = [
+        {"torch": saved["rng"]["torch"], "data": saved["rng"]["data"],
+         "cuda": torch.empty(0, dtype=torch.uint8)},
+        {"torch": other, "data": other, "cuda": torch.empty(0, dtype=torch.uint8)}]
+    cfg = load_config(None, SHORT)
+    state = init_state(cfg, torch.device("cpu"))
+    fresh = (torch.get_rng_state(), state.data_rng.get_state())
+    state.load_state_dict(saved)
+    rank0 = saved["rng"]["ranks"][0]
+    assert not torch.equal(fresh[1], rank0["data"])  # four steps drew batches: it can fail
+    assert torch.equal(state.data_rng.get_state(), rank0["data"])
+    assert torch.equal(torch.get_rng_state(), rank0["torch"])
+    assert state.step == 4
+
+
 # --- test review #3: a second Ctrl-C during the save ---
 
 # Runs the CLI with two hooks: a marker once a step is done (the loop and its signal handler
@@ -312,11 +339,15 @@ def test_a_second_ctrl_c_during_the_save_keeps_the_previous_last_pt(run, tmp_pat
                              "--resume", str(run), "train.steps=100000"],
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(markers / "running", proc)
-    proc.send_signal(signal.SIGINT)  # the first: finish the step, then save last.pt
-    wait_for(markers / "saving", proc)
-    proc.send_signal(signal.SIGINT)  # the second, while the save waits to replace last.pt
-    _, stderr = proc.communicate(timeout=120)
+    try:  # a child that ignores the second Ctrl-C spins in `blocked`: never left holding the run
+        wait_for(markers / "running", proc)
+        proc.send_signal(signal.SIGINT)  # the first: finish the step, then save last.pt
+        wait_for(markers / "saving", proc)
+        proc.send_signal(signal.SIGINT)  # the second, while the save waits to replace last.pt
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
     assert proc.returncode == 130, stderr
     assert "SIGINT again: stopped at once, without saving" in stderr, stderr
     assert last.read_bytes() == before and last_step(run) == 4

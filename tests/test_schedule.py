@@ -9,12 +9,15 @@ import torch
 
 from minitfm.app.api import train_run as train
 from minitfm.book.loop import run_loop
-from minitfm.config import load_config
+from minitfm.book.metrics import evaluate
+from minitfm.config import Config, load_config
 from minitfm.run import schedule
-from minitfm.run.schedule import LossMeter, check_due
+from minitfm.run.instruments import Instrument
+from minitfm.run.rundir import read_summary
+from minitfm.run.schedule import LossMeter, check_due, check_pairs
 from minitfm.run.session import Training
 from minitfm.run.state import init_state
-from tests.helpers import QUICK, TINY
+from tests.helpers import QUICK, TINY, run_cli
 
 
 def state_for(*overrides: str):
@@ -104,9 +107,13 @@ def test_train_line_tokens_per_second_leaves_out_time_set_aside(monkeypatch):
     assert meter.flush()["tokens_per_s"] == pytest.approx(1000 / 2.0)  # 2 s of steps
 
 
-def test_a_run_records_only_full_evaluations_and_stops_at_one(tmp_path):
+def test_a_run_records_only_full_evaluations_and_stops_at_one(tmp_path, monkeypatch):
     cfg = load_config(None, [*QUICK, "train.steps=200", "train.eval_every=50",
                              "train.check_every=10", "train.target_exact_match=0.5"])
+    checks = []  # (step, exact match) of each real quick check
+    real = Training.check
+    monkeypatch.setattr(Training, "check", lambda self: checks.append(
+        (self.state.step, real(self))) or checks[-1][1])
     summary = train(cfg, run_dir=tmp_path / "run")
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     evals = [r for r in records if r["split"] == "eval"]
@@ -114,3 +121,96 @@ def test_a_run_records_only_full_evaluations_and_stops_at_one(tmp_path):
     assert summary["status"] == "stopped at target"
     assert evals[-1]["step"] == summary["step"] and evals[-1]["exact_match"] >= 0.5
     assert all(r["exact_match"] < 0.5 for r in evals[:-1])
+    # quick checks ran between the evaluations; one that saw the target called an evaluation
+    # at its own step, and the run stopped there (here: a check at 60, not the evaluation at 100)
+    assert checks and all(step % 10 == 0 and step % 50 for step, _ in checks), checks
+    seen = [step for step, exact in checks if exact >= 0.5]
+    assert seen, checks
+    assert evals[-1]["step"] == seen[0] == checks[-1][0]
+
+
+def test_a_check_is_the_exact_match_of_the_first_fifth_of_the_held_out_set(tmp_path):
+    """`Training.check` against the book's `evaluate` on `check_pairs` of the same set."""
+    cfg = load_config(None, [*QUICK, "train.target_exact_match=null"])
+    train(cfg, run_dir=tmp_path / "run")
+    from minitfm.run.checkpoint import load_checkpoint
+    from minitfm.run.resume import restore
+
+    state = init_state(cfg, torch.device("cpu"))
+    path = tmp_path / "run" / "checkpoints" / "last.pt"
+    restore(state, load_checkpoint(path), path)
+    run = Training(state, tmp_path / "run", [], pacer=None)
+    pairs = check_pairs(run.eval_pairs)
+    assert len(pairs) == cfg.train.eval_samples // 5
+    expected = evaluate(state.model, state.task, pairs, "cpu").exact_match
+    assert 0.0 < expected < 1.0  # a model half way: a check of the wrong pairs would differ
+    assert run.check() == expected
+
+
+class Timed(Scripted):
+    """Scripted with a clock: each step takes 1 s, each evaluation 1000 s, each save 500 s;
+    it records the train lines and each step's tokens."""
+
+    def __init__(self, state, clock: list[float], **scripted):
+        super().__init__(state, **scripted)
+        self.clock, self.lines, self.tokens = clock, [], {}
+        self.instruments = [Lines(self.lines)]
+
+    def after_step(self, state, batch, loss, grad_norm):
+        self.clock[0] += 1.0
+        self.tokens[state.step] = batch.n_target_tokens
+        return super().after_step(state, batch, loss, grad_norm)
+
+    def run_eval(self):
+        self.clock[0] += 1000.0
+        return super().run_eval()
+
+    def save(self, name):
+        self.clock[0] += 500.0
+        super().save(name)
+
+    def check(self):
+        self.clock[0] += 1000.0
+        return super().check()
+
+
+
+class Lines(Instrument):
+    """An instrument that keeps the train lines."""
+
+    def __init__(self, lines: list):
+        self.lines = lines
+
+    def on_train_line(self, line) -> None:
+        self.lines.append(line)
+
+
+def test_tokens_per_second_counts_the_training_steps_only(tmp_path, monkeypatch):
+    """README: evaluations, checks, pictures and saves between the steps are left out."""
+    clock = [0.0]
+    monkeypatch.setattr(schedule.time, "perf_counter", lambda: clock[0])
+    state = state_for("train.checkpoint_every=15", "log.log_every=10")
+    run = Timed(state, clock, evaluations={20: 0.7}, checks={}, run_dir=tmp_path)
+    assert run_loop(state, run) == "finished"
+    kinds = {kind for kind, _ in run.calls}
+    assert kinds == {"evaluate", "check", "save"}  # each kind of work happened between lines
+    assert [line.step for line in run.lines] == [10, 20, 30, 40, 50, 60]
+    for line in run.lines:  # 10 steps of 1 s each since the line before
+        tokens = sum(run.tokens[step] for step in range(line.step - 9, line.step + 1))
+        assert line.tokens_per_s == pytest.approx(tokens / 10.0), line
+
+
+@pytest.mark.slow  # trains the default config: about 16 s on one thread
+def test_the_default_config_stops_at_its_target_within_its_steps(tmp_path):
+    """README, Start here: `minitfm train` solves reverse 1..16 before its 260 steps run out
+    (at step 240 or 250 on the machines measured: the exact step is the CPU's)."""
+    result = run_cli("train", "threads=1", "log.tensorboard=false", "log.attention_every=0",
+                     "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stderr
+    summary = read_summary(tmp_path / "run")
+    default = Config().train
+    assert summary["status"] == "stopped at target", summary
+    assert summary["step"] < default.steps, summary
+    evals = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    last = [r for r in evals if r["split"] == "eval"][-1]
+    assert last["step"] == summary["step"] and last["exact_match"] >= default.target_exact_match

@@ -2,6 +2,7 @@
 --dry-run; `minitfm runs`."""
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -9,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -99,11 +102,47 @@ LONG = [*TINY, "train.steps=100000", "train.eval_every=0", "train.target_exact_m
         "log.log_every=1", "log.tensorboard=false", "train.checkpoint_every=5"]
 
 
-def wait_for(proc, ready) -> None:
-    """Poll until `ready()`; the sweep ending first fails the test (its jobs cannot finish)."""
+HANG_S = 300  # a hang guard, not a speed limit: far past any start-up on a busy machine
+
+
+def wait_for(proc, ready, timeout: float = HANG_S) -> None:
+    """Poll until `ready()`; the sweep ending first fails the test (its jobs cannot finish),
+    and so does a sweep still not ready after `timeout` s (one job failed at its start, say,
+    and the other would run its 100,000 steps)."""
+    deadline = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"the sweep was not ready within {timeout} s"
         time.sleep(0.05)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@contextmanager
+def sweep_process(cmd: list[str]):
+    """`cmd` started in a session of its own; if the test fails while it runs, it and its jobs
+    (each in a session of its own) are killed: no job outlives the test holding its run."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            for job in children(proc.pid):
+                os.killpg(job, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
 
 @pytest.mark.slow
@@ -113,10 +152,10 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_then_sigterm_stops_the_resume(
     cmd = [sys.executable, "-m", "minitfm", "sweep", *LONG, "--seeds", "0,1", "--jobs", "2",
            "--out", str(out), "--eval-samples", "20"]
     checkpoints = [out / f"seed={s}" / "checkpoints" / "last.pt" for s in (0, 1)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(proc, lambda: all(p.exists() for p in checkpoints))
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate()
+    with sweep_process(cmd) as proc:
+        wait_for(proc, lambda: all(p.exists() for p in checkpoints))
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, stderr
     assert stderr == ("interrupted: SIGINT: stopped 2 running job(s), each with its "
                       "checkpoints/last.pt; run the same command again to resume\n"), stderr
@@ -127,10 +166,10 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_then_sigterm_stops_the_resume(
     plan = run_cli("sweep", *LONG, "--seeds", "0,1", "--jobs", "2", "--out", out, "--dry-run")
     assert [line.count(" --resume ") for line in plan.stdout.splitlines()] == [1, 1]
     inodes = [path.stat().st_ino for path in checkpoints]  # each save replaces the file
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(proc, lambda: all(p.stat().st_ino != i for p, i in zip(checkpoints, inodes)))
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate()
+    with sweep_process(cmd) as proc:
+        wait_for(proc, lambda: all(p.stat().st_ino != i for p, i in zip(checkpoints, inodes)))
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 143 and stderr.startswith("interrupted: SIGTERM"), stderr
     for path, step in zip(checkpoints, stopped):
         assert step < load_checkpoint(path)["step"] < 100000

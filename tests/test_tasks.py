@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import itertools
 import re
 from collections import Counter
@@ -30,6 +29,7 @@ from minitfm.tasks.base import (
     make_batch,
 )
 from minitfm.tasks.synthetic import SYNTHETIC
+from tests.imports import imported_modules
 
 SYNTHETIC_TASKS = [name for name, spec in catalog.TASKS.items() if not spec.from_files]
 SEQUENCE_RULES = {
@@ -77,10 +77,7 @@ def test_the_task_modules_import_down_only():
     wanted = {"base": set(), "synthetic": {"minitfm.tasks.base"}, "pairfiles": set(),
               "pairs": {"minitfm.tasks.base", "minitfm.tasks.pairfiles"}}
     for name, allowed in wanted.items():
-        tree = ast.parse((folder / f"{name}.py").read_text(encoding="utf-8"))
-        found = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-        found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-                  for alias in node.names}
+        found = imported_modules(folder / f"{name}.py")  # `from .base import x` too
         assert {m for m in found if m.startswith("minitfm.tasks")} == allowed, name
 
 

@@ -105,6 +105,30 @@ def test_the_pacer_drops_to_one_thread_when_a_neighbour_starts(alone):
         torch.set_num_threads(1)
 
 
+def test_the_pacer_of_a_run_looks_again_about_once_a_second(alone, monkeypatch):
+    """docs/operations.md: `threads: auto` looks again about once a second. The pacer a run
+    gets (`ThreadPacer(claim)`, its default period) on a clock the test moves."""
+    now = [1000.0]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: now[0])
+    try:
+        with ThreadClaim("auto", alone) as claim:
+            claim.apply()
+            pacer = ThreadPacer(claim)
+            neighbour = hold(alone, 999008, "auto")
+            for moment in (1000.0, 1000.5, 1000.9):  # not yet: the neighbour is not seen
+                now[0] = moment
+                assert not pacer.tick() and torch.get_num_threads() == 4
+            now[0] = 1001.0
+            assert pacer.tick() and torch.get_num_threads() == 2
+            neighbour.close()
+            now[0] = 1001.6
+            assert not pacer.tick() and torch.get_num_threads() == 2
+            now[0] = 1002.1
+            assert pacer.tick() and torch.get_num_threads() == 4
+    finally:
+        torch.set_num_threads(1)
+
+
 @pytest.mark.parametrize("value,expected", [("auto", "auto"), (2, 2), ("3", 3)])
 def test_config_threads(value, expected):
     assert load_config(None, [f"threads={value}"]).threads == expected

@@ -228,22 +228,11 @@ def test_every_event_names_an_instrument_method():
     assert {cls.hook for cls in events} | {"close"} == set(hooks())  # no method goes unheard
 
 
-def imported_modules(path) -> set[str]:
-    """Every module a source file imports, at the top or inside a function."""
-    import ast
-
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            found.add(node.module)
-    return found
-
-
 def test_the_loop_and_the_session_import_nothing_above_them():
     import sys
     from pathlib import Path
+
+    from tests.imports import imported_modules  # relative imports resolved
 
     package = Path(__file__).resolve().parents[1] / "minitfm"
     ours = {name for name in imported_modules(package / "book" / "loop.py")

@@ -9,6 +9,7 @@ from minitfm.book.attention import MultiHeadAttention
 from minitfm.book.metrics import evaluate, predict
 from minitfm.book.model import Seq2SeqTransformer, greedy_decode
 from minitfm.config import ModelConfig, load_config
+from minitfm.errors import shown_path
 from minitfm.lab.loaded import load
 from minitfm.lab.look.ablate import (
     HeadAblation,
@@ -192,7 +193,7 @@ def test_ablate_table_marks_the_heads_that_matter(solved):
     out = " ".join(result.stdout.split())  # lines wrap at the terminal's width
     assert "cross-attention" in out and "encoder self-attention" in out and "all heads" in out
     assert " * " in out and "* = a drop of more than 10 points" in out
-    assert f"wrote {solved / 'ablate' / 'best-step200-zero.png'}" in out
+    assert f"wrote {shown_path(solved / 'ablate' / 'best-step200-zero.png')}" in out
     first, second = result.stdout.splitlines()[:2]  # the headline: two lines, not an escaped \n
     assert first.endswith("held-out sequences") and second.startswith("intact: exact match")
 

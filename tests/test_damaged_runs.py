@@ -20,7 +20,7 @@ import pytest
 from minitfm.app.api import train_run
 from minitfm.app.tables import shell_quote
 from minitfm.config import load_config
-from minitfm.errors import CheckpointError
+from minitfm.errors import CheckpointError, shown_path
 from minitfm.lab.look.timeline import ATTENTION_FILE, read_timeline
 from minitfm.run.rundir import RunLock, read_summary
 from tests.helpers import TINY, assert_clean_error, run_cli
@@ -244,9 +244,10 @@ def test_paths_with_control_characters_print_escaped(tmp_path):
     run_dir = tmp_path / "runs" / ESC_NAME
     result = run_cli("train", *FAST, "train.steps=2", "train.eval_every=0", "--run-dir", run_dir)
     assert result.exit_code == 0, result.stderr
-    shown = str(run_dir).replace("\x1b", "\\x1b").replace("\x07", "\\x07").replace("\n", "\\n")
+    shown = shown_path(run_dir)
+    shown = shown.replace("\x1b", "\\x1b").replace("\x07", "\\x07").replace("\n", "\\n")
     assert f"run directory: {shown}\n" in result.stdout
-    assert shell_quote(str(run_dir)) in result.stdout  # the next: commands, ready to paste
+    assert shell_quote(shown_path(run_dir)) in result.stdout  # the next: commands, ready to paste
     for output in (result.stdout, run_cli("runs", tmp_path / "runs").stdout):
         assert not any(ch in output for ch in "\x1b\x07"), output
     assert "u\\x1b[31mRED" in run_cli("runs", tmp_path / "runs").stdout
@@ -309,8 +310,10 @@ def test_the_api_imports_from_a_script_beside_the_clone(tmp_path):
     assert setuptools["package-dir"] == {"": "."}
     # the install's path entry: the clone it was made from (this one, or the one whose
     # virtual environment runs the tests), never an import hook
-    files = importlib.metadata.distribution("minitfm").files or []
-    [pth] = [f for f in files if f.name.endswith(".pth")]
+    # (the clone's own minitfm.egg-info, seen first from the repository root, lists no files:
+    # the installed distribution is the one whose record holds the .pth)
+    [pth] = [f for dist in importlib.metadata.distributions(name="minitfm")
+             for f in dist.files or [] if f.name.endswith(".pth")]
     lines = [line.strip() for line in pth.locate().read_text().splitlines() if line.strip()]
     assert len(lines) == 1 and not lines[0].startswith("import"), \
         (lines, "an import hook, not a path entry: run `make install` again")

@@ -25,7 +25,7 @@ import torch
 
 from minitfm.app.api import load_run
 from minitfm.config import load_config
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.loaded import Loaded, load
 from minitfm.lab.look.ablate import ablated, replacements
 from minitfm.lab.look.explorer import embed_json, page_data, task_spec, write_explorer
@@ -337,7 +337,7 @@ def test_explore_writes_one_offline_page_and_prints_path_and_size(runs):
     result = run_cli("explore", str(run_dir))
     assert result.exit_code == 0, result.stderr
     page = run_dir / "explorer.html"
-    assert str(page) in result.stdout and "kB" in result.stdout
+    assert shown_path(page) in result.stdout and "kB" in result.stdout
     html = page.read_text(encoding="utf-8")
     for outside in ("http://", "https://", "fetch(", "XMLHttpRequest", "import(", "@import",
                     "src=\"http", "url("):
@@ -537,7 +537,7 @@ def test_explore_prints_the_page_path_escaped(recorded, tmp_path, name, shown):
     """EX_out_esc: the `wrote` line, as every command's."""
     result = run_cli("explore", recorded, "--out", tmp_path / name)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith(f"wrote {tmp_path}/{shown} (")
+    assert result.stdout.startswith(f"wrote {shown_path(tmp_path)}/{shown} (")
     assert "\x1b" not in result.stdout and "\u202e" not in result.stdout
 
 

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from minitfm.errors import shown_path
 from minitfm.run.checkpoint import load_checkpoint
 from tests.helpers import TINY, assert_clean_error, run_cli
 
@@ -54,7 +55,7 @@ def test_signal_saves_and_resume_finishes(tmp_path, signum, code):
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 10 <= stopped_at < 400
     assert f"interrupted at step {stopped_at} of 400" in stdout  # the summary says why
-    assert f"minitfm train --resume {run_dir}" in stdout
+    assert f"minitfm train --resume {shown_path(run_dir)}" in stdout
     result = run_cli("train", "--resume", run_dir)
     assert result.exit_code == 0, result.stderr
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 400

@@ -25,6 +25,7 @@ from minitfm.app.console import clean_errors, show
 from minitfm.app.progress import ConsoleReporter
 from minitfm.app.tables import bench_tables, heading_lines
 from minitfm.config import load_config
+from minitfm.errors import shown_path
 from minitfm.run.instruments import Started, Stepped, TrainLine
 from tests.helpers import TINY, command_names, run_cli
 from tests.imports import imported_modules, read_imports
@@ -163,7 +164,7 @@ def test_piped_training_output_keeps_every_line_whole(piped_run):
     start = [line for line in lines if line.startswith("task copy")]
     assert len(start) == 1 and start[0].endswith(", steps 0/200"), lines[:4]
     assert len(start[0]) > 80  # long enough that a wrap at 80 would have shown
-    assert f"  minitfm visualize-attention {run_dir}" in lines
+    assert f"  minitfm visualize-attention {shown_path(run_dir)}" in lines
     assert any(line.startswith("finished all 200 steps") for line in lines)
     assert not any("━" in line for line in lines)  # no live bar in a file
 
@@ -175,7 +176,7 @@ def test_piped_eval_keeps_its_title_and_caption_whole(piped_run, monkeypatch):
     result = run_cli("eval", run_dir, "--samples", "50", "--max-len", "8")
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    title = f"copy · {run_dir / 'checkpoints' / 'best.pt'} · step 200"
+    title = f"copy · {shown_path(run_dir / 'checkpoints' / 'best.pt')} · step 200"
     assert lines[0] == title and len(title) > 80
     caption = [line for line in lines if line.startswith("teacher-forced loss")]
     assert len(caption) == 1

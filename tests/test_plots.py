@@ -8,6 +8,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from minitfm.config import load_config, to_yaml
+from minitfm.errors import shown_path
 from minitfm.lab.curves import run_curves
 from minitfm.lab.many.plots import curves_figure, run_labels
 from minitfm.lab.measure.evaluate import BEYOND, TRAINED, length_figure
@@ -77,7 +78,7 @@ def test_cli_plots_one_run_into_its_directory(runs):
     result = run_cli("plot", runs / "a")
     assert result.exit_code == 0, result.stderr
     png = runs / "a" / "plot.png"
-    assert result.stdout.strip() == f"wrote {png}"
+    assert result.stdout.strip() == f"wrote {shown_path(png)}"
     assert is_minitfm_picture(png) and png_size(png) == (1100, 450)
     os.utime(png, ns=(0, 0))  # dated 1970: a rewritten file bears a later date
     again = run_cli("plot", runs / "a" / "checkpoints" / "last.pt")  # a checkpoint: its run
@@ -94,7 +95,7 @@ def test_cli_overlays_several_runs_beside_them_not_in_the_current_directory(runs
     result = run_cli("plot", runs / "a", runs / "b")
     assert result.exit_code == 0, result.stderr
     png = runs / "plot.png"  # in the folder holding the first run (in a clone: ./runs, ignored)
-    assert result.stdout.strip() == f"wrote {png}" and is_minitfm_picture(png)
+    assert result.stdout.strip() == f"wrote {shown_path(png)}" and is_minitfm_picture(png)
     assert list(here.iterdir()) == []
 
 
@@ -172,7 +173,7 @@ def test_eval_plot_writes_the_chart_and_keeps_json_on_stdout(runs, tmp_path):
                      "--json")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["trained_lengths"] == [1, 6]
-    assert result.stderr.strip() == f"wrote {png}" and is_minitfm_picture(png)
+    assert result.stderr.strip() == f"wrote {shown_path(png)}" and is_minitfm_picture(png)
 
 
 def test_eval_plot_refuses_a_users_file_before_decoding(runs, tmp_path):

@@ -22,6 +22,7 @@ import torch
 from minitfm.app.api import train_run
 from minitfm.app.tables import printable, shell_quote
 from minitfm.config import load_config
+from minitfm.errors import shown_path
 from tests.helpers import TINY, run_cli
 from tests.helpers import train_bare as train
 
@@ -90,7 +91,7 @@ def test_a_bidi_run_name_prints_escaped_in_runs_and_training(base, tmp_path):
                       tmp_path / f"new{BIDI_NAME}")
     assert trained.exit_code == 0, trained.stderr
     assert "\u202e" not in trained.stdout
-    assert f"run directory: {printable(str(tmp_path / f'new{BIDI_NAME}'))}" in trained.stdout
+    assert f"run directory: {printable(shown_path(tmp_path / f'new{BIDI_NAME}'))}" in trained.stdout
     assert shell_quote(str(tmp_path / f"new{BIDI_NAME}")) in trained.stdout  # next: commands
 
 

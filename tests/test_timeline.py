@@ -13,6 +13,7 @@ from PIL import Image
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
+from minitfm.errors import shown_path
 from minitfm.lab.look.over_training import MAX_COLUMNS, pick_layer, shown_columns, strip_figure
 from minitfm.lab.look.probe import attention_entropy
 from minitfm.lab.look.timeline import ATTENTION_FILE, AttentionRecorder, read_timeline
@@ -165,7 +166,8 @@ def test_cli_writes_the_strip_and_a_gif_with_a_frame_per_evaluation(run, tmp_pat
     assert result.exit_code == 0, result.stderr
     layer = pick_layer(read_timeline(run), None)[0]
     png = run / "attention" / f"over-training-layer{layer}.png"
-    assert f"wrote {png}" in result.stdout and f"wrote {gif}" in result.stdout
+    assert f"wrote {shown_path(png)}" in result.stdout
+    assert f"wrote {shown_path(gif)}" in result.stdout
     with Image.open(png) as image:
         assert image.format == "PNG" and image.width > 300
     with Image.open(gif) as image:

@@ -10,7 +10,7 @@ import torch
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.app.progress import ConsoleReporter
 from minitfm.config import load_config
-from minitfm.errors import CheckpointError, RunFailed
+from minitfm.errors import CheckpointError, RunFailed, shown_path
 from minitfm.lab.loaded import load
 from minitfm.lab.look.tb import TensorBoardLogger
 from minitfm.lab.look.timeline import AttentionRecorder
@@ -156,7 +156,7 @@ def test_existing_run_dir_needs_resume_or_overwrite(trained):
 def test_cli_train_prints_run_dir_and_summary(tmp_path):
     result = run_cli("train", *TINY, "train.steps=20", "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.stderr
-    assert f"run directory: {tmp_path / 'run'}" in result.stdout
+    assert f"run directory: {shown_path(tmp_path / 'run')}" in result.stdout
     assert "step     20" in result.stdout and "exact match" in result.stdout
 
 

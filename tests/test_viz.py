@@ -13,6 +13,7 @@ from rich.console import Console
 from minitfm.app.tables import attention_heatmaps, heatmap_legend
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
+from minitfm.errors import shown_path
 from minitfm.lab.look.figures import attention_figure
 from minitfm.lab.look.probe import (
     KIND_TITLES,
@@ -333,7 +334,7 @@ def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
     result = run_cli("visualize-attention", quick_run)
     assert result.exit_code == 0, result.stderr
     png = quick_run / "attention" / "best-step50.png"
-    assert f"wrote {png}" in result.stdout and png_size(png)[0] > 300
+    assert f"wrote {shown_path(png)}" in result.stdout and png_size(png)[0] > 300
     for needle in ("input:", "prediction:", "expected:", "cross-attention", "head 1",
                    "alignment score", "← best", "held-out argmax",
                    "rows: query tokens (decoder: token read → token written)"):
@@ -368,7 +369,7 @@ def test_cli_honours_out_input_and_selection(quick_run, tmp_path):
     result = run_cli("visualize-attention", quick_run, "--input", "3 1 4", "--kind", "encoder",
                      "--layer", "0", "--head", "1", "--out", out, "--checkpoint", "last")
     assert result.exit_code == 0, result.stderr
-    assert out.is_file() and f"wrote {out}" in result.stdout
+    assert out.is_file() and f"wrote {shown_path(out)}" in result.stdout
     assert "input:      3 1 4" in result.stdout and "expected:   3 1 4" in result.stdout
     assert "encoder self-attention" in result.stdout and "head 1" in result.stdout
     assert "head 0" not in result.stdout

@@ -376,7 +376,7 @@ def explore(
     if out is not None:
         check_page_path(out)  # before the checkpoint is read
     page = write_explorer(loaded_run(run, checkpoint), out)
-    console.print(f"wrote {page.path} ({page.size / 1000:,.0f} kB)", markup=False,
+    console.print(f"wrote {printable(str(page.path))} ({page.size / 1000:,.0f} kB)", markup=False,
                   highlight=False, soft_wrap=True)
     if open_page:
         import webbrowser

@@ -18,6 +18,8 @@ from rich.columns import Columns
 from rich.table import Table
 from rich.text import Text
 
+from minitfm.run.files import name_text
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -32,8 +34,11 @@ SHADES = (" ", "·", "░", "░", "▒", "▒", "▓", "▓", "█")  # the pal
 # --- text from users and files: never raw control characters on the terminal ---
 
 def printable(text: str) -> str:
-    """`text` with control characters escaped, so a file name cannot drive the terminal."""
-    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch for ch in text)
+    """`text` with control characters escaped, so a file name cannot drive the terminal, and
+    the bytes of a name that are not UTF-8 as `\\xe9` (`files.name_text`), which any terminal
+    can show."""
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) == "Cc" else ch
+                   for ch in name_text(text))
 
 
 def shell_quote(text: str) -> str:
@@ -50,7 +55,7 @@ def ansi_c(ch: str) -> str:
         return "\\" + ch
     if unicodedata.category(ch) == "Cc":  # U+0000..001F and 007F..009F
         return f"\\x{ord(ch):02x}" if ord(ch) < 0x80 else f"\\u{ord(ch):04x}"
-    return ch
+    return name_text(ch)  # a byte that is not UTF-8: `\\xe9` makes it again
 
 
 

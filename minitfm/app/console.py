@@ -34,7 +34,13 @@ from typer.core import TyperCommand, TyperGroup
 from minitfm.app.tables import heading_lines, printable
 from minitfm.errors import Interrupted, MinitfmError, quote, shown_path, spell
 from minitfm.lab.options import option_field
-from minitfm.run.signals import signals_held, started, starting_message, stopped_by
+from minitfm.run.signals import (
+    Terminated,
+    signals_held,
+    started,
+    starting_message,
+    stopped_by,
+)
 
 if TYPE_CHECKING:
     from minitfm.lab.loaded import Loaded
@@ -347,6 +353,8 @@ def clean_errors(command=None, *, uses_torch: bool = True):
             fail(str(err.spelled(CLI_OPTIONS)), err.exit_code)
         except KeyboardInterrupt:
             fail(f"{stopped_by(signal.SIGINT)}: the command did not finish", 130, "interrupted")
+        except Terminated:
+            fail(f"{stopped_by(signal.SIGTERM)}: the command did not finish", 143, "interrupted")
         except BrokenPipeError:  # `minitfm ... | head`: the reader has gone, nothing to say
             silence_stdout()
             raise typer.Exit(1) from None

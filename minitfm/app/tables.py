@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from minitfm.errors import shown_path
+from minitfm.run.files import name_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -46,8 +47,9 @@ def unprinted(ch: str) -> bool:
 
 def printable(text: str) -> str:
     """`text` with the UNPRINTED characters escaped, so that a file name or a model's output can
-    neither drive the terminal, nor break a line, nor show reordered."""
-    return "".join(repr(ch)[1:-1] if unprinted(ch) else ch for ch in text)
+    neither drive the terminal, nor break a line, nor show reordered; the bytes of a name that
+    are not UTF-8 as `\\xe9` (`files.name_text`), which any terminal can show."""
+    return "".join(repr(ch)[1:-1] if unprinted(ch) else ch for ch in name_text(text))
 
 
 def shell_quote(text: str) -> str:
@@ -66,7 +68,7 @@ def ansi_c(ch: str) -> str:
         code = ord(ch)
         return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}" if code < 0x10000 \
             else f"\\U{code:08x}"
-    return ch
+    return name_text(ch)  # a byte that is not UTF-8: `\\xe9` makes it again
 
 
 def heading_lines(title: str, width: int) -> list[str]:

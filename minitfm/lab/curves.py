@@ -1,22 +1,28 @@
-"""A run's curves: the records of its `metrics.jsonl`, read with caps and checks.
+"""A run's records, read with caps and checks: the curves of its `metrics.jsonl`, and the
+evaluations a sweep saved beside it (`eval-A-B.json`).
 
-What `minitfm plot` draws, `minitfm runs` lists, the sweep's results.png shows and the explorer's
-page embeds. A run can be damaged by a hand edit, a copy from elsewhere or a bug: a line that
-holds no record minitfm writes is skipped (and counted, so the commands can say which), a huge
-line costs no memory, and a torn last line, left by a killed run, is skipped without a word.
-No torch here.
+What `minitfm plot` draws, `minitfm runs` lists, the sweep's table and results.png show and the
+explorer's page embeds. A run can be damaged by a hand edit, a copy from elsewhere or a bug: a
+line that holds no record minitfm writes is skipped (and counted, so the commands can say
+which), a huge line costs no memory, and a torn last line, left by a killed run, is skipped
+without a word; an evaluation that is not one minitfm writes counts as none. A file that cannot
+be read (no permission, a link, a FIFO: see `run.files.open_run_file`) is said as such. No torch
+here.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from minitfm.errors import CheckpointError
+from minitfm.run.files import open_run_file, unreadable
 
 MAX_LINE = 65_536  # characters of one metrics.jsonl line; a record is about 200
+MAX_EVAL_BYTES = 1_000_000  # an eval-A-B.json: a few hundred bytes per length evaluated
 NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match")}  # what plot and runs read
 
 
@@ -26,22 +32,24 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def scan_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[int]]:
-    """The records of `metrics.jsonl`, and the numbers of the lines that hold none (a torn
-    last line, left by a killed run, is skipped without a word)."""
+    """The records of `metrics.jsonl` (none when there is no such file), and the numbers of
+    the lines that hold none (a torn last line, left by a killed run, is skipped without a
+    word). A file that cannot be read is a CheckpointError saying why."""
     records, bad = [], []
     path = run_dir / "metrics.jsonl"
-    if not path.is_file():  # a FIFO would block the read
-        return records, bad
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open_run_file(path, "r", errors="replace") as f:
             for number, (line, whole) in enumerate(capped_lines(f), 1):
                 record = parse_record(line)
                 if record is not None:
                     records.append(record)
                 elif whole:
                     bad.append(number)
-    except OSError:
+    except FileNotFoundError:
         pass
+    except OSError as err:
+        shown = f"'{path}'"
+        raise CheckpointError(unreadable(shown, err)) from None
     return records, bad
 
 
@@ -72,6 +80,30 @@ def parse_record(line: str) -> dict[str, Any] | None:
 
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def read_eval(path: Path) -> dict[str, Any] | None:
+    """An evaluation as `minitfm eval --json` writes it (None: no such file, or not one: it
+    cannot be read, or it is no object with a finite `exact_match` in 0..1 and a `per_length`
+    mapping of lengths to such numbers and a `count`)."""
+    try:
+        with open_run_file(path) as f:
+            report = json.loads(f.read(MAX_EVAL_BYTES + 1))
+    except (OSError, ValueError, RecursionError):  # not there, no file, not JSON, "[[[[..."
+        return None
+    if not isinstance(report, dict) or not is_fraction(report.get("exact_match")) or \
+            not isinstance(report.get("per_length"), dict):
+        return None
+    for length, row in report["per_length"].items():
+        if not (length.isascii() and length.isdigit() and isinstance(row, dict)
+                and is_fraction(row.get("exact_match")) and type(row.get("count")) is int):
+            return None
+    return report
+
+
+def is_fraction(value: Any) -> bool:
+    """A number in 0..1 (no NaN, no bool)."""
+    return is_number(value) and math.isfinite(value) and 0.0 <= value <= 1.0
 
 
 def skipped(bad: list[int]) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from minitfm.errors import MinitfmError
-from minitfm.run.files import write_atomic
+from minitfm.run.files import name_text, write_atomic
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,6 +58,7 @@ def wrap_to_width(text: str, width: float, size: float) -> str:
     from matplotlib.font_manager import FontProperties
 
     renderer, font = RendererAgg(1, 1, 72), FontProperties(size=size)  # 72 dpi: 1 px = 1 pt
+    text = name_text(text)  # a path that is not UTF-8: measured as it will be drawn
 
     def fits(line: str) -> bool:
         return renderer.get_text_width_height_descent(line, font, ismath=False)[0] <= width * 72
@@ -151,8 +152,14 @@ def check_output(path: Path, option: str, force: bool,
 
 
 def save_png(fig, path: Path, option: str = "--out", force: bool = False) -> None:
-    """Write `fig` as a PNG marked as minitfm's, by the picture rule (`check_output`)."""
+    """Write `fig` as a PNG marked as minitfm's, by the picture rule (`check_output`). Its
+    texts (titles, labels, legends) come from run and file names too: the bytes of a name that
+    are not UTF-8, which no font can draw, are written `\\xe9` (`files.name_text`)."""
+    from matplotlib.text import Text
+
     check_output(path, option, force)
+    for text in fig.findobj(Text):
+        text.set_text(name_text(text.get_text()))
     write_picture(path, option,
                   lambda buffer: fig.savefig(buffer, format="png", metadata={"Software": SOFTWARE}))
 

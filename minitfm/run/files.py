@@ -1,10 +1,17 @@
-"""Files a run writes: the one atomic write, `mkdir -p` that cleans up, metrics lines, JSON as
-minitfm writes it; and the one reader of Linux's /proc files (`proc_value`).
+"""Files a run writes: the one atomic write, the one way to open a run's file in place, the
+one way to remove what minitfm made, `mkdir -p` that cleans up, metrics lines, JSON as minitfm
+writes it; and the one reader of Linux's /proc files (`proc_value`).
 
 Every file minitfm replaces (checkpoints, config.yaml, summary.json, pictures, a sweep's
 results) goes through `write_atomic`: a reader, or a kill midway, sees the old file or the new
-one, never half of it. Every JSON document minitfm writes or prints goes through `to_json`:
-strict JSON, a number that is not finite (NaN, infinity) written as null. No torch here.
+one, never half of it; a link in its place is replaced, never followed. Every file of a run
+that is read, appended to or locked where it is (`.lock`, metrics.jsonl, attention.jsonl,
+eval-*.json, a sweep's logs...) is opened by `open_run_file`: never through a symbolic link
+(one planted in a shared run folder would make minitfm write into a file of yours), and only
+when it is a regular file (a FIFO would hang the read). `remove_files` removes only regular
+files, never through a linked folder. Every JSON document minitfm writes or prints goes through
+`to_json`: strict JSON, a number that is not finite (NaN, infinity) written as null. No torch
+here.
 """
 
 from __future__ import annotations
@@ -14,10 +21,20 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from minitfm.errors import MinitfmError
+
+# O_NONBLOCK: a FIFO put in place of a file must not block the open (it is refused after)
+NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+OPEN_FLAGS = {"r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+              "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT}  # by open()'s mode, without "b"
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -38,6 +55,101 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):  # a read-only folder: the first error is the one to tell
             Path(tmp).unlink(missing_ok=True)
         raise
+
+
+class NotRegularFile(OSError):
+    """A run's file that is a symbolic link, a FIFO, a folder or a device: never opened. Its
+    `strerror` says what it is: `is a symbolic link (...)`, `is not a regular file (a FIFO)`."""
+
+
+def kind(mode: int) -> str:
+    """What a file that is no regular file is, in words (`mode` from lstat)."""
+    kinds = {stat.S_ISLNK: "a symbolic link", stat.S_ISFIFO: "a FIFO", stat.S_ISDIR: "a folder",
+             stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "a device")
+
+
+def not_regular(path: Path, mode: int) -> NotRegularFile:
+    """The error for `path`, which is no regular file (`mode` from lstat)."""
+    what = ("is a symbolic link (minitfm never opens a run's files through one)"
+            if stat.S_ISLNK(mode) else f"is not a regular file ({kind(mode)})")
+    return NotRegularFile(errno.EINVAL, what, str(path))
+
+
+def open_run_file(path: Path, mode: str = "rb", errors: str | None = None) -> IO:
+    """Open a run's file as open() would (`mode` r, a or a+, with b for bytes; text is UTF-8),
+    but never through a symbolic link and only a regular file: else `NotRegularFile`."""
+    try:
+        fd = os.open(path, OPEN_FLAGS[mode.replace("b", "")] | NO_LINK, 0o666)
+    except OSError:  # ELOOP for a link, ENXIO for a FIFO no one reads: say which it is
+        found = lstat_mode(path)
+        if found is None or stat.S_ISREG(found):
+            raise
+        raise not_regular(path, found) from None
+    found = os.fstat(fd).st_mode
+    if not stat.S_ISREG(found):
+        os.close(fd)
+        raise not_regular(path, found)
+    return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8", errors=errors)
+
+
+def lstat_mode(path: Path) -> int | None:
+    """The mode of `path` itself (a link's own), None when there is nothing to look at."""
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return None
+
+
+def check_writable(folder: Path, names: Iterable[str]) -> None:
+    """Each of `names` in `folder`, which a command will write where it is (append to, lock),
+    is a regular file or none yet: asked before anything is written, a MinitfmError naming
+    the first that is not."""
+    for name in names:
+        found = lstat_mode(folder / name)
+        if found is not None and not stat.S_ISREG(found):
+            what = not_regular(folder / name, found).strerror
+            raise MinitfmError(f"'{folder / name}' {what}; minitfm writes {name} where it is: "
+                               f"remove it and try again")
+
+
+def unreadable(name: str, err: OSError) -> str:
+    """Why a run's file `name` could not be read, in words: `summary.json is not a regular file
+    (a FIFO)`, `cannot read summary.json (Permission denied)`."""
+    if isinstance(err, NotRegularFile):
+        return f"{name} {err.strerror}"
+    return f"cannot read {name} ({err.strerror})"
+
+
+def remove_files(folder: Path, names: str) -> None:
+    """Remove the regular files in `folder` whose names match the regex `names`; a link, a
+    FIFO or a folder of that name stays, and a linked `folder` is never entered."""
+    try:
+        fd = os.open(folder, FOLDER_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link in place of the folder: left alone
+            return
+        raise
+    try:
+        for entry in os.scandir(fd):
+            if re.fullmatch(names, entry.name) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def name_text(text: str) -> str:
+    """A file name as text any UTF-8 output can carry (a strict terminal, a picture, a page):
+    the bytes of the name that are not UTF-8 (Latin-1's é is the byte 0xe9), which Python holds
+    as lone surrogates U+DC80..U+DCFF, written `\\xe9`; another lone surrogate as `\\udXXX`."""
+    return "".join(escaped_surrogate(ch) if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+
+
+def escaped_surrogate(ch: str) -> str:
+    """`\\xe9` for the stand-in of the byte 0xe9 (U+DCE9), `\\ud800` for another surrogate."""
+    return f"\\x{ord(ch) - 0xDC00:02x}" if "\udc80" <= ch <= "\udcff" else f"\\u{ord(ch):04x}"
 
 
 def proc_value(path: str, key: str) -> str | None:
@@ -83,7 +195,7 @@ def make_dirs(path: Path) -> None:
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
     """Append one JSON line to `metrics.jsonl`."""
-    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+    with open_run_file(run_dir / "metrics.jsonl", "a") as f:
         f.write(to_json(record) + "\n")
 
 

@@ -8,7 +8,8 @@ paused or failed), `step`, `steps`, `best_exact_match`, `wall_s` (summed over re
 `interrupted` when it has `checkpoints/last.pt` (`--resume` continues it), `failed` when not.
 A hand-edited or copied run can hold anything: its files are read with caps and checks, and a
 damaged one is a `CheckpointError` saying which file and why (`minitfm runs` lists the run as
-`unreadable`). No torch here: listing runs is instant.
+`unreadable`). Every file is opened by `files.open_run_file`: never through a link, only a
+regular file. No torch here: listing runs is instant.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -29,7 +29,15 @@ import yaml
 
 from minitfm.config import Config, to_yaml
 from minitfm.errors import CheckpointError, MinitfmError, RunFailed, option, quote
-from minitfm.run.files import make_dirs, to_json, write_atomic
+from minitfm.run.files import (
+    check_writable,
+    make_dirs,
+    open_run_file,
+    remove_files,
+    to_json,
+    unreadable,
+    write_atomic,
+)
 from minitfm.yamlfile import MAX_CONFIG_BYTES, error_line, load_yaml
 
 CHECKPOINTS = ("best", "last")
@@ -38,6 +46,8 @@ DONE = ("finished", "stopped at target")
 STATUSES = (*DONE, "interrupted", "paused", "failed")  # what summary.json may say
 UNREADABLE = "unreadable"  # a run whose summary.json or config.yaml is damaged
 MAX_SUMMARY_BYTES = 1_000_000  # a summary is a few hundred bytes
+# What training writes where it is (locked, appended to); every other file is replaced whole.
+IN_PLACE = (".lock", "metrics.jsonl", "attention.jsonl")
 SECTIONS = ("task", "model", "train", "log")  # config.yaml's mappings of keys
 
 
@@ -56,16 +66,13 @@ def new_run_dir(log_dir: str | Path, name: str) -> Path:
 
 def is_run_dir(path: Path) -> bool:
     """Whether `path` holds a minitfm run: a config.yaml or metrics.jsonl that minitfm wrote."""
-    config, metrics = path / "config.yaml", path / "metrics.jsonl"
-    # is_file first: opening a FIFO named config.yaml would block
-    return (config.is_file() and is_run_config(config)) or \
-        (metrics.is_file() and is_run_metrics(metrics))
+    return is_run_config(path / "config.yaml") or is_run_metrics(path / "metrics.jsonl")
 
 
 def is_run_config(path: Path) -> bool:
     """A resolved config.yaml: exactly the top-level keys of `Config`, as `to_yaml` writes."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_run_file(path, "r") as f:
             text = f.read(65536)
     except (OSError, UnicodeDecodeError):
         return False
@@ -76,7 +83,7 @@ def is_run_config(path: Path) -> bool:
 def is_run_metrics(path: Path) -> bool:
     """A metrics.jsonl whose first line is a record minitfm writes (`step` and `split`)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_run_file(path, "r") as f:
             record = json.loads(f.readline(4096))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # "[[[[..." nests deep
         return False
@@ -85,8 +92,12 @@ def is_run_metrics(path: Path) -> bool:
 
 def has_config_yaml(path: Path) -> bool:
     """A quick test for listing runs: `path` has a config.yaml file, not read (`is_run_dir`
-    reads it, to tell a minitfm run from a folder that only looks like one)."""
-    return (path / "config.yaml").is_file()
+    reads it, to tell a minitfm run from a folder that only looks like one). A folder that
+    cannot be looked into may hold one: True, so that it is listed as unreadable."""
+    try:
+        return (path / "config.yaml").is_file()
+    except PermissionError:
+        return path.is_dir()
 
 
 def latest_run(log_dir: str | Path = "runs", which: str = "best") -> Path:
@@ -195,7 +206,7 @@ class RunLock:
             raise CheckpointError(f"cannot create the run directory '{self.run_dir}' "
                                   f"({err.strerror}): check log.dir or "
                                   f"{option('run_dir')}") from None
-        self.file = open(self.run_dir / ".lock", "a+")
+        self.file = open_run_file(self.run_dir / ".lock", "a+")  # see check_writable
         lock_exclusively(self.file, lambda pid: CheckpointError(
             f"run directory '{self.run_dir}' is in use by another training process (pid {pid}): "
             f"wait for it to finish or use another {option('run_dir')}"))
@@ -218,7 +229,10 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
         else:
             run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
             check_fresh(run_dir, overwrite)
+            check_clearable(run_dir)
+        check_tensorboard_path(cfg, run_dir)
         created = not run_dir.exists()
+        check_writable(run_dir, IN_PLACE)
         held.enter_context(RunLock(run_dir))
     except OSError as err:  # a name too long, a path through a file, no permission
         where = err.filename or run_dir or Path(cfg.log.dir) / cfg.name
@@ -251,6 +265,29 @@ def check_fresh(run_dir: Path, overwrite: bool) -> None:
                            f"or pass {option('overwrite')}")
 
 
+def check_clearable(run_dir: Path) -> None:
+    """An overwritten run's checkpoints can be cleared: they are not behind a link (which
+    `clear_made_files` never follows, and the old best.pt would stay beside the new run)."""
+    if (run_dir / "checkpoints").is_symlink():
+        raise MinitfmError(f"'{run_dir / 'checkpoints'}' is a symbolic link, and "
+                           f"{option('overwrite')} never removes files through one: remove the "
+                           f"old checkpoints and the link yourself, or pick another "
+                           f"{option('run_dir')}")
+
+
+def check_tensorboard_path(cfg: Config, run_dir: Path) -> None:
+    """TensorBoard writes only under a path that is UTF-8 text (a Latin-1 file name is not):
+    refused before anything is written."""
+    try:
+        str(run_dir).encode("utf-8")
+    except UnicodeEncodeError:
+        if cfg.log.tensorboard:
+            raise MinitfmError(f"run directory '{run_dir}' has a name that is not "
+                               f"UTF-8, and TensorBoard cannot write there: pick another "
+                               f"{option('run_dir')} or log.dir, or set "
+                               f"log.tensorboard=false") from None
+
+
 def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
     """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
     own = find_run_dir(checkpoint)
@@ -271,8 +308,8 @@ def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
 
 def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
     """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
-    for stale in [*run_dir.glob(".*.tmp"), *run_dir.glob("checkpoints/.*.tmp")]:
-        stale.unlink()  # left by a write killed midway (see files.write_atomic)
+    for folder in (run_dir, run_dir / "checkpoints"):  # left by writes killed midway
+        remove_files(folder, TEMP_FILE)
     if fresh:
         clear_made_files(run_dir)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
@@ -281,30 +318,28 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
 
 # What minitfm writes into a run, folder by folder: training's records, checkpoints and event
 # files; the pictures of visualize-attention (`visualize.default_png`, `timeline.over_training`),
-# ablate and plot; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
+# ablate and plot; explore's page; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
 MADE_FILES = {
-    ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|eval-\d+-\d+\.json"
-         r"|events\.out\.tfevents\..+",
+    ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|explorer\.html"
+         r"|eval-\d+-\d+\.json|events\.out\.tfevents\..+",
     "checkpoints": r".+\.pt",
     "attention": r".+-step\d+(-(encoder|decoder|cross))?(-layer\d+)?(-head\d+)?\.png"
                  r"|over-training-layer\d+\.png",
     "ablate": r".+-step\d+-(zero|mean)\.png",
 }
-PICTURE_FOLDERS = ("attention", "ablate")  # removed once empty; never entered through a link
+PICTURE_FOLDERS = ("attention", "ablate")  # removed once empty
 TEMP_FILE = r"\..+\.tmp"
 
 
 def clear_made_files(run_dir: Path) -> None:
     """Remove what minitfm wrote into a run being overwritten (`MADE_FILES`), and nothing else:
-    a file of the user's stays, and so does the folder that holds one."""
+    a file of the user's stays, and so does the folder that holds one; a link is never
+    followed (see `files.remove_files`)."""
     for folder, names in MADE_FILES.items():
         where = run_dir / folder
-        if not where.is_dir() or (folder in PICTURE_FOLDERS and where.is_symlink()):
-            continue
-        for path in where.iterdir():
-            if re.fullmatch(f"{names}|{TEMP_FILE}", path.name) and not path.is_dir():
-                path.unlink()
-        if folder in PICTURE_FOLDERS and not any(where.iterdir()):
+        remove_files(where, f"{names}|{TEMP_FILE}")
+        if folder in PICTURE_FOLDERS and not where.is_symlink() and where.is_dir() \
+                and not any(where.iterdir()):
             where.rmdir()
 
 
@@ -393,18 +428,15 @@ def read_run_config(run_dir: Path) -> dict[str, Any] | None:
 
 def read_small(path: Path, limit: int) -> str | None:
     """The text of the regular file `path`, at most `limit` bytes (None when there is none).
-    Anything else is a CheckpointError: a FIFO (whose read would block), a folder, a larger
-    file, bytes that are not UTF-8."""
+    Anything else is a CheckpointError: a link or a FIFO (see `files.open_run_file`), a folder,
+    a larger file, bytes that are not UTF-8."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open_run_file(path) as f:
+            data = f.read(limit + 1)
     except FileNotFoundError:
         return None
     except OSError as err:
-        raise CheckpointError(f"cannot read {path.name} ({err.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"{path.name} is not a regular file")
-        data = f.read(limit + 1)
+        raise CheckpointError(unreadable(path.name, err)) from None
     if len(data) > limit:
         raise CheckpointError(f"{path.name} is larger than {limit:,} bytes")
     try:
@@ -415,18 +447,17 @@ def read_small(path: Path, limit: int) -> str | None:
 
 def is_locked(run_dir: Path) -> bool:
     """True while a training process holds the run's `.lock` (see `RunLock`)."""
-    try:  # O_NONBLOCK: a FIFO named .lock would block an open for reading
-        fd = os.open(Path(run_dir) / ".lock", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:  # no lock file: never trained
-        return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
-    except BlockingIOError:
-        return True
-    except OSError:  # a lock file that cannot be locked is held by nobody
-        pass
-    finally:
-        os.close(fd)
+        lock = open_run_file(Path(run_dir) / ".lock")
+    except OSError:  # no lock file (never trained), or no file minitfm made
+        return False
+    with lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
+        except BlockingIOError:
+            return True
+        except OSError:  # a lock file that cannot be locked is held by nobody
+            pass
     return False
 
 

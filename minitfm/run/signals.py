@@ -4,8 +4,10 @@ A stopped command exits with 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM. 
 line of the `minitfm` command until a command starts, one ends the process with one line
 (`catch_while_starting`); while torch loads, they are held and acted on once it has
 (`signals_held`); training turns the first into a flag it checks after each step, saves and
-stops (`StopSignal`); a sweep forwards each one to its jobs (`CaughtSignals`). No torch here, and
-nothing slow to import: the `minitfm` command imports this module first.
+stops (`StopSignal`); a sweep forwards each one to its jobs (`CaughtSignals`); anywhere else
+SIGTERM is Ctrl-C's twin, an exception (`Terminated`), so that a command stopped midway undoes
+what it was doing (a picture's temp file is removed). No torch here, and nothing slow to
+import: the `minitfm` command imports this module first.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ from contextlib import contextmanager
 from minitfm.errors import Interrupted
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(BaseException):
+    """SIGTERM as an exception, as Ctrl-C is KeyboardInterrupt: the command's cleanups run, and
+    it ends with one line and 143. A BaseException, which no `except Exception` swallows."""
+
+
+def raise_terminated(signum, frame) -> None:
+    """The handler of SIGTERM while a command runs (see `started`)."""
+    raise Terminated
 
 
 class CaughtSignals:
@@ -101,10 +113,11 @@ def exit_while_starting(signum, frame) -> None:
 
 
 def started() -> None:
-    """A command takes over: Ctrl-C raises KeyboardInterrupt again and SIGTERM ends the process,
-    as Python has them, for the command's own handling (see `app.console.clean_errors`)."""
+    """A command takes over: Ctrl-C raises KeyboardInterrupt again, as Python has it, and
+    SIGTERM raises Terminated, for the command's own handling (see `app.console.clean_errors`):
+    killed at once instead, a command would leave a half-written temp file behind."""
     for signum, usual in ((signal.SIGINT, signal.default_int_handler),
-                          (signal.SIGTERM, signal.SIG_DFL)):
+                          (signal.SIGTERM, raise_terminated)):
         if signal.getsignal(signum) is exit_while_starting:
             signal.signal(signum, usual)
 

@@ -34,6 +34,7 @@ from typing import IO
 
 from minitfm.config import parse_threads
 from minitfm.errors import quote
+from minitfm.run.files import kind
 
 REGISTRY_ENV = "MINITFM_REGISTRY"  # another registry folder (tests)
 RECHECK_S = 1.0  # how often a training run looks at its neighbours again
@@ -103,13 +104,6 @@ def distrust(info: os.stat_result) -> tuple[str, str] | None:
         return (f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})",
                 "make it yours alone with chmod 700")
     return None
-
-
-def kind(mode: int) -> str:
-    """What a registry entry that is no regular file is, in words."""
-    kinds = {stat.S_ISLNK: "a symbolic link", stat.S_ISFIFO: "a FIFO", stat.S_ISDIR: "a folder",
-             stat.S_ISSOCK: "a socket"}
-    return next((name for test, name in kinds.items() if test(mode)), "a device")
 
 
 class Registry:

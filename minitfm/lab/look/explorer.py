@@ -23,8 +23,8 @@ from __future__ import annotations
 import base64
 import datetime
 import hashlib
-import json
 import math
+import re
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -37,14 +37,14 @@ from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.curves import run_curves
+from minitfm.lab.curves import read_eval, run_curves
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.ablate import replacements
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, alignment_scores
 from minitfm.lab.look.timeline import read_timeline
 from minitfm.lab.measure.evaluate import input_limit
 from minitfm.lab.pictures import GAMMA, PAGE_MARK, PAGE_SUFFIXES, PALETTE, check_output
-from minitfm.run.files import to_json, write_atomic
+from minitfm.run.files import open_run_file, to_json, write_atomic
 from minitfm.tasks.base import Task
 
 PAGE_NAME = "explorer.html"
@@ -277,15 +277,13 @@ def last_eval(run_dir: Path | None) -> dict | None:
     written by `minitfm sweep`), or None."""
     if run_dir is None:
         return None
-    for path in sorted(run_dir.glob("eval-*-*.json"), key=lambda p: p.stat().st_mtime,
+    for path in sorted(run_dir.glob("eval-*-*.json"), key=lambda p: p.lstat().st_mtime,
                        reverse=True):
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-            rows = {str(int(n)): [float(row["exact_match"]), int(row["count"])]
+        report = read_eval(path)  # None: damaged, or no regular file (a FIFO would hang)
+        if report is not None:
+            rows = {str(int(n)): [row["exact_match"], row["count"]]
                     for n, row in report["per_length"].items()}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            continue
-        return {"file": path.name, "per_length": rows}
+            return {"file": path.name, "per_length": rows}
     return None
 
 
@@ -294,9 +292,13 @@ def ablation_pictures(run_dir: Path | None) -> list[dict]:
     if run_dir is None or not (run_dir / "ablate").is_dir():
         return []
     pictures = []
-    for path in sorted((run_dir / "ablate").glob("*.png"), key=lambda p: p.stat().st_mtime,
+    for path in sorted((run_dir / "ablate").glob("*.png"), key=lambda p: p.lstat().st_mtime,
                        reverse=True)[:2]:
-        data = path.read_bytes()
+        try:
+            with open_run_file(path) as f:  # a link or a FIFO is left out (see run.files)
+                data = f.read(MAX_ABLATION_PNG_BYTES + 1)
+        except OSError:
+            continue
         if data.startswith(b"\x89PNG") and len(data) <= MAX_ABLATION_PNG_BYTES:
             pictures.append({"name": path.name,
                              "png": base64.b64encode(data).decode("ascii")})
@@ -314,11 +316,10 @@ def source(name: str) -> str:
 def embed_json(data) -> str:
     """Strict JSON (`files.to_json`: a number that is not finite is null) that cannot end its
     <script> element or be read as markup: <, >, & and the line separators U+2028/9 written as
-    \\u escapes (the same strings to JSON.parse)."""
+    \\u escapes (the same strings to JSON.parse), as are the lone surrogates that stand for the
+    bytes of a file name that are not UTF-8 (which the page's UTF-8 could not hold)."""
     text = to_json(data, ensure_ascii=False, separators=(",", ":"))
-    for char in "<>&\u2028\u2029":
-        text = text.replace(char, f"\\u{ord(char):04x}")
-    return text
+    return re.sub("[<>&\u2028\u2029\ud800-\udfff]", lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
 def render(data: dict) -> str:

@@ -22,6 +22,7 @@ Text: `config` and `samples`. At the end, the run's hyperparameters for the HPAR
 
 from __future__ import annotations
 
+import secrets
 import struct
 import threading
 import unicodedata
@@ -70,7 +71,10 @@ class TensorBoardLogger(Instrument):
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run.run_dir))
+        # TensorBoard opens its event file with open(), which would follow a link planted at
+        # its name (time, host, pid): a random end makes the name one no one can guess.
+        self.writer = SummaryWriter(log_dir=str(run.run_dir),
+                                    filename_suffix=f".{secrets.token_hex(8)}")
         self.previous_hook = threading.excepthook
         threading.excepthook = self._quiet_write_errors
         self.cfg, self.task = run.cfg, run.task

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
-from minitfm.run.files import to_json
+from minitfm.run.files import open_run_file, to_json, unreadable
 from minitfm.run.instruments import Evaluation, Instrument, SnapshotDue, Started
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
@@ -142,7 +142,7 @@ class AttentionRecorder(Instrument):
         if self.path is None:
             return
         line = to_json(snapshot.record(self.task), separators=(",", ":"))
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open_run_file(self.path, "a") as f:  # never through a link (see run.files)
             f.write(line + "\n")
 
 
@@ -151,9 +151,7 @@ def recorded_probe(path: Path, task: Task) -> Pair | None:
     task cannot read), as (source ids, target ids)."""
     last = None
     try:
-        if not path.is_file():  # a FIFO would block
-            return None
-        with open(path, encoding="utf-8") as f:
+        with open_run_file(path, "r") as f:  # a link or a FIFO is refused (see run.files)
             for line in f:
                 last = line if line.endswith("\n") else last  # a torn last line has no \n
         record = json.loads(last or "null")
@@ -193,8 +191,14 @@ def read_timeline(run_dir: Path) -> Timeline:
     get them. A torn last line (a killed run) is skipped."""
     path = run_dir / ATTENTION_FILE
     try:
-        lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    except (OSError, UnicodeDecodeError) as err:
+        with open_run_file(path, "r") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        lines = []
+    except OSError as err:  # no permission, a link, a FIFO
+        shown = f"'{path}'"
+        raise CheckpointError(f"{unreadable(shown, err)}: {HOW_TO_RECORD}") from None
+    except UnicodeDecodeError as err:
         raise CheckpointError(f"cannot read '{path}' ({err}): {HOW_TO_RECORD}") from None
     records = {}
     for line in lines:

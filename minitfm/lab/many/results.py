@@ -2,7 +2,8 @@
 results.csv, and results.png, the runs side by side.
 
 Each run's evaluations are the `minitfm eval --json` reports its job wrote beside its checkpoints
-(`eval-A-B.json`, one per length range: the trained range first). The files are replaced
+(`eval-A-B.json`, one per length range: the trained range first), read by `curves.read_eval`:
+one that is damaged counts as not done, and the sweep does it again. The files are replaced
 atomically (`write_atomic`, the picture rule of `lab/pictures.py`). matplotlib is imported
 inside functions; no torch here.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,8 @@ from statistics import mean, stdev
 from typing import Any
 
 from minitfm.config import parse_override
-from minitfm.lab.curves import scan_metrics
+from minitfm.errors import CheckpointError
+from minitfm.lab.curves import read_eval, scan_metrics
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.runs import short_label
 from minitfm.lab.pictures import LINE_COLOURS, line_style, save_png
@@ -45,14 +46,6 @@ def run_line(spec: RunSpec, seconds: float) -> str:
                       if em is not None)
     return (f"{summary.get('status', '?')} at step {summary.get('step', '?')}, exact match "
             f"{scores}, {seconds:.0f} s")
-
-
-def read_eval(path: Path) -> dict[str, Any] | None:
-    """An evaluation as `minitfm eval --json` wrote it (None: none readable there)."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
 
 
 def exact_matches(spec: RunSpec, ranges: list = ()) -> dict[str, float | None]:
@@ -205,7 +198,11 @@ def small_multiples(groups: dict[str, list]) -> list[tuple[str, list]]:
 def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
     """A run's held-out exact match at each evaluation, from its metrics.jsonl (the last record
     of a step counts, as in `curves.run_curves`)."""
-    by_step = {r["step"]: r["exact_match"] for r in scan_metrics(run_dir)[0]
+    try:
+        records = scan_metrics(run_dir)[0]
+    except CheckpointError:  # a run whose metrics cannot be read: no line
+        records = []
+    by_step = {r["step"]: r["exact_match"] for r in records
                if r.get("split") == "eval" and isinstance(r.get("exact_match"), (int, float))}
     steps = sorted(by_step)
     return steps, [by_step[step] for step in steps]

@@ -9,6 +9,7 @@ differ (`changed_keys`, and `short_label` for a legend). No torch here: listing 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from minitfm.run.rundir import (
 
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
 HIDDEN_KEYS = ("name", "log.dir", "threads")  # where a run went and how fast, not what it is
+NOTHING_READ = {"task": None, "changes": {}, "step": 0, "best_exact_match": None, "wall_s": None,
+                "status": UNREADABLE, "updated": ""}  # the row of a run that cannot be read
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -69,19 +72,27 @@ def short_label(configuration: str) -> str:
 
 def describe_run(run_dir: Path, root: Path) -> dict[str, Any]:
     """One row of `minitfm runs`: from summary.json, else from metrics.jsonl. A damaged
-    summary.json or config.yaml makes the run `unreadable`; `note` says why, and which lines
-    of metrics.jsonl were skipped."""
+    summary.json or config.yaml, or a folder that cannot be read, makes the run `unreadable`;
+    `note` says why, and which lines of metrics.jsonl were skipped."""
+    name = str(run_dir.relative_to(root)) if run_dir != root else run_dir.name
     notes: list[str] = []
+    readable(check_folder, run_dir, notes)
+    if notes:  # nothing in it can be read
+        return {"name": name, "run_dir": str(run_dir), **NOTHING_READ, "note": notes[0]}
     config, summary = readable(read_run_config, run_dir, notes), \
         readable(load_summary, run_dir, notes)
     damaged = bool(notes)
-    metrics, bad = scan_metrics(run_dir)
+    try:
+        metrics, bad = scan_metrics(run_dir)
+    except CheckpointError as err:  # a FIFO, no permission: the summary says the rest
+        metrics, bad = [], []
+        notes.append(str(err))
     if bad:
         notes.append(f"{skipped(bad)}: skipped")
     evals = [r["exact_match"] for r in metrics if r["split"] == "eval"]
     latest = run_dir / "metrics.jsonl" if metrics else run_dir / "config.yaml"
     return {
-        "name": str(run_dir.relative_to(root)) if run_dir != root else run_dir.name,
+        "name": name,
         "run_dir": str(run_dir),
         "task": config.get("task", {}).get("name", "reverse") if config else None,
         "changes": changed_keys(config),
@@ -92,6 +103,14 @@ def describe_run(run_dir: Path, root: Path) -> dict[str, Any]:
         "updated": updated(latest),
         **({"note": "; ".join(notes)} if notes else {}),
     }
+
+
+def check_folder(run_dir: Path) -> None:
+    """A run directory that can be looked into (another user's private one cannot)."""
+    try:
+        os.scandir(run_dir).close()
+    except OSError as err:
+        raise CheckpointError(f"cannot read the run directory ({err.strerror})") from None
 
 
 def readable(read, run_dir: Path, notes: list[str]) -> dict[str, Any]:

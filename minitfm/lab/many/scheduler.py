@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minitfm.errors import Interrupted, shown_path
+from minitfm.lab.curves import read_eval
 from minitfm.lab.many.grid import Grid, RunSpec
-from minitfm.lab.many.results import eval_path, eval_ranges, read_eval, run_line
-from minitfm.run.files import write_atomic
+from minitfm.lab.many.results import eval_path, eval_ranges, run_line
+from minitfm.run.files import open_run_file, write_atomic
 from minitfm.run.rundir import DONE, run_status
 from minitfm.run.signals import CaughtSignals
 
@@ -146,7 +147,7 @@ class Scheduler:
         command = job.commands[0]
         job.spec.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(job.log, "a") as log, open_result(command) as result:
+        with open_run_file(job.log, "a") as log, open_result(command) as result:
             proc = subprocess.Popen(command.argv, stdout=result or log, stderr=log,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         self.running[proc] = job
@@ -199,7 +200,8 @@ def stop_message(signum: int, stopped: list[Job]) -> str:
 def last_line(path: Path) -> str:
     """The last non-empty line of a log file (the error a failed command printed)."""
     try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        with open_run_file(path, "r", errors="replace") as f:
+            lines = [line for line in f.read().splitlines() if line.strip()]
     except OSError:
         return "(no log)"
     return lines[-1].strip() if lines else "(empty log)"

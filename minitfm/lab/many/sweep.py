@@ -40,7 +40,14 @@ from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write
 from minitfm.lab.many.runs import SWEEP_FILE
 from minitfm.lab.many.scheduler import Job, Scheduler, plan_job
 from minitfm.lab.options import SweepOptions
-from minitfm.run.files import make_dirs, to_json, write_atomic
+from minitfm.run.files import (
+    check_writable,
+    make_dirs,
+    open_run_file,
+    remove_files,
+    to_json,
+    write_atomic,
+)
 from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import is_run_dir, lock_exclusively, new_run_dir
 from minitfm.run.threads import cores
@@ -129,8 +136,9 @@ def check_folder(folder: Path, grid: Grid, base: dict[str, Any], runs: list[RunS
 def read_record(folder: Path) -> dict[str, Any] | None:
     """A sweep folder's `sweep.json` ({"grid": ..., "base": ...}), None if none is readable."""
     try:
-        record = json.loads((folder / SWEEP_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open_run_file(folder / SWEEP_FILE, "r") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
         return None
     return record if isinstance(record, dict) and "grid" in record else None
 
@@ -260,11 +268,11 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
     with SweepLock(plan.folder):
         check_folder(plan.folder, plan.grid, plan.base, plan.runs)  # no sweep came between
+        check_writable(plan.folder, [f"{spec.id}.log" for spec in plan.runs])  # appended to
         record = to_json(plan.record(), indent=1) + "\n"
         write_atomic(plan.folder / SWEEP_FILE, record.encode("utf-8"))
         for spec in plan.runs:  # left by a sweep killed midway; under the lock, none is live
-            for stale in spec.run_dir.glob(".eval-*.tmp"):
-                stale.unlink()
+            remove_files(spec.run_dir, r"\.eval-.+\.tmp")
         jobs = plan.jobs()
         say(f"sweep folder: {shown_path(plan.folder)}")
         if plan.note:
@@ -293,9 +301,10 @@ class SweepLock:
         self.file = None
 
     def __enter__(self) -> SweepLock:
+        check_writable(self.folder, [".lock"])
         try:
             make_dirs(self.folder)
-            self.file = open(self.folder / ".lock", "a+")
+            self.file = open_run_file(self.folder / ".lock", "a+")
         except OSError as err:
             raise MinitfmError(f"cannot create the sweep folder {quote(str(self.folder))} "
                                f"({err.strerror}): check --out or log.dir") from None

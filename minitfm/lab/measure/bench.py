@@ -38,6 +38,7 @@ from minitfm.lab.measure.reference import (
     import_xtransformers,
     torch_adamw,
 )
+from minitfm.run.files import open_run_file
 from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
@@ -288,7 +289,8 @@ def solve_runs(overrides: list[str]) -> dict:
 
 def solve_step(metrics: Path, target: float = 0.99) -> dict:
     """The first eval step at or above `target` exact match, and the final exact match."""
-    evals = [r for r in map(json.loads, metrics.open()) if r["split"] == "eval"]
+    with open_run_file(metrics, "r") as f:
+        evals = [r for r in map(json.loads, f) if r["split"] == "eval"]
     solved = next((r["step"] for r in evals if r["exact_match"] >= target), None)
     return {"steps_to_99": solved, "exact_match": evals[-1]["exact_match"],
             "steps": evals[-1]["step"]}

@@ -318,7 +318,8 @@ def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
 
 # What minitfm writes into a run, folder by folder: training's records, checkpoints and event
 # files; the pictures of visualize-attention (`visualize.default_png`, `timeline.over_training`),
-# ablate and plot; explore's page; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
+# ablate, explain (its JSON too: a page must not embed another model's role cards), patch and
+# plot; explore's page; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
 MADE_FILES = {
     ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|explorer\.html"
          r"|eval-\d+-\d+\.json|events\.out\.tfevents\..+",
@@ -326,8 +327,10 @@ MADE_FILES = {
     "attention": r".+-step\d+(-(encoder|decoder|cross))?(-layer\d+)?(-head\d+)?\.png"
                  r"|over-training-layer\d+\.png",
     "ablate": r".+-step\d+-(zero|mean)\.png",
+    "explain": r".+-step\d+\.(png|json)",
+    "patch": r".+-step\d+\.png",
 }
-PICTURE_FOLDERS = ("attention", "ablate")  # removed once empty
+PICTURE_FOLDERS = ("attention", "ablate", "explain", "patch")  # removed once empty
 TEMP_FILE = r"\..+\.tmp"
 
 

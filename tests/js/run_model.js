@@ -1,15 +1,16 @@
 // Runs the page's model in Node for tests/test_explore.py: node run_model.js DATA.json INPUTS.json
-// prints, per input, what the page computes: output, decoded ids, logits, attention maps.
+// prints, per input, what the page computes: output, decoded ids, logits, attention maps; or,
+// for {patch: [clean, corrupt]}, {corruption: text} and {lens: text}, what patching.js gives.
 "use strict";
 const fs = require("fs");
 const path = require("path");
 const dir = process.env.MINITFM_EXPLORE_DIR;
-for (const name of ["task.js", "model.js"]) {
-  require(path.resolve(dir, name)); // each sets globalThis.minitfmTask / minitfmModel
+for (const name of ["task.js", "model.js", "patching.js"]) {
+  require(path.resolve(dir, name)); // each sets globalThis.minitfmTask / minitfmModel / ...
 }
 const data = JSON.parse(fs.readFileSync(process.argv[2], "utf-8"));
 const inputs = JSON.parse(fs.readFileSync(process.argv[3], "utf-8"));
-const M = globalThis.minitfmModel, T = globalThis.minitfmTask;
+const M = globalThis.minitfmModel, T = globalThis.minitfmTask, P = globalThis.minitfmPatching;
 const model = data.model ? M.makeModel(data.model, M.loadWeights(data.model.weights, data.model.index)) : null;
 const task = T.makeTask(data.task);
 const means = Object.fromEntries(Object.entries(data.means || {}).map(([k, v]) => [k, M.decodeFloats(v)]));
@@ -21,6 +22,14 @@ const results = inputs.map((item) => {
       return decoded[decoded.length - 1] === 2 ? decoded.slice(0, -1) : decoded;
     });
   }
+  if (item.patch) { // patching.patch_activations of two typed inputs
+    const [clean, corrupt] = item.patch.map((text) => task.parseInput(text).src);
+    const batch = P.contrast(model, task, clean, corrupt);
+    if (batch.error) return { error: batch.error };
+    return { scored: batch.scored, ...P.patchActivations(model, batch) };
+  }
+  if (item.corruption != null) return { corrupt: P.corruption(model, task, task.parseInput(item.corruption).src) };
+  if (item.lens != null) return P.logitLens(model, task, task.parseInput(item.lens).src);
   const read = task.parseInput(item.text);
   if (read.error || !model) return read; // {error} or, reading only, {src}
   const switches = M.switchesFor(model, means, item.heads_off || []);

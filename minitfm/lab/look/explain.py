@@ -21,11 +21,17 @@ exact match falls 75 points". A head is *essential* when switching it off alone 
 (it is then *minor*: small alone, not negligible with the others off). A head that matters but
 fits no pattern of the family is called by its effect, "pattern unclear", never diffuse.
 
+Beside its PNG, `explain` writes the same report as JSON, with each layer's mean attention maps
+and a digest of the weights it measured: `minitfm explore` embeds the cards from it when it is
+of the page's checkpoint (explorer_records.role_cards), as a page cannot redo 1,000-row
+ablations. The JSON is replaced, as the PNG, only when minitfm wrote it, or with --force.
+
 Shapes: H n_heads, T_q and T_k query and key len.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +48,7 @@ from minitfm.lab.look.patterns import HeadPattern, head_patterns, mean_maps
 from minitfm.lab.look.probe import pick_probe
 from minitfm.lab.options import ExplainOptions
 from minitfm.lab.pictures import check_output, save_png
+from minitfm.run.files import open_run_file, to_json, write_atomic
 from minitfm.tasks.base import Pair
 
 ESSENTIAL = 0.10  # switched off alone, an essential head costs at least 10 points
@@ -49,6 +56,8 @@ NEGLIGIBLE = 0.01  # negligible heads cost at most 1 point, all of them off at o
 PATCHED_PAIRS = 200  # clean held-out inputs (each with its resampled corruption) for patching
 PATTERN_PAIRS = 500  # held-out pairs the patterns are scored on
 MODES = ("zero", "mean")
+EFFECT_NAMES = ("essential", "helps", "minor", "negligible")
+CARDS_MARK = "minitfm explain"  # the "generator" of the JSON beside the role cards' PNG
 
 
 @dataclass
@@ -123,7 +132,7 @@ class ExplainReport:
                 "exact_match": self.exact_match, "heads": [c.as_dict() for c in self.cards],
                 "negligible_together": max(self.negligible_together.values(), default=0.0),
                 "negligible_together_by_mode": self.negligible_together,
-                "corruption": "resample", "patched_pairs": PATCHED_PAIRS,
+                "corruption": "resample", "patched_pairs": min(PATCHED_PAIRS, self.samples),
                 "logit_lens": self.lens}
 
 
@@ -228,10 +237,12 @@ def patching_shares(loaded: Loaded, pairs: list[Pair]) -> dict[tuple[str, int, i
 
 
 def explain(loaded: Loaded, options: ExplainOptions = ExplainOptions()) -> ExplainReport:
-    """`minitfm explain`: a role card for every head of a loaded run; write the PNG."""
+    """`minitfm explain`: a role card for every head of a loaded run; write the PNG and,
+    beside it, the JSON the explorer's page embeds."""
     png = options.out / f"{loaded.checkpoint.stem}-step{loaded.step}-roles.png" \
         if options.out is not None else loaded.picture_path("explain", f"step{loaded.step}.png")
     check_output(png, "--out", options.force)
+    check_cards_json(png.with_suffix(".json"), options.force)
     pairs = loaded.ablation_pairs(options.samples)
     base = correct(loaded, pairs)
     values = {mode: replacements(loaded, pairs, mode) for mode in MODES}
@@ -254,6 +265,51 @@ def explain(loaded: Loaded, options: ExplainOptions = ExplainOptions()) -> Expla
                            logit_lens(loaded.model, loaded.task, probe), png)
     from minitfm.lab.look.cards import cards_figure
 
-    save_png(cards_figure(report, mean_maps(loaded.model, loaded.task, pairs[:PATTERN_PAIRS])),
-             png, "--out", options.force)
+    maps = mean_maps(loaded.model, loaded.task, pairs[:PATTERN_PAIRS])
+    save_png(cards_figure(report, maps), png, "--out", options.force)
+    write_cards_json(report, maps, weights_digest(loaded.model), png.with_suffix(".json"))
     return report
+
+
+# --- the JSON beside the PNG, for the explorer's page ---
+
+def weights_digest(model) -> str:
+    """The first 16 hex digits of the sha256 of the model's weights (float32, state-dict
+    order): which weights a report measured."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def is_cards_json(path: Path) -> bool:
+    """Whether `path` is a role cards' JSON that minitfm wrote (it opens with CARDS_MARK)."""
+    try:
+        with open_run_file(path) as f:  # a link or a FIFO is not ours
+            head = f.read(64)
+    except OSError:
+        return False
+    return head.startswith(f'{{"generator": "{CARDS_MARK}"'.encode())
+
+
+def check_cards_json(path: Path, force: bool) -> None:
+    """The picture rule for the JSON beside the PNG: an existing file only if minitfm wrote
+    it, or with --force."""
+    if (path.exists() or path.is_symlink()) and not force and not is_cards_json(path):
+        raise MinitfmError(f"'{path}' exists and is not a role cards' JSON minitfm wrote: "
+                           f"choose another --out, or pass --force to replace it")
+
+
+def write_cards_json(report: ExplainReport, maps: dict, digest: str, path: Path) -> None:
+    """The report as `--json` prints it, with the task, the weights' digest and each layer's
+    mean maps "kind.layer" -> (H, T_q, T_k), rounded to 4 digits."""
+    document = {"generator": CARDS_MARK, "task": report.task, "weights": digest,
+                **report.as_dict(),
+                "maps": {f"{kind}.{layer}": torch.round(value, decimals=4).tolist()
+                         for (kind, layer), value in maps.items()}}
+    try:
+        write_atomic(path, (to_json(document) + "\n").encode("utf-8"))
+    except OSError as err:
+        raise MinitfmError(f"cannot write '{path}' ({err.strerror or err}): choose another "
+                           f"--out") from None

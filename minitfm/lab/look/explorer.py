@@ -1,10 +1,13 @@
 """`minitfm explore`: a trained run in one self-contained, offline HTML page.
 
 The page runs the model itself: `explore/model.js` is the forward pass of book/model.py in
-JavaScript, `explore/task.js` reads typed input as `minitfm predict` does, `explore/page.js`
-draws the page. This module gathers what they need from the run (the weights, the head means
-`minitfm ablate` uses, held-out examples, metrics.jsonl, attention.jsonl, the ablation
-pictures) into one JSON document and inlines it with the scripts and the style sheet.
+JavaScript, `explore/task.js` reads typed input as `minitfm predict` does, `explore/patching.js`
+is activation patching and the logit lens (lab/look/patching.py and lens.py) on model.js's hook
+points, `explore/inside.js` draws the role cards, the patching view and the lens, and
+`explore/page.js` draws the rest and wires it up. This module gathers what they need from the
+run (the weights, the head means `minitfm ablate` uses, held-out examples, and the run's records,
+`explorer_records`: metrics.jsonl, attention.jsonl, the ablation pictures, explain's role
+cards) into one JSON document and inlines it with the scripts and the style sheet.
 
 Everything from the run is data, never markup: the JSON sits in a `<script
 type="application/json">` with `<`, `>`, `&` and U+2028/9 escaped, the page shows it with
@@ -36,27 +39,34 @@ import torch
 from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
-from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.curves import read_eval, run_curves
+from minitfm.errors import MinitfmError
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.ablate import replacements
+from minitfm.lab.look.explorer_records import (
+    ablation_pictures,
+    curves,
+    last_eval,
+    role_cards,
+    timeline,
+)
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, alignment_scores
-from minitfm.lab.look.timeline import read_timeline
 from minitfm.lab.measure.evaluate import input_limit
 from minitfm.lab.pictures import GAMMA, PAGE_MARK, PAGE_SUFFIXES, PALETTE, check_output
-from minitfm.run.files import open_run_file, to_json, write_atomic
+from minitfm.run.files import to_json, write_atomic
 from minitfm.tasks.base import Task
 
 PAGE_NAME = "explorer.html"
-SCRIPTS = ("task.js", "model.js", "page.js")  # in this order: page.js uses the other two
+# In this order: each uses those before it (page.js all of them).
+SCRIPTS = ("task.js", "model.js", "patching.js", "inside.js", "page.js")
 HELD_OUT_EXAMPLES = 200  # decoded live in the page when heads are switched off
-MAX_SNAPSHOTS = 60  # attention.jsonl records kept (evenly spread, the last one always)
-MAX_TRAIN_POINTS = 400  # loss curve points kept (evenly spread)
-MAX_ABLATION_PNG_BYTES = 400_000  # an ablation picture larger than this is left out
 CAP_TABLE = 8  # decoding caps tabulated for sources of 0..8 tokens, then extended linearly
 # The longest input the page decodes (fewer where the positions end): at the default model size
 # about a second a keystroke; 1,000 tokens took ten, and a page keeps every map it draws.
 PAGE_MAX_TOKENS = 200
+# The longest input the page patches: patching reruns the model once per head and once per
+# position of each residual point; at the default model size 16 tokens take about 1.5 s, 32
+# about 6 (docs/explore.md). `minitfm patch` takes longer inputs.
+PATCH_MAX_TOKENS = 32
 PAGE_WARN_BYTES = 50_000_000  # a larger page opens slowly in a browser, if at all
 BYTES_PER_WEIGHT = 16 / 3  # a float32 in base64
 
@@ -135,6 +145,7 @@ def page_data(loaded: Loaded) -> dict:
         "curves": curves(run_dir),
         "per_length": last_eval(run_dir),
         "ablation": ablation_pictures(run_dir),
+        "role_cards": role_cards(loaded),  # embedded from `minitfm explain`, or None
         "palette": list(PALETTE), "gamma": GAMMA,  # the colours of the PNG figures
     }
 
@@ -219,6 +230,8 @@ def task_spec(cfg, task: Task) -> dict:
             "reserved": list(reserved),
             "unk_id": task.vocab.id(reserved[-1]) if task.name == "pairs" else None,
             "max_tokens": PAGE_MAX_TOKENS if limit is None else min(limit, PAGE_MAX_TOKENS),
+            "patch_max_tokens": PATCH_MAX_TOKENS if limit is None
+            else min(limit, PATCH_MAX_TOKENS),
             "caps": [task.max_target_len(n) + 1 for n in range(CAP_TABLE + 1)],  # + EOS
             "trained_lengths": [cfg.task.min_len, cfg.task.max_len]}
 
@@ -230,79 +243,6 @@ def alignment(model, task: Task, pairs) -> dict | None:
         return None
     return {"samples": len(pairs), "soft": np.round(scores.soft.numpy(), 4).tolist(),
             "hard": np.round(scores.hard.numpy(), 4).tolist()}
-
-
-# --- what the run recorded ---
-
-def timeline(run_dir: Path | None) -> dict | None:
-    """attention.jsonl's snapshots (at most MAX_SNAPSHOTS), or None when it has none."""
-    if run_dir is None:
-        return None
-    try:
-        found = read_timeline(run_dir)
-    except CheckpointError:
-        return None
-    keep = spread(len(found.steps), MAX_SNAPSHOTS)
-    return {"input": found.input, "target": found.target, "source": found.source,
-            "decoder_input": found.decoder_input,
-            "steps": [found.steps[i] for i in keep],
-            "exact_match": [found.exact_match[i] for i in keep],
-            "alignment": None if found.alignment is None
-            else np.round(found.alignment[keep], 4).tolist(),
-            "cross": np.round(found.cross[keep].astype(np.float64), 3).tolist()}
-
-
-def spread(n: int, most: int) -> list[int]:
-    """At most `most` indices of range(n), evenly spread, the first and the last kept."""
-    if n <= most:
-        return list(range(n))
-    return sorted({round(i * (n - 1) / (most - 1)) for i in range(most)})
-
-
-def curves(run_dir: Path | None) -> dict | None:
-    """Loss and exact match against step, from metrics.jsonl (None: no metrics)."""
-    if run_dir is None:
-        return None
-    try:
-        found = run_curves(run_dir)
-    except (CheckpointError, OSError):
-        return None
-    train = [[r["step"], r["loss"]] for r in found["train"] if "loss" in r]
-    return {"train": [train[i] for i in spread(len(train), MAX_TRAIN_POINTS)],
-            "eval": [[r["step"], r.get("loss"), r.get("exact_match")] for r in found["eval"]]}
-
-
-def last_eval(run_dir: Path | None) -> dict | None:
-    """Exact match per length of the newest eval report saved in the run (`eval-A-B.json`,
-    written by `minitfm sweep`), or None."""
-    if run_dir is None:
-        return None
-    for path in sorted(run_dir.glob("eval-*-*.json"), key=lambda p: p.lstat().st_mtime,
-                       reverse=True):
-        report = read_eval(path)  # None: damaged, or no regular file (a FIFO would hang)
-        if report is not None:
-            rows = {str(int(n)): [row["exact_match"], row["count"]]
-                    for n, row in report["per_length"].items()}
-            return {"file": path.name, "per_length": rows}
-    return None
-
-
-def ablation_pictures(run_dir: Path | None) -> list[dict]:
-    """The run's `minitfm ablate` pictures (<run>/ablate/*.png) as base64, newest first."""
-    if run_dir is None or not (run_dir / "ablate").is_dir():
-        return []
-    pictures = []
-    for path in sorted((run_dir / "ablate").glob("*.png"), key=lambda p: p.lstat().st_mtime,
-                       reverse=True)[:2]:
-        try:
-            with open_run_file(path) as f:  # a link or a FIFO is left out (see run.files)
-                data = f.read(MAX_ABLATION_PNG_BYTES + 1)
-        except OSError:
-            continue
-        if data.startswith(b"\x89PNG") and len(data) <= MAX_ABLATION_PNG_BYTES:
-            pictures.append({"name": path.name,
-                             "png": base64.b64encode(data).decode("ascii")})
-    return pictures
 
 
 # --- the page ---

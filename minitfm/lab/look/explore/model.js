@@ -9,6 +9,15 @@
  * One input at a time means no padding, so no attention here needs a mask: the encoder and
  * cross-attention see every source token, and a decoding step's query sees every token
  * decoded so far (the causal mask hides only later tokens, and there are none yet).
+ *
+ * Hook points, as lab/look/patching.py names them: `switches.hooks` may hold functions that
+ * see an activation and return the one the model goes on with (patching.js records and
+ * patches through them; the page's predictions use none):
+ *   heads(kind, layer, outs, qPos): every head's output before W^O, H x (T_q, K), for the
+ *     queries at positions qPos (a decoding step: one query);
+ *   residual(stream, layer, x, pos): the residual stream (T, D) at positions pos: ("encoder", l)
+ *     the input of encoder layer l, ("encoder", n_encoder_layers) the memory, ("decoder", l + 1)
+ *     the output of decoder layer l.
  */
 (function (root) {
   "use strict";
@@ -152,15 +161,17 @@
    *
    * `kv` holds the projected keys and values, per head (T_k, K), with their positions:
    * `projectKV` makes them (and a decoding step appends to them: the KV cache). `scope` says
-   * what positions do here: the query positions, RoPE's θ, ALiBi's slopes. `switched` (H,)
-   * holds, per head, null (on) or the vector (K,) a switched-off head outputs instead
-   * (lab/ablate.py: 0, or its mean over held-out data), before W^O, as `minitfm ablate` does.
+   * what positions do here: the query positions, RoPE's θ, ALiBi's slopes, and the hook point
+   * `heads` of this layer (or null). `switched` (H,) holds, per head, null (on) or the vector
+   * (K,) a switched-off head outputs instead (lab/ablate.py: 0, or its mean over held-out
+   * data), before W^O, as `minitfm ablate` does.
    */
   function multiHeadAttention(mha, query, kv, scope, switched) {
     const H = kv.k.length;
     let q = splitHeads(linear(query, mha.q_proj.weight, mha.q_proj.bias), H); // H x (T_q, K)
     if (scope.invFreq) q = q.map((head) => head.map((row, i) => rotate(row, scope.qPos[i], scope.invFreq)));
-    const weights = [], outs = [];
+    const weights = [];
+    let outs = [];
     for (let h = 0; h < H; h++) {
       const bias = scope.slopes
         ? (i, j) => alibiBias(scope.slopes, h, scope.qPos[i], kv.pos[j]) : null;
@@ -169,6 +180,7 @@
       const value = switched ? switched[h] : null; // the hook point `heads`
       outs.push(value ? out.map(() => Float64Array.from(value)) : out); // (T_q, K)
     }
+    if (scope.heads) outs = scope.heads(outs, scope.qPos); // H x (T_q, K), seen or replaced
     const concat = query.map((_, t) => {
       const row = new Float64Array(query[0].length); // (D,): the heads side by side
       outs.forEach((out, h) => row.set(out[t], h * out[t].length));
@@ -228,11 +240,20 @@
     });
   }
 
-  /** What positions do inside attention for queries at `qPos`: RoPE's θ, ALiBi's slopes. */
-  function scopeOf(model, qPos) {
-    const kind = model.cfg.positional;
-    return { qPos, invFreq: kind === "rope" ? model.invFreq : null,
-             slopes: kind === "alibi" ? model.slopes : null };
+  /** What positions do inside attention for queries at `qPos`: RoPE's θ, ALiBi's slopes; and
+   * the hook point `heads` of attention (kind, layer), when `switches.hooks` has one. */
+  function scopeOf(model, qPos, switches, kind, layer) {
+    const positional = model.cfg.positional, hook = switches && switches.hooks && switches.hooks.heads;
+    return { qPos, invFreq: positional === "rope" ? model.invFreq : null,
+             slopes: positional === "alibi" ? model.slopes : null,
+             heads: hook ? (outs, pos) => hook(kind, layer, outs, pos) : null };
+  }
+
+  /** The hook point `residual` at (stream, layer): x (T, D) at positions pos, or what the hook
+   * gives back. */
+  function residualHook(switches, stream, layer, x, pos) {
+    const hook = switches.hooks && switches.hooks.residual;
+    return hook ? hook(stream, layer, x, pos) : x;
   }
 
   /** Pre-LN x + Sublayer(LN(x)), or post-LN LN(x + Sublayer(x)), for one sub-layer. */
@@ -241,13 +262,15 @@
     return layerNorm(add(x, sublayer(x)), norm);
   }
 
-  /** Self-attention then feed-forward: x (S, D) -> x (S, D), weights (H, S, S). */
-  function encoderLayer(model, layer, x, pos, switched) {
-    const H = model.cfg.n_heads, scope = scopeOf(model, pos);
+  /** Encoder layer l: self-attention then feed-forward: x (S, D) -> x (S, D), weights
+   * (H, S, S). */
+  function encoderLayer(model, l, x, pos, switches) {
+    const H = model.cfg.n_heads, scope = scopeOf(model, pos, switches, "encoder", l);
+    const layer = model.p.encoder_layers[l];
     let weights;
     x = residual(model, x, layer.norm1, (h) => {
       const kv = projectKV(layer.self_attn, h, pos, H, scope.invFreq);
-      const result = multiHeadAttention(layer.self_attn, h, kv, scope, switched);
+      const result = multiHeadAttention(layer.self_attn, h, kv, scope, switches.encoder[l]);
       weights = result.weights;
       return result.out;
     });
@@ -260,12 +283,15 @@
     const pos = src.map((_, i) => i);
     let x = embed(model, src, 0);
     const maps = [];
-    for (let l = 0; l < model.cfg.n_encoder_layers; l++) {
-      const result = encoderLayer(model, model.p.encoder_layers[l], x, pos, switches.encoder[l]);
+    const E = model.cfg.n_encoder_layers;
+    for (let l = 0; l < E; l++) {
+      x = residualHook(switches, "encoder", l, x, pos); // the input of layer l
+      const result = encoderLayer(model, l, x, pos, switches);
       x = result.x;
       maps.push(result.weights);
     }
-    const memory = model.cfg.norm_first ? layerNorm(x, model.p.encoder_norm) : x;
+    const memory = residualHook(switches, "encoder", E,
+                                model.cfg.norm_first ? layerNorm(x, model.p.encoder_norm) : x, pos);
     return { memory, maps };
   }
 
@@ -281,19 +307,21 @@
     });
   }
 
-  /** Causal self-attention, cross-attention, feed-forward, for the one token at position t:
-   * x (1, D) -> x (1, D), self weights (H, 1, t + 1), cross weights (H, 1, S). */
-  function decoderLayer(model, layer, x, t, cache, switchedSelf, switchedCross) {
-    const H = model.cfg.n_heads, scope = scopeOf(model, [t]);
+  /** Decoder layer l: causal self-attention, cross-attention, feed-forward, for the one token
+   * at position t: x (1, D) -> x (1, D), self weights (H, 1, t + 1), cross weights (H, 1, S). */
+  function decoderLayer(model, l, x, t, cache, switches) {
+    const H = model.cfg.n_heads, layer = model.p.decoder_layers[l];
+    const selfScope = scopeOf(model, [t], switches, "decoder", l);
+    const crossScope = scopeOf(model, [t], switches, "cross", l);
     let selfWeights, crossWeights;
     x = residual(model, x, layer.norm1, (h) => {
-      appendKV(cache.self, projectKV(layer.self_attn, h, [t], H, scope.invFreq));
-      const result = multiHeadAttention(layer.self_attn, h, cache.self, scope, switchedSelf);
+      appendKV(cache.self, projectKV(layer.self_attn, h, [t], H, selfScope.invFreq));
+      const result = multiHeadAttention(layer.self_attn, h, cache.self, selfScope, switches.decoder[l]);
       selfWeights = result.weights;
       return result.out;
     });
     x = residual(model, x, layer.norm2, (h) => {
-      const result = multiHeadAttention(layer.cross_attn, h, cache.cross, scope, switchedCross);
+      const result = multiHeadAttention(layer.cross_attn, h, cache.cross, crossScope, switches.cross[l]);
       crossWeights = result.weights;
       return result.out;
     });
@@ -307,15 +335,18 @@
     let x = embed(model, [token], t); // (1, D)
     const selfRows = [], crossRows = [];
     for (let l = 0; l < model.cfg.n_decoder_layers; l++) {
-      const r = decoderLayer(model, model.p.decoder_layers[l], x, t, cache[l],
-                             switches.decoder[l], switches.cross[l]);
-      x = r.x;
+      const r = decoderLayer(model, l, x, t, cache[l], switches);
+      x = residualHook(switches, "decoder", l + 1, r.x, [t]); // the output of layer l
       selfRows.push(r.selfWeights.map((w) => w[0]));
       crossRows.push(r.crossWeights.map((w) => w[0]));
     }
-    if (model.cfg.norm_first) x = layerNorm(x, model.p.decoder_norm);
-    const logits = linear(x, model.generator, null)[0]; // (V,)
-    return { logits, selfRows, crossRows };
+    return { logits: readOut(model, x)[0], selfRows, crossRows }; // logits (V,)
+  }
+
+  /** What the model applies after its last decoder layer: the final layer norm of a pre-LN
+   * model (nothing for post-LN), then the output projection: x (T, D) -> logits (T, V). */
+  function readOut(model, x) {
+    return linear(model.cfg.norm_first ? layerNorm(x, model.p.decoder_norm) : x, model.generator, null);
   }
 
   /** The chosen token: the first maximal logit, compared in float32 (as PyTorch's argmax of
@@ -335,7 +366,7 @@
   function noSwitches(model) {
     const { n_encoder_layers: E, n_decoder_layers: L } = model.cfg;
     const none = (n) => Array.from({ length: n }, () => null);
-    return { encoder: none(E), decoder: none(L), cross: none(L) };
+    return { encoder: none(E), decoder: none(L), cross: none(L), hooks: null };
   }
 
   /** Heads switched off by name: [kind, layer, head, mode] items, mode "zero" or "mean" (the
@@ -382,6 +413,6 @@
   root.minitfmModel = {
     decodeFloats, loadWeights, makeModel, linear, layerNorm, feedForward, sinusoid, rotate,
     softmax, scaledDotProductAttention, multiHeadAttention, encode, newCache, decodeStep,
-    argmax, noSwitches, switchesFor, greedyDecode, NEAR_TIE,
+    readOut, argmax, noSwitches, switchesFor, greedyDecode, NEAR_TIE,
   };
 })(typeof window !== "undefined" ? window : globalThis);

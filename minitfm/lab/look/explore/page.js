@@ -1,15 +1,16 @@
 /* The explorer page: reads the embedded run (one JSON document), runs the model of model.js
- * on what you type, and draws decoding, attention maps, head switches, attention over
- * training and the run's curves. Everything from the run or from you is shown as text
- * (textContent) or drawn on a canvas, never parsed as markup.
+ * on what you type, and draws decoding, attention maps, head switches, the role cards, the
+ * patching view and the logit lens (inside.js), attention over training and the run's curves.
+ * Everything from the run or from you is shown as text (textContent) or drawn on a canvas,
+ * never parsed as markup.
  *
- * window.minitfm is the page's test API: predict(text), setHead(kind, layer, head, mode),
- * exactMatch() (a Promise), state.
+ * window.minitfm is the page's test API: predict(text) (with its logit lens), setHead(kind,
+ * layer, head, mode), exactMatch() and patch(clean, corrupt) (Promises), state.
  */
 (function () {
   "use strict";
 
-  const M = window.minitfmModel, T = window.minitfmTask;
+  const M = window.minitfmModel, T = window.minitfmTask, P = window.minitfmPatching;
   const DATA = JSON.parse(document.getElementById("minitfm-data").textContent);
   const model = M.makeModel(DATA.model, M.loadWeights(DATA.model.weights, DATA.model.index));
   const task = T.makeTask(DATA.task);
@@ -27,6 +28,7 @@
 
   const state = { input: "", kind: "cross", layer: 0, head: 0, off: {} }; // off: "kind.layer.head" -> mode
   let shown = null; // the prediction on the page
+  let patchView = null; // section 5 (inside.js)
 
   // --- small helpers: elements from text, never from markup ---
 
@@ -62,18 +64,22 @@
   }
 
   /** Decode `text` with the heads switched off now: the output as `minitfm predict` writes
-   * it, each step's token, probability and runners-up, every attention map. */
+   * it, each step's token, probability and runners-up, every attention map, and the logit
+   * lens of the intact model (from the decoder outputs its decoding kept). */
   function predict(text) {
     const read = task.parseInput(String(text));
     if (read.error) return { output: null, error: read.error };
-    const run = M.greedyDecode(model, read.src, task.cap(read.src.length),
-                               M.switchesFor(model, MEANS, offList()));
+    const cap = task.cap(read.src.length), outputs = [], off = offList().length;
+    const switches = M.switchesFor(model, MEANS, offList());
+    if (!off) switches.hooks = P.decoderOutputs(outputs);
+    const run = M.greedyDecode(model, read.src, cap, switches);
     const written = run.decoded[run.decoded.length - 1] === EOS ? run.decoded.slice(0, -1) : run.decoded;
-    let intact = null; // what the model writes with every head on, when some are off
-    if (offList().length) {
-      const all = M.greedyDecode(model, read.src, task.cap(read.src.length), M.switchesFor(model, MEANS, [])).decoded;
+    let intact = null, all = run.decoded; // what the model writes with every head on
+    if (off) {
+      all = M.greedyDecode(model, read.src, cap, { ...M.noSwitches(model), hooks: P.decoderOutputs(outputs) }).decoded;
       intact = task.formatLike(all[all.length - 1] === EOS ? all.slice(0, -1) : all, text);
     }
+    const lens = P.lensOfDecoding(model, task, read.src, all, outputs);
     const steps = run.steps.map((step) => {
       const probs = M.softmax(Array.from(step.logits));
       const order = probs.map((p, i) => i).sort((a, b) => probs[b] - probs[a] || a - b);
@@ -86,7 +92,7 @@
     return { output: task.formatLike(written, text), intact, error: null, src: read.src, decoded: run.decoded,
              source: read.src.map(task.token),
              decoderInput: [BOS, ...run.decoded.slice(0, -1)].map(task.token),
-             steps, attention: run.maps, warning: lengthWarning(read.src),
+             steps, attention: run.maps, lens, warning: lengthWarning(read.src),
              unknown: task.unknownSymbols(text), nearTies: steps.filter((s) => s.nearTie).length };
   }
 
@@ -124,6 +130,9 @@
     if (kind === "encoder") return [p.source, p.source];
     return [rows, kind === "decoder" ? p.decoderInput : p.source];
   }
+
+  // sections 4 to 6: role cards, patching, the logit lens (inside.js)
+  const inside = window.minitfmInside.makeInside({ data: DATA, model, task, el, $, drawCells, percent, short });
 
   // --- section 1: decoding ---
 
@@ -548,6 +557,7 @@
     shown = predict(state.input);
     showDecoding(shown);
     showMaps(shown);
+    inside.lensTable($("lens-table"), shown);
     syncSwitches();
     writeHash();
     if (headsChanged) showExact();
@@ -562,14 +572,18 @@
     switches(); legend(); alignmentTable(); ablationPictures(); timeline(); runFacts(); zoomEvents();
     readHash();
     $("input").value = state.input;
+    inside.roleCards($("role-cards"));
+    patchView = inside.patchView(state.input);
     $("input").addEventListener("input", () => { state.input = $("input").value; zoom.at = [0, 0]; update(false); });
     $("all-on").addEventListener("click", () => { state.off = {}; update(true); });
     window.addEventListener("hashchange", () => { readHash(); $("input").value = state.input; update(true); });
     update(true);
+    patchView.run(state.input, ""); // the input of section 1 and its default corruption
   }
 
   window.minitfm = {
     predict, exactMatch, state, data: DATA,
+    patch: (clean, corrupt) => patchView.run(clean, corrupt), // a Promise of the result
     setHead: (kind, layer, head, mode) => setHead(kind, layer, head, mode, true),
   };
   start();

@@ -1,6 +1,7 @@
 """`minitfm explore` (issue #30): the page's JavaScript model gives PyTorch's answers, the
 page is one safe offline file, and `Run.predict(heads_off=...)` is what `minitfm ablate`
-measures.
+measures; (issue #41) its activation patching and logit lens give lab/look/patching.py's and
+lens.py's figures, and it embeds `minitfm explain`'s role cards of its own weights only.
 
 The numerics tests run the page's own scripts (minitfm/lab/look/explore/*.js) in Node on small
 trained runs of every positional scheme and both layer-norm placements, and compare greedy
@@ -29,6 +30,8 @@ from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.loaded import Loaded, load
 from minitfm.lab.look.ablate import ablated, replacements
 from minitfm.lab.look.explorer import embed_json, page_data, task_spec, write_explorer
+from minitfm.lab.look.lens import logit_lens
+from minitfm.lab.look.patching import contrast, corruption, patch_activations
 from minitfm.lab.measure.evaluate import predict_lines
 from minitfm.lab.options import AblateOptions
 from minitfm.tasks import make_task
@@ -281,6 +284,161 @@ def test_an_exact_tie_goes_to_the_lower_id_as_torch_argmax_and_a_near_tie_is_fla
         if chosen is not None:  # exactly equal logits: the first maximal index, as torch
             assert result["logits"][0][lower] == result["logits"][0][first]
             assert result["decoded"][0] == chosen
+
+
+# --- issue #41: activation patching and the logit lens, computed in the page ---
+
+def torch_corruption(model, task, src):
+    """lab/look/patching.corruption, None where no one-token change changes the answer."""
+    try:
+        return corruption(model, task, src)
+    except MinitfmError:
+        return None
+
+
+def typed_corruption(src, sources):
+    """Another held-out source of the same length: a corruption as a user might type one."""
+    return next((other for other in sources if len(other) == len(src) and other != src), None)
+
+
+@needs_node
+@pytest.mark.parametrize("case", list(CASES))
+def test_patching_in_the_page_equals_patch_activations_to_1e_4(runs, case, tmp_path):
+    """patching.js against lab/look/patching.py on the same inputs: the default corruption
+    (the first one-token change that changes the answer), a typed one, the scored positions,
+    and the restored share of every head and of the residual stream at every point and
+    position."""
+    loaded, data = page_of(runs[case])
+    task, model = loaded.task, loaded.model
+    sources = data["held_out"]["sources"][:12]
+    found = run_node(data, [{"corruption": task.format(src)} for src in sources], tmp_path)
+    assert [r["corrupt"] for r in found] == [torch_corruption(model, task, src) for src in sources]
+    pairs = [(src, r["corrupt"]) for src, r in zip(sources, found) if r["corrupt"]][:2]
+    assert pairs, "no held-out input of this run has a corruption"
+    typed = typed_corruption(sources[0], data["held_out"]["sources"][12:])
+    pairs.append((sources[0], typed))
+    results = run_node(data, [{"patch": [task.format(c), task.format(k)]} for c, k in pairs],
+                       tmp_path)
+    compared = 0
+    for (clean, corrupt), result in zip(pairs, results, strict=True):
+        try:
+            batch = contrast(model, task, [clean], [corrupt])
+        except MinitfmError:  # the same answer: nothing to restore, in the page either
+            assert "same answer" in result["error"]
+            continue
+        expected = patch_activations(model, batch)
+        assert [tuple(s) for s in result["scored"]] == [(t, c, k) for _, t, c, k in batch.scored]
+        assert abs(result["cleanDiff"] - expected.clean_diff) < TOLERANCE
+        assert abs(result["corruptDiff"] - expected.corrupt_diff) < TOLERANCE
+        for ours, theirs, key in ((result["heads"], expected.heads, ("kind", "layer", "head")),
+                                  (result["residual"], expected.residual,
+                                   ("stream", "layer", "position"))):
+            page = {tuple(r[k] for k in key): r["restored"] for r in ours}
+            torch_rows = {tuple(r[k] for k in key): r["restored"] for r in theirs}
+            assert page.keys() == torch_rows.keys()  # every head, every point and position
+            gap = max(abs(page[k] - torch_rows[k]) for k in page)
+            assert gap < TOLERANCE, (key, gap)
+        compared += 1
+    assert compared >= 2
+
+
+@needs_node
+@pytest.mark.parametrize("case", ["sinusoidal-pre", "learned-post-untied", "rope-post"])
+def test_patching_a_whole_point_in_the_page_gives_the_clean_run_exactly(runs, case, tmp_path):
+    """As patching.py's test in float64: the memory, or the last decoder layer's output, taken
+    from the clean run at every position gives the clean logits exactly, and a hook that
+    changes nothing the corrupted ones (the page computes in float64 throughout)."""
+    loaded, data = page_of(runs[case])
+    task, model = loaded.task, loaded.model
+    src = next(s for s in data["held_out"]["sources"]
+               if torch_corruption(model, task, s) is not None)
+    corrupt = torch_corruption(model, task, src)
+    [result] = run_node(data, [{"exact": [task.format(src), task.format(corrupt)]}], tmp_path)
+    assert result == {"memory": 0, "last": 0, "nothing": 0}
+
+
+@needs_node
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_logit_lens_in_the_page_equals_logit_lens_to_1e_4(runs, case, tmp_path):
+    """patching.js's lens, both ways the page computes it (teacher-forced, and from the decoder
+    outputs its greedy decoding kept), against lab/look/lens.py: the tokens written, and per
+    decoder layer and step the token it would write, its probability and that of the written
+    token."""
+    loaded, data = page_of(runs[case])
+    task, model = loaded.task, loaded.model
+    sources = data["held_out"]["sources"][:6]
+    texts = [task.format(src) for src in sources]
+    results = run_node(data, [{"lens": t} for t in texts] + [{"lens_of_decoding": t}
+                                                           for t in texts], tmp_path)
+    token = task.vocab.token
+    for i, src in enumerate(sources):
+        expected = logit_lens(model, task, src)
+        for result in (results[i], results[len(sources) + i]):
+            assert [token(t) for t in result["written"]] == expected["written"]
+            assert len(result["layers"]) == len(expected["layers"]) == len(model.decoder_layers)
+            for ours, theirs in zip(result["layers"], expected["layers"], strict=True):
+                assert len(ours) == len(theirs)
+                for x, y in zip(ours, theirs, strict=True):
+                    assert abs(x["p"] - y["p"]) < TOLERANCE, (x, y)
+                    assert abs(x["p_written"] - y["p_written"]) < TOLERANCE, (x, y)
+                    assert token(x["token"]) == y["token"] or abs(x["p"] - y["p"]) < 1e-6
+
+
+# --- issue #41: the role cards, embedded from `minitfm explain` ---
+
+def test_the_page_embeds_explains_role_cards_of_its_own_weights_only(runs, tmp_path):
+    """docs/explore.md, section 4: the cards `minitfm explain` wrote beside its PNG, as it wrote
+    them (maps to 3 decimals, file names without folders), within the size the docs give; none
+    before explain; left out, with the reason, when damaged or measured on other weights."""
+    run_dir = Path(shutil.copytree(runs["sinusoidal-pre"], tmp_path / "run"))
+    loaded = load(run_dir / "checkpoints" / "last.pt", device="cpu")
+    assert page_data(loaded)["role_cards"] is None
+    result = run_cli("explain", run_dir, "--checkpoint", "last", "--samples", "40", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    path = run_dir / "explain" / f"last-step{loaded.step}.json"
+    assert path.is_file() and path.with_suffix(".png").is_file()
+    cards = page_data(loaded)["role_cards"]
+    assert cards["file"] == path.name and "problem" not in cards, cards
+    assert [{key: head[key] for key in card} for card, head in
+            zip(cards["heads"], report["heads"], strict=True)] == cards["heads"]
+    assert (cards["samples"], cards["step"]) == (40, loaded.step)
+    written = json.loads(path.read_text())["maps"]
+    assert cards["maps"].keys() == written.keys()
+    for key, maps in cards["maps"].items():
+        assert torch.allclose(torch.tensor(maps), torch.tensor(written[key]), atol=5e-4)
+    text = embed_json(cards)
+    assert str(tmp_path) not in text
+    values = sum(torch.tensor(maps).numel() for maps in cards["maps"].values())
+    per_weight, per_head = documented_card_size()
+    assert len(text) <= per_weight * values + per_head * len(cards["heads"]), len(text)
+
+    def problem(edit) -> str:
+        edit()
+        return page_data(load(run_dir / "checkpoints" / "last.pt", device="cpu"))[
+            "role_cards"]["problem"]
+
+    good = path.read_bytes()
+    assert "damaged" in problem(lambda: path.write_text(good.decode()[:-200]))
+    assert "damaged" in problem(lambda: path.write_text(
+        good.decode().replace('"effect": "', '"effect": "<b>', 1)))
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere.json")
+    assert "cannot be read" in problem(lambda: (tmp_path / "elsewhere.json").write_bytes(good))
+    path.unlink()
+    path.write_bytes(good)
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    next(iter(state["model"].values())).add_(1.0)  # trained further, say
+    assert "other weights" in problem(lambda: torch.save(state, checkpoint))
+
+
+def documented_card_size() -> tuple[float, float]:
+    """docs/explore.md: role cards add about N bytes a mean-map weight and M a head."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "explore.md").read_text()
+    [(per_weight, per_head)] = re.findall(r"at most ([\d.]+) bytes a weight of the mean maps "
+                                          r"and ([\d,]+) bytes a head", " ".join(doc.split()))
+    return float(per_weight), float(per_head.replace(",", ""))
 
 
 # --- reading typed input: the rules and messages of `minitfm predict` ---

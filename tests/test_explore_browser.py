@@ -17,7 +17,9 @@ from minitfm.book.metrics import evaluate
 from minitfm.config import load_config
 from minitfm.lab.loaded import load
 from minitfm.lab.look.ablate import HeadAblation, ablated, replacements
-from minitfm.lab.look.explorer import write_explorer
+from minitfm.lab.look.explorer import SCRIPTS, write_explorer
+from minitfm.lab.look.lens import logit_lens
+from minitfm.lab.look.patching import contrast, corruption, patch_activations
 from minitfm.lab.options import AblateOptions
 from tests.helpers import TINY, missing, run_cli
 
@@ -53,6 +55,8 @@ def pages(tmp_path_factory):
     assert run_cli("ablate", copy, "--checkpoint", "last", "--samples", "40").exit_code == 0
     report = run_cli("eval", copy, "--checkpoint", "last", "--samples", "60", "--json")
     (copy / "eval-1-6.json").write_text(report.stdout, encoding="utf-8")
+    # and the role cards of `minitfm explain` (its JSON beside its PNG), which the page embeds
+    assert run_cli("explain", copy, "--checkpoint", "last", "--samples", "60").exit_code == 0
     found["copy"] = (copy, write_explorer(load(copy, "last")).path)
     data = root / "nasty.tsv"
     rows = [f"{a} {b}\t{b} {a}" for a in NASTY + ["x", "y"] for b in NASTY + ["x", "y"]]
@@ -285,7 +289,8 @@ def test_markup_in_a_pairs_runs_symbols_runs_nothing(pages, browser):
     assert page.locator("img[src=x]").count() == 0
     result = page.evaluate("() => window.minitfm.predict('javascript:alert(1) x')")
     assert result["error"] is None
-    assert page.evaluate("() => document.querySelectorAll('script').length") == 4
+    assert page.evaluate("() => document.querySelectorAll('script').length") == 1 + len(SCRIPTS)
+    assert "No role cards for this checkpoint yet" in page.inner_text("#role-cards")
     assert "</script>" in page.evaluate(
         "() => JSON.stringify(window.minitfm.data.task.tokens)")
     assert problems == []
@@ -325,3 +330,68 @@ def test_a_page_of_non_finite_numbers_opens_without_errors(pages, browser, tmp_p
     page.fill("#input", "1 2 3")
     assert page.locator("#alignment td").count() > 0
     assert problems == []
+
+
+def test_role_cards_patching_and_the_logit_lens_show_pythons_figures(pages, browser):
+    """docs/explore.md, sections 4 to 6, in the browser: a card per head with explain's role
+    (embedded), the patching tables computed in the page with the shares of lab/look/patching.py
+    for its default corruption (1e-4), the lens of lab/look/lens.py; no console error."""
+    run_dir, path = pages["copy"]
+    loaded = load(run_dir, "last", device="cpu")
+    model, task = loaded.model, loaded.task
+    page, problems = open_page(browser, path)
+    report = json.loads((run_dir / "explain" / f"last-step{loaded.step}.json").read_text())
+    assert page.locator("#role-cards figure.card").count() == len(report["heads"])
+    assert page.locator("#role-cards figure.card canvas").count() == len(report["heads"])
+    assert sorted(page.locator("#role-cards figcaption").all_inner_texts()) == \
+        sorted(head["role"] for head in report["heads"])
+    assert f"From last-step{loaded.step}.json" in page.inner_text("#role-cards")
+    src = next(s for s in loaded.ablation_pairs()[:50] if has_corruption(model, task, s[0]))[0]
+    text = task.format(src)
+    result = page.evaluate("t => window.minitfm.patch(t, '')", text)
+    assert result["corrupt"] == corruption(model, task, src)
+    expected = patch_activations(model, contrast(model, task, [src], [result["corrupt"]]))
+    for ours, theirs, key in ((result["heads"], expected.heads, ("kind", "layer", "head")),
+                              (result["residual"], expected.residual,
+                               ("stream", "layer", "position"))):
+        page_rows = {tuple(r[k] for k in key): r["restored"] for r in ours}
+        torch_rows = {tuple(r[k] for k in key): r["restored"] for r in theirs}
+        assert page_rows.keys() == torch_rows.keys()
+        assert max(abs(page_rows[k] - torch_rows[k]) for k in page_rows) < 1e-4
+    tables = page.locator("#patch-result table")
+    assert tables.count() == 3  # heads, encoder side, decoder side
+    layers = model.config.n_encoder_layers + 2 * model.config.n_decoder_layers
+    assert tables.nth(0).locator("tr").count() == 1 + layers
+    shown = [float(cell) for cell in tables.nth(0).locator("td").all_inner_texts()]
+    ordered = sorted(result["heads"], key=lambda r: (KINDS.index(r["kind"]), r["layer"],
+                                                     r["head"]))
+    assert len(shown) == len(ordered)  # each head's share, to 2 decimals, in the model's order
+    assert all(abs(cell - r["restored"]) <= 0.005 + 1e-9 for cell, r in zip(shown, ordered))
+    assert "scored at output position(s)" in page.inner_text("#patch-status")
+    page.fill("#patch-corrupt", "1 2")
+    page.click("#patch-run")
+    assert "same length" in page.inner_text("#patch-error")
+    page.fill("#input", text)
+    lens = page.evaluate("t => window.minitfm.predict(t).lens", text)
+    theirs = logit_lens(model, task, src)
+    assert [task.vocab.token(t) for t in lens["written"]] == theirs["written"]
+    for ours_layer, their_layer in zip(lens["layers"], theirs["layers"], strict=True):
+        for x, y in zip(ours_layer, their_layer, strict=True):
+            assert abs(x["p"] - y["p"]) < 1e-4 and abs(x["p_written"] - y["p_written"]) < 1e-4
+    assert page.locator("#lens-table tr").count() == 1 + model.config.n_decoder_layers
+    page.fill("#input", "9 x")
+    assert page.inner_text("#lens-table") == "fix the input above to see its logit lens"
+    assert problems == []
+
+
+KINDS = ("encoder", "decoder", "cross")
+
+
+def has_corruption(model, task, src) -> bool:
+    from minitfm.errors import MinitfmError
+
+    try:
+        corruption(model, task, src)
+    except MinitfmError:
+        return False
+    return True

@@ -28,8 +28,26 @@ const results = inputs.map((item) => {
     if (batch.error) return { error: batch.error };
     return { scored: batch.scored, ...P.patchActivations(model, batch) };
   }
+  if (item.exact) { // patching a whole point at every position: the clean run, exactly
+    const [clean, corrupt] = item.exact.map((text) => task.parseInput(text).src);
+    const batch = P.contrast(model, task, clean, corrupt), record = P.recorded(model, batch);
+    const run = (hooks) => P.teacherForced(model, corrupt, batch.decoderInput, hooks);
+    const gap = (a, b) => Math.max(...a.map((row, t) => Math.max(...row.map((v, i) => Math.abs(v - b[t][i])))));
+    const whole = (stream, layer) => ({ residual: (name, l, x, pos) =>
+      (name === stream && l === layer ? pos.map((p) => record.stream[`${name}.${l}`][p]) : x) });
+    const last = ["decoder", model.cfg.n_decoder_layers];
+    return { memory: gap(run(whole("encoder", model.cfg.n_encoder_layers)), record.logits),
+             last: gap(run(whole(...last)), record.logits),
+             nothing: gap(run({ residual: (name, l, x) => x }), run(null)) };
+  }
   if (item.corruption != null) return { corrupt: P.corruption(model, task, task.parseInput(item.corruption).src) };
   if (item.lens != null) return P.logitLens(model, task, task.parseInput(item.lens).src);
+  if (item.lens_of_decoding != null) { // the page's way: from the decoder outputs its decoding kept
+    const src = task.parseInput(item.lens_of_decoding).src, outputs = [];
+    const switches = { ...M.noSwitches(model), hooks: P.decoderOutputs(outputs) };
+    const decoded = M.greedyDecode(model, src, task.cap(src.length), switches).decoded;
+    return P.lensOfDecoding(model, task, src, decoded, outputs);
+  }
   const read = task.parseInput(item.text);
   if (read.error || !model) return read; // {error} or, reading only, {src}
   const switches = M.switchesFor(model, means, item.heads_off || []);

@@ -134,6 +134,36 @@ def test_explain_prints_a_card_per_head_and_writes_the_picture(quick):
     assert table.exit_code == 0 and "role cards" in table.stdout
 
 
+def test_explain_writes_its_report_as_json_beside_the_png_for_the_page(quick, tmp_path):
+    """The JSON `minitfm explore` embeds (docs/explore.md, role cards): the `--json` report with
+    the digest of the weights measured and each layer's mean maps; a file there that minitfm
+    did not write is replaced only with --force, as the PNG."""
+    from minitfm import load_run
+    from minitfm.lab.look.explain import weights_digest
+
+    out = tmp_path / "cards"
+    result = run_cli("explain", str(quick), "--samples", "50", "--json", "--out", out)
+    assert result.exit_code == 0, result.stderr
+    [png] = out.glob("*.png")
+    path = png.with_suffix(".json")
+    written = json.loads(path.read_text())
+    assert written["generator"] == "minitfm explain" and path.read_text().startswith(
+        '{"generator": "minitfm explain"')
+    assert written["heads"] == json.loads(result.stdout)["heads"]
+    assert written["weights"] == weights_digest(load_run(quick).model)
+    assert sorted(written["maps"]) == ["cross.0", "decoder.0", "encoder.0"]
+    for maps in written["maps"].values():  # (H, T_q, T_k): each row a distribution
+        assert len(maps) == 2
+        assert all(abs(sum(row) - 1) < 1e-3 for head in maps for row in head)
+    path.write_text('{"mine": 1}')
+    assert_clean_error(run_cli("explain", str(quick), "--samples", "50", "--out", out), 2,
+                       "--force")
+    assert path.read_text() == '{"mine": 1}'
+    again = run_cli("explain", str(quick), "--samples", "50", "--out", out, "--force")
+    assert again.exit_code == 0, again.stderr
+    assert json.loads(path.read_text())["generator"] == "minitfm explain"
+
+
 def test_patch_picks_a_corruption_that_changes_the_answer(quick):
     result = run_cli("patch", str(quick), "--clean", "1 2 3 4", "--json", "--force")
     assert result.exit_code == 0, result.stderr

@@ -200,9 +200,11 @@ def test_the_recorded_probe_is_the_last_whole_record(tmp_path, content, expected
 MADE = ["attention/best-step4.png", "attention/last-step4-cross-layer0-head1.png",
         "attention/over-training-layer0.png", "attention/.best-step4.png.x1y2.tmp",
         "ablate/best-step4-zero.png", "ablate/last-step2-mean.png", "plot.png",
-        "eval-1-6.json", "eval-17-32.json", ".summary.json.abc.tmp"]
+        "eval-1-6.json", "eval-17-32.json", ".summary.json.abc.tmp",
+        "explain/best-step4.png", "explain/best-step4.json", "patch/last-step4.png"]
 USERS = ["notes.md", "eval-mine.json", "plots/plot.png", "attention/notes.txt",
-         "attention/step4.png", "ablate/ablated-by-hand.png.bak"]
+         "attention/step4.png", "ablate/ablated-by-hand.png.bak", "explain/cards.json",
+         "patch/mine.png"]
 
 
 def test_overwrite_removes_what_minitfm_wrote_and_nothing_else(run):

@@ -62,7 +62,7 @@ def compare(
 def compare_table(report: dict[str, Any]) -> Table:
     """A row per figure: each side's mean ± the half-width of its interval, A - B with its
     interval, the p-value; the caption names the interval and the test."""
-    from minitfm.lab.many.compare import amount
+    from minitfm.lab.many.compare import amount, ends
 
     pairing = (f"paired by seed ({len(report['seeds'])} seeds)" if report["paired"]
                else "unpaired (the sides do not hold the same seeds)")
@@ -76,11 +76,10 @@ def compare_table(report: dict[str, Any]) -> Table:
             table.add_row(found["name"], "-", "-", "-", "-")
             continue
         figure = found["figure"]
-        ends = "" if found["lo"] is None else \
-            f"\n[{amount(figure, found['lo'], True)}, {amount(figure, found['hi'], True)}]"
+        interval = ends(figure, found["lo"], found["hi"])
         table.add_row(found["name"], side_cell(figure, found["a"]), side_cell(figure, found["b"]),
-                      amount(figure, found["difference"], True) + ends,
-                      f"{found['p_value']:.2g}")
+                      amount(figure, found["difference"], True)
+                      + (f"\n{interval}" if interval else ""), f"{found['p_value']:.2g}")
     return table
 
 
@@ -93,7 +92,8 @@ def side_cell(figure: str, side: dict[str, Any]) -> str:
     if figure == "success":
         return (f"{round(side['mean'] * side['n'])}/{side['n']}\n"
                 f"{side['lo']:.0%}-{side['hi']:.0%}")
-    return f"{amount(figure, side['mean'])}\n± {amount(figure, (side['hi'] - side['lo']) / 2)}"
+    half = amount(figure, (side["hi"] - side["lo"]) / 2, unit=False)
+    return f"{amount(figure, side['mean'])}\n± {half}"
 
 
 def caption(report: dict[str, Any]) -> str:

@@ -107,11 +107,13 @@ def sweep_rows(folder: Path) -> list[dict[str, Any]]:
 
 def sweep_side(name: str, folder: Path, which: str) -> Side:
     """The configuration `which` of a sweep: its `#` in the sweep's table, or its label (as
-    the table or results.jsonl write it: `positional=rope` or `model.positional=rope`)."""
+    the table or results.jsonl write it, `positional=rope` or `model.positional=rope`, or its
+    values alone, `rope`)."""
     groups = by_configuration(sweep_rows(folder))
     labels = list(groups)
     chosen = labels[int(which) - 1] if which.isdigit() and 1 <= int(which) <= len(labels) \
-        else next((label for label in labels if which in (label, short_label(label))), None)
+        else next((label for label in labels if which in (label, short_label(label),
+                                                           values_of(label))), None)
     if chosen is None:
         known = ", ".join(quote(short_label(label)) for label in labels[:6])
         raise MinitfmError(f"{name} ({quote(which)}) is no configuration of "
@@ -119,6 +121,11 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
                            f"(1..{len(labels)}) or its label: {known}")
     label = f"#{labels.index(chosen) + 1} {short_label(chosen)}"
     return make_side(name, label, [folder / row["run"] for row in groups[chosen]])
+
+
+def values_of(label: str) -> str:
+    """`model.positional=rope, train.lr=0.01` -> `rope, 0.01`."""
+    return ", ".join(part.partition("=")[2] for part in label.split(", "))
 
 
 def runs_side(name: str, folders: list[Path]) -> Side:
@@ -267,12 +274,21 @@ def sizes(figure: str, xa: list[float], xb: list[float], paired: bool, effect: f
             "seeds_for_any_test": seeds_for_any_test(paired)}
 
 
-def amount(figure: str, number: float, sign: bool = False) -> str:
-    """A figure's number in its unit: `+1.2%`, `31 steps`, `4.2 s`."""
+def amount(figure: str, number: float, sign: bool = False, unit: bool = True) -> str:
+    """A figure's number in its unit: `+1.2%`, `31 steps`, `4.2 s` (`unit` False: `31`)."""
     plus = "+" if sign else ""
     if figure in ("exact_match", "success"):
         return f"{number:{plus}.1%}"
-    return f"{number:{plus}.0f} steps" if figure == "steps" else f"{number:{plus}.1f} s"
+    if figure == "steps":
+        return f"{number:{plus}.0f}" + (" steps" if unit else "")
+    return f"{number:{plus}.1f}" + (" s" if unit else "")
+
+
+def ends(figure: str, lo: float | None, hi: float | None) -> str:
+    """An interval's ends, signed, `[-0.2%, +0.5%]` or `[+17, +48]` (empty without one)."""
+    if lo is None:
+        return ""
+    return f"[{amount(figure, lo, True, False)}, {amount(figure, hi, True, False)}]"
 
 
 def verdict(found: dict[str, Any]) -> str:
@@ -280,10 +296,9 @@ def verdict(found: dict[str, Any]) -> str:
     figure, (na, nb) = found["figure"], found["n"]
     n = f"n = {na}" if na == nb else f"n = {na} and {nb}"
     if found["p_value"] < ALPHA:
-        ends = "" if found["lo"] is None else \
-            f" [{amount(figure, found['lo'], True)}, {amount(figure, found['hi'], True)}]"
-        return (f"a difference: A - B = {amount(figure, found['difference'], True)}{ends}, "
-                f"p = {found['p_value']:.2g}")
+        interval = ends(figure, found["lo"], found["hi"])
+        return (f"a difference: A - B = {amount(figure, found['difference'], True)}"
+                f"{' ' + interval if interval else ''}, p = {found['p_value']:.2g}")
     if found["smallest_p"] > ALPHA:
         return (f"no difference detectable with {n}: the test's smallest p-value there is "
                 f"{found['smallest_p']:.2g}, above {ALPHA}; it needs at least "

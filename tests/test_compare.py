@@ -314,3 +314,32 @@ def test_damaged_or_missing_sweep_results_are_one_line(tmp_path):
     for run in fake.glob("positional=rope,*"):
         (run / "summary.json").unlink()
     assert_clean_error(compare(fake, "1", "2"), 2, "A (#1 positional=rope) has no run that ended")
+
+
+def test_the_intervals_picture_is_a_forest_plot(tmp_path):
+    from minitfm.lab.many.seeds import intervals_figure
+
+    rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 120, 0.98), (2, None, 0.5)])
+    for row in rows:
+        row["configuration"] = "all"
+    summaries = configuration_rows(by_configuration(rows), ["seed"], ["1..6"])
+    axes = intervals_figure(summaries).get_axes()
+    assert [ax.get_title() for ax in axes] == [
+        "held-out exact match 1..6", "at target (Wilson interval)",
+        "steps to target (misses at the budget)", "seconds to target"]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["1: all (n=3)"]
+    (bar,) = [c for c in axes[2].get_children() if type(c).__name__ == "LineCollection"]
+    (segment,) = bar.get_segments()  # steps 100, 120, 200 (the miss): 140 ± 4.303 · √2800 / √3
+    assert segment[:, 0] == pytest.approx([140 - 131.45, 140 + 131.45], abs=0.01)
+
+
+def test_a_side_whose_runs_differ_in_more_than_the_seed_is_noted(tmp_path):
+    for seed, steps, exact in SAME[:3]:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps, exact)
+    config = tmp_path / "a" / "r0" / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 0.003", "lr: 0.01"))
+    result = compare("--a", tmp_path / "a", "--b", tmp_path / "b")
+    assert result.exit_code == 0, result.stderr
+    assert "note: the runs of A differ in train.lr: compare pools them" in result.stderr
+    assert "runs of B" not in result.stderr

@@ -49,6 +49,9 @@ def compare(
         if side.left_out:
             note(f"{side.name} leaves out {len(side.left_out)} run(s) that did not end: "
                  f"{', '.join(side.left_out)}")
+        if side.mixed:
+            note(f"the runs of {side.name} differ in {', '.join(side.mixed[:5])}: compare pools "
+                 f"them as one configuration")
     if as_json:
         print(to_json(report))
         return

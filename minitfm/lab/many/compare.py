@@ -23,7 +23,7 @@ from typing import Any
 
 from minitfm.errors import MinitfmError, quote, shown_path
 from minitfm.lab.many.results import by_configuration
-from minitfm.lab.many.runs import SWEEP_FILE, find_runs, short_label
+from minitfm.lab.many.runs import HIDDEN_KEYS, SWEEP_FILE, find_runs, short_label
 from minitfm.lab.many.seeds import ended, run_outcome
 from minitfm.lab.many.stats import (
     ALPHA,
@@ -59,10 +59,11 @@ class Side:
     label: str
     runs: list[dict[str, Any]]
     left_out: list[str] = field(default_factory=list)
+    mixed: list[str] = field(default_factory=list)  # config keys in which its runs differ
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "n": len(self.runs), "runs": [r["run"] for r in self.runs],
-                "left_out": self.left_out}
+                "left_out": self.left_out, "differ_in": self.mixed}
 
 
 def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
@@ -73,7 +74,11 @@ def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
     if not done:
         raise MinitfmError(f"{name} ({label}) has no run that ended (finished or stopped at "
                            f"target): {', '.join(left) or 'no run'}; finish or resume its runs")
-    return Side(name, label, done, left)
+    configs = [r["config"] for r in done]
+    mixed = [key for key in dict.fromkeys(k for config in configs for k in config)
+             if key not in (*HIDDEN_KEYS, "seed")
+             and len({repr(config.get(key)) for config in configs}) > 1]
+    return Side(name, label, done, left, mixed)
 
 
 def sweep_rows(folder: Path) -> list[dict[str, Any]]:
@@ -131,7 +136,10 @@ def values_of(label: str) -> str:
 def runs_side(name: str, folders: list[Path]) -> Side:
     """Run directories given by `--a`/`--b`: each a run, or a folder of runs (a sweep folder:
     all of its runs)."""
-    run_dirs = list(dict.fromkeys(run for folder in folders for run in find_runs(folder)))
+    try:
+        run_dirs = list(dict.fromkeys(run for folder in folders for run in find_runs(folder)))
+    except MinitfmError as err:
+        raise MinitfmError(f"--{name.lower()}: {err}") from None
     if not run_dirs:
         raise MinitfmError(f"--{name.lower()} {quote(shown_path(folders[0]))} holds no run "
                            f"directory: give runs, or folders of runs")

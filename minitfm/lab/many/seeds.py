@@ -20,6 +20,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from minitfm.config import flatten
 from minitfm.errors import CheckpointError
 from minitfm.lab.curves import is_fraction, is_number, read_eval
 from minitfm.lab.many.runs import short_label
@@ -47,8 +48,9 @@ def reached(summary: dict[str, Any], target: float | None) -> bool | None:
 def run_outcome(run_dir: Path) -> dict[str, Any]:
     """A run directory's figures as `minitfm compare` reads them: seed, status, steps and
     seconds (`summary.json`), whether it reached its target, the budget and target
-    (`config.yaml`), and held-out exact match on the trained lengths: the sweep's evaluation
-    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`)."""
+    (`config.yaml`), held-out exact match on the trained lengths: the sweep's evaluation
+    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`);
+    and its config, flat."""
     row: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir)}
     try:
         config, summary = read_run_config(run_dir) or {}, load_summary(run_dir) or {}
@@ -62,11 +64,13 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
         isinstance(n, int) for n in span) else None
     exact = report["exact_match"] if report else summary.get("exact_match")
     status = run_status(run_dir)
-    return {**row, "seed": config.get("seed") if isinstance(config.get("seed"), int) else None,
+    seed = config.get("seed")
+    return {**row, "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
             "status": status, "steps": summary.get("step"), "wall_s": summary.get("wall_s"),
             "reached": reached(summary, target) if status in DONE else None,
             "budget": summary.get("steps", train.get("steps")), "target": target,
-            "exact_match": exact if is_fraction(exact) else None}
+            "exact_match": exact if is_fraction(exact) else None,
+            "config": flatten(config)}
 
 
 def ended(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -131,7 +135,7 @@ def intervals_figure(rows: list[dict[str, Any]]):
     """intervals.png: a panel per figure, a row per configuration, its mean (a dot) and its 95%
     interval (a bar), as a paper's forest plot; misses count at the step budget."""
     from matplotlib.figure import Figure
-    from matplotlib.ticker import PercentFormatter
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     spans = [key[len("exact_match "):-len(" mean")] for key in rows[0]
              if key.startswith("exact_match ") and key.endswith(" mean")]
@@ -140,11 +144,12 @@ def intervals_figure(rows: list[dict[str, Any]]):
     if "success_rate mean" in rows[0]:
         panels.append(("success_rate", "at target (Wilson interval)"))
         to = " to target"
-    panels += [("steps", f"steps{to}"), ("seconds", f"seconds{to}")]
+    panels += [("steps", f"steps{to}{' (misses at the budget)' if to else ''}"),
+               ("seconds", f"seconds{to}")]
     fig = Figure(figsize=(2.2 + 2.6 * len(panels), 1.2 + 0.35 * len(rows)), dpi=120,
                  layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
-    labels = [f"{row['#']}: {short_label(row['configuration'])} (n={row['n']})" for row in rows]
+    labels = [f"{row['#']}: {named(row['configuration'])} (n={row['n']})" for row in rows]
     for ax, (name, title) in zip(axes, panels, strict=True):
         for y, row in enumerate(rows):
             centre, lo, hi = (row.get(f"{name} {end}") for end in ("mean", "lo", "hi"))
@@ -155,9 +160,15 @@ def intervals_figure(rows: list[dict[str, Any]]):
                         color=LINE_COLOURS[y % len(LINE_COLOURS)])
         ax.set_title(title, fontsize="medium")
         ax.grid(alpha=0.3, axis="x")
+        ax.xaxis.set_major_locator(MaxNLocator(4))  # percentages with decimals need the room
         if name.startswith(("exact_match", "success_rate")):
             ax.xaxis.set_major_formatter(PercentFormatter(1.0))
     axes[0].set_yticks(range(len(rows)), labels)
-    axes[0].invert_yaxis()  # the table's order, top to bottom
+    axes[0].set_ylim(len(rows) - 0.5, -0.5)  # the table's order, top to bottom
     fig.suptitle("mean and 95% interval over seeds (t; Wilson for the rate)", fontsize="medium")
     return fig
+
+
+def named(configuration: str) -> str:
+    """A configuration's short label (`all` when only seeds were swept)."""
+    return short_label(configuration) if "=" in configuration else configuration

@@ -172,6 +172,7 @@ def test_sample_sizes_are_the_textbooks():
     assert seeds_needed(1.0, 0.5) == pytest.approx(64, abs=1)  # Cohen: 64 for d = 0.5
     assert seeds_needed(0.0, 3.0) == 2
     assert seeds_needed(1.0, 1e-4) is None  # beyond MAX_SEEDS
+    assert seeds_needed(1.0, 1e-300) is None  # and no overflow on the way
 
 
 def test_rate_sizes_are_cohens():
@@ -180,6 +181,7 @@ def test_rate_sizes_are_cohens():
     p2 = math.sin(math.asin(math.sqrt(p1)) + 0.25) ** 2  # h = 2 asin √p2 - 2 asin √p1 = 0.5
     assert seeds_needed_rate(p2, p1) == pytest.approx(63, abs=1)
     assert seeds_needed_rate(0.5, 0.5) is None
+    assert seeds_needed_rate(0.5, 0.5 + 1e-15) is None
     smallest = detectable_rate(0.5, 63, 63)
     assert seeds_needed_rate(0.5 + smallest, 0.5) == pytest.approx(63, abs=1)
     assert 0 < detectable_rate(1.0, 8, 8) < 1  # all at target: the rate a miss or two away

@@ -230,8 +230,10 @@ def seeds_needed(sd: float, effect: float) -> int | None:
     beyond MAX_SEEDS."""
     if sd == 0:
         return 2  # no spread: two runs a side show any difference (and give an interval)
-    z = z_value(1 - ALPHA / 2) + z_value(POWER)
-    n = max(2, math.floor(2 * (z * sd / effect) ** 2))  # the normal answer; t asks a little more
+    ratio = (z_value(1 - ALPHA / 2) + z_value(POWER)) * sd / effect
+    if 2 * ratio * ratio > MAX_SEEDS:  # (a product, not **: a tiny effect must not overflow)
+        return None
+    n = max(2, math.floor(2 * ratio * ratio))  # the normal answer; t asks a little more
     while n <= MAX_SEEDS and detectable(sd, n, n) > effect:
         n += 1
     return n if n <= MAX_SEEDS else None
@@ -260,5 +262,5 @@ def seeds_needed_rate(rate_a: float, rate_b: float) -> int | None:
     h = abs(arcsine(rate_a) - arcsine(rate_b))
     if h == 0:
         return None
-    n = math.ceil(2 * ((z_value(1 - ALPHA / 2) + z_value(POWER)) / h) ** 2)
-    return n if n <= MAX_SEEDS else None
+    ratio = (z_value(1 - ALPHA / 2) + z_value(POWER)) / h
+    return math.ceil(2 * ratio * ratio) if 2 * ratio * ratio <= MAX_SEEDS else None

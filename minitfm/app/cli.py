@@ -443,8 +443,9 @@ def sweep(
     result = run_sweep(plan, say)
     folder = shown_path(plan.folder)
     show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
-    say(f"wrote {shown_path(plan.folder / 'results.jsonl')}, results.csv, results.png and "
-        f"configurations.jsonl, .csv (intervals.png with 2 seeds or more)")
+    intervals = ", intervals.png" if (plan.folder / "intervals.png").is_file() else ""
+    say(f"wrote {shown_path(plan.folder / 'results.jsonl')}, results.csv, results.png, "
+        f"configurations.jsonl, configurations.csv{intervals}")
     if result.failed:
         fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
              f"({', '.join(result.failed)}): see their .log files in {folder}", 1)

@@ -24,7 +24,7 @@ from typing import Any
 from minitfm.errors import MinitfmError, quote, shown_path
 from minitfm.lab.many.results import by_configuration
 from minitfm.lab.many.runs import HIDDEN_KEYS, SWEEP_FILE, find_runs, short_label
-from minitfm.lab.many.seeds import ended, run_outcome
+from minitfm.lab.many.seeds import ended, named, run_outcome
 from minitfm.lab.many.stats import (
     ALPHA,
     MAX_SEEDS,
@@ -45,6 +45,7 @@ from minitfm.lab.many.stats import (
     welch_interval,
 )
 from minitfm.run.files import open_run_file, unreadable
+from minitfm.run.rundir import DONE
 
 FIGURES = {"exact_match": "held-out exact match", "steps": "steps to target",
            "seconds": "seconds to target", "success": "success rate"}
@@ -70,7 +71,7 @@ def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
     """The side's runs read (`seeds.run_outcome`); those that did not end are left out, named."""
     outcomes = [run_outcome(run_dir) for run_dir in run_dirs]
     done = ended(outcomes)
-    left = [f"{r['run']} ({r['status']})" for r in outcomes if r not in done]
+    left = [f"{r['run']} ({r['status']})" for r in outcomes if r["status"] not in DONE]
     if not done:
         raise MinitfmError(f"{name} ({label}) has no run that ended (finished or stopped at "
                            f"target): {', '.join(left) or 'no run'}; finish or resume its runs")
@@ -120,11 +121,11 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
         else next((label for label in labels if which in (label, short_label(label),
                                                            values_of(label))), None)
     if chosen is None:
-        known = ", ".join(quote(short_label(label)) for label in labels[:6])
+        known = ", ".join(quote(named(label)) for label in labels[:6])
         raise MinitfmError(f"{name} ({quote(which)}) is no configuration of "
                            f"{quote(shown_path(folder))}: give its # in the sweep's table "
                            f"(1..{len(labels)}) or its label: {known}")
-    label = f"#{labels.index(chosen) + 1} {short_label(chosen)}"
+    label = f"#{labels.index(chosen) + 1} {named(chosen)}"
     return make_side(name, label, [folder / row["run"] for row in groups[chosen]])
 
 

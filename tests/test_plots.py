@@ -83,7 +83,7 @@ def test_cli_plots_one_run_into_its_directory(runs):
     os.utime(png, ns=(0, 0))  # dated 1970: a rewritten file bears a later date
     again = run_cli("plot", runs / "a" / "checkpoints" / "last.pt")  # a checkpoint: its run
     assert again.exit_code == 0, again.stderr  # its own earlier plot is replaced unasked
-    assert again.stdout.strip() == f"wrote {png}"
+    assert again.stdout.strip() == f"wrote {shown_path(png)}"
     assert png.stat().st_mtime_ns != 0 and is_minitfm_picture(png) and png_size(png) == (1100, 450)
 
 

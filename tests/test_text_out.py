@@ -92,7 +92,7 @@ def test_a_bidi_run_name_prints_escaped_in_runs_and_training(base, tmp_path):
     assert trained.exit_code == 0, trained.stderr
     assert "\u202e" not in trained.stdout
     assert f"run directory: {printable(shown_path(tmp_path / f'new{BIDI_NAME}'))}" in trained.stdout
-    assert shell_quote(str(tmp_path / f"new{BIDI_NAME}")) in trained.stdout  # next: commands
+    assert shell_quote(shown_path(tmp_path / f"new{BIDI_NAME}")) in trained.stdout  # next:
 
 
 # --- L7: the JSON minitfm prints is strict ---

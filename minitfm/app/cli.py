@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from minitfm import __version__
-from minitfm.app import explain
+from minitfm.app import compare, explain
 from minitfm.app.console import (
     App,
     OneLineErrors,
@@ -363,6 +363,7 @@ def ablate(
 
 
 app.registered_commands += explain.app.registered_commands  # explain, patch (app/explain.py)
+app.registered_commands += compare.app.registered_commands  # compare (app/compare.py)
 app.command()(explore)  # app/explore.py
 
 
@@ -442,7 +443,9 @@ def sweep(
     result = run_sweep(plan, say)
     folder = shown_path(plan.folder)
     show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
-    say(f"wrote {shown_path(plan.folder / 'results.jsonl')}, results.csv and results.png")
+    intervals = ", intervals.png" if (plan.folder / "intervals.png").is_file() else ""
+    say(f"wrote {shown_path(plan.folder / 'results.jsonl')}, results.csv, results.png, "
+        f"configurations.jsonl, configurations.csv{intervals}")
     if result.failed:
         fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
              f"({', '.join(result.failed)}): see their .log files in {folder}", 1)

@@ -415,23 +415,52 @@ def faster(ratio: float) -> str:
 # --- `minitfm sweep` and `minitfm runs` ---
 
 def sweep_table(rows: list[dict[str, Any]], keys: list[str], title: str) -> Table:
-    """Rows = configurations, mean ± std over seeds where there are several."""
-    from minitfm.lab.many.results import by_configuration, range_labels, spread
+    """Rows = configurations (`#` as `minitfm compare` takes it): n, then each figure's mean ±
+    the half-width of its 95% interval over the seeds (`lab/many/seeds.py`)."""
+    from minitfm.lab.many.results import by_configuration, range_labels
     from minitfm.lab.many.runs import short_names
+    from minitfm.lab.many.seeds import CAPTION, configuration_rows
 
-    names = short_names(keys)
+    names, spans = short_names(keys), range_labels(rows)
     shown = [key for key in keys if key != "seed"]
-    table = Table(title=title)
-    for column in [*(names[k] for k in shown), "runs", "steps", "wall s",
-                   *(f"exact match {s}" for s in range_labels(rows))]:
+    summaries = configuration_rows(by_configuration(rows), keys, spans)
+    target = any("success_rate mean" in row for row in summaries)
+    to = " to target" if target else ""
+    table = Table(title=title, caption=CAPTION)
+    for column in ["#", *(names[k] for k in shown), "n", *(f"exact match {s}" for s in spans),
+                   *(["at target"] if target else []), f"steps{to}", f"seconds{to}"]:
         table.add_column(column, justify="left" if column in names.values() else "right")
-    for group in by_configuration(rows).values():
-        cells = [str(group[0][k]) if group[0][k] is not None else "null" for k in shown]
-        cells += [str(len(group)), spread([r["steps"] for r in group], "{:.0f}"),
-                  spread([r["wall_s"] for r in group], "{:.1f}")]
-        cells += [spread([r["exact_match"].get(s) for r in group]) for s in range_labels(rows)]
+    for row in summaries:
+        cells = [str(row["#"]), *(printable(str(row[k])) if row[k] is not None else "null"
+                                  for k in shown)]
+        cells.append(str(row["n"]) if row["n"] == row["runs"] else f"{row['n']} of {row['runs']}")
+        cells += [plus_minus(row, f"exact_match {s}", "{:.1%}") for s in spans]
+        if target:
+            cells.append(rate_cell(row))
+        for name, form in (("steps", "{:.0f}"), ("seconds", "{:.1f}")):
+            middle = row[f"{name} median"]
+            cells.append(plus_minus(row, name, form) + ("" if middle is None or row["n"] < 2
+                                                       else f"\nmedian {form.format(middle)}"))
         table.add_row(*cells)
     return table
+
+
+def plus_minus(row: dict[str, Any], name: str, form: str) -> str:
+    """`97.3% ± 1.2%`: the mean ± the half-width of its interval (a value alone: one run)."""
+    centre, lo, hi = (row.get(f"{name} {end}") for end in ("mean", "lo", "hi"))
+    if centre is None:
+        return "-"
+    if lo is None:
+        return form.format(centre)
+    return f"{form.format(centre)} ± {form.format((hi - lo) / 2)}"
+
+
+def rate_cell(row: dict[str, Any]) -> str:
+    """`7/8` over its Wilson interval `47-100%`."""
+    if row.get("success_rate mean") is None:
+        return "-"
+    return (f"{row['reached']}/{row['n']}\n{row['success_rate lo']:.0%}-"
+            f"{row['success_rate hi']:.0%}")
 
 
 def runs_table(rows: list[dict[str, Any]], title: str) -> Table:

@@ -125,8 +125,9 @@ class VisualizeOptions:
 class SweepOptions:
     """`minitfm sweep`: how many runs at once, what each evaluates, where the sweep folder is."""
 
-    seeds: str | None = option(None, "Seeds to sweep, e.g. 0,1,2 (= seed=0,1,2).",
-                               metavar="N,N,...")
+    seeds: str | None = option(None, "Seeds to sweep: seeds and ranges A..B, e.g. 0..7 or "
+                               "0,1,2 (= seed=0,1,2); the table gives each configuration's "
+                               "95% intervals over them.", metavar="A..B,N,...")
     jobs: int | None = option(None, "Runs at once (default: as many as the cores hold at one "
                               "thread each); each is a process of its own, ~300 MB with torch "
                               "plus its run.", 1)

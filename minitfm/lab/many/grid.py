@@ -60,7 +60,7 @@ class RunSpec:
 def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     """`KEY=V1,V2` items (and `--seeds`) -> (swept keys with their values, fixed overrides)."""
     swept, fixed = [], []
-    for item in [*items, *([f"seed={seeds}"] if seeds is not None else [])]:
+    for item in [*items, *([f"seed={parse_seeds(seeds)}"] if seeds is not None else [])]:
         split = split_key_value(item)
         if split is None:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
@@ -84,6 +84,26 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     for key, values in swept:
         check_distinct(key, values)
     return swept, fixed
+
+
+def parse_seeds(text: str) -> str:
+    """`--seeds`: seeds and ranges, comma-separated, as `seed=` values (`0..3,8` -> `0,1,2,3,8`);
+    a range is written as `--eval-lengths` writes one, A..B with both ends included."""
+    values = []
+    for part in text.split(","):
+        if ".." not in part:
+            values.append(part.strip())  # checked as a seed by the config, like seed=0,1
+            continue
+        found = re.fullmatch(r"\s*(-?\d{1,19})\s*\.\.\s*(-?\d{1,19})\s*", part)
+        lo, hi = (int(n) for n in found.groups()) if found else (1, 0)
+        if lo > hi:
+            raise ConfigError(f"--seeds ({quote(text)}): {quote(part.strip())} is no range A..B "
+                              f"with A <= B; give seeds and ranges such as 0..7 or 0,1,2")
+        if hi - lo >= MAX_RUNS:
+            raise ConfigError(f"--seeds ({quote(text)}): {quote(part.strip())} is "
+                              f"{hi - lo + 1:,} seeds, at most {MAX_RUNS:,} runs in a grid")
+        values.extend(str(seed) for seed in range(lo, hi + 1))
+    return ",".join(values)
 
 
 def check_size(swept: list[tuple[str, list[str]]]) -> None:

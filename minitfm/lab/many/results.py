@@ -1,5 +1,7 @@
 """A sweep's results: each run's evaluations read back, one row per run in results.jsonl and
-results.csv, and results.png, the runs side by side.
+results.csv, and results.png, the runs side by side; a row per configuration (its seeds
+together, with 95% intervals: `seeds.py`) in configurations.jsonl, configurations.csv and
+intervals.png.
 
 Each run's evaluations are the `minitfm eval --json` reports its job wrote beside its checkpoints
 (`eval-A-B.json`, one per length range: the trained range first), read by `curves.read_eval`:
@@ -15,7 +17,7 @@ import io
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean, stdev
+from statistics import mean
 from typing import Any
 
 from minitfm.config import parse_override
@@ -23,9 +25,10 @@ from minitfm.errors import CheckpointError
 from minitfm.lab.curves import read_eval, scan_metrics
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.runs import short_label
+from minitfm.lab.many.seeds import configuration_rows, reached, write_configurations
 from minitfm.lab.pictures import LINE_COLOURS, line_style, save_png
 from minitfm.run.files import to_json, write_atomic
-from minitfm.run.rundir import read_summary, run_status
+from minitfm.run.rundir import DONE, read_summary, run_status
 
 
 def eval_ranges(spec: RunSpec, extra: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -77,28 +80,36 @@ def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
     """One line of results.jsonl: the swept values, how the run went, its exact matches."""
     summary = read_summary(spec.run_dir) or {}
     values = {key: parse_override(f"{key}={text}")[1] for key, text in spec.choice.items()}
-    return {"run": spec.id, "run_dir": str(spec.run_dir), **values,
-            "configuration": spec.label, "status": run_status(spec.run_dir),
+    status, target = run_status(spec.run_dir), spec.cfg.train.target_exact_match
+    return {"run": spec.id, "run_dir": str(spec.run_dir), "seed": spec.cfg.seed, **values,
+            "configuration": spec.label, "status": status,
             "steps": summary.get("step"), "wall_s": summary.get("wall_s"),
+            "reached": reached(summary, target) if status in DONE else None,
+            "budget": spec.cfg.train.steps, "target": target,
             "trained_lengths": [spec.cfg.task.min_len, spec.cfg.task.max_len],
             "exact_match": exact_matches(spec, ranges), "per_length": per_length(spec, ranges)}
 
 
 def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
-    """results.jsonl (everything), results.csv (no per-length figures) and results.png."""
+    """results.jsonl (everything), results.csv (no per-length figures) and results.png; a row
+    per configuration in configurations.jsonl and .csv, and intervals.png (`seeds.py`)."""
     lines = "".join(to_json(row) + "\n" for row in rows)
     write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
-    columns = ["run", *keys, "status", "steps", "wall_s", *(f"exact_match {s}" for s in spans)]
+    seed = [] if "seed" in keys else ["seed"]
+    columns = ["run", *keys, *seed, "status", "reached", "steps", "wall_s",
+               *(f"exact_match {s}" for s in spans)]
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     writer.writerow(columns)
     for row in rows:
-        values = [row["run"], *(row[k] for k in keys), row["status"], row["steps"],
-                  row["wall_s"], *(row["exact_match"].get(s) for s in spans)]
+        values = [row["run"], *(row[k] for k in [*keys, *seed]), row["status"],
+                  row.get("reached"), row["steps"], row["wall_s"],
+                  *(row["exact_match"].get(s) for s in spans)]
         writer.writerow(["null" if v is None else v for v in values])
     write_atomic(folder / "results.csv", table.getvalue().encode("utf-8"))
     plot_results(rows, folder / "results.png")
+    write_configurations(folder, configuration_rows(by_configuration(rows), keys, spans))
 
 
 def range_labels(rows: list[dict[str, Any]]) -> list[str]:
@@ -221,16 +232,6 @@ def plot_lengths(ax, rows: list[dict[str, Any]], lines: list) -> None:
     ax.set_xlabel("input length")
     if ax.get_subplotspec().is_first_col():
         ax.set_ylabel("exact match per input length\n(mean over seeds)")
-
-
-def spread(values: list[float | None], form: str = "{:.1%}") -> str:
-    """`97.3% ± 1.2%` (mean ± std) for several values, the value alone for one."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return form.format(values[0])
-    return f"{form.format(mean(values))} ± {form.format(stdev(values))}"
 
 
 @dataclass

@@ -1,0 +1,345 @@
+"""Seeds as an axis and `minitfm compare`, on run directories written here (config.yaml,
+summary.json, eval-1-6.json as a sweep's jobs leave them): nothing is trained, a few seconds.
+
+Runs that miss the target are counted (a miss in the success rate, the step budget in the
+steps), runs that did not end are named and left out; `compare` says "no difference" for two
+identical configurations and finds a planted one; bad input is one line, exit 2."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from minitfm.config import load_config, to_yaml
+from minitfm.lab.many.grid import RunSpec, parse_seeds
+from minitfm.lab.many.results import by_configuration, result_row, write_results
+from minitfm.lab.many.seeds import configuration_rows
+from tests.helpers import TINY, assert_clean_error, run_cli
+
+BUDGET = 200
+POSITIONAL = "model.positional"
+
+
+def fake_run(folder: Path, name: str, seed: int, steps: int | None, exact: float,
+             wall_s: float | None = None) -> Path:
+    """A run as a sweep's job leaves it: `steps` None is a miss (finished at the budget)."""
+    run_dir = folder / name
+    run_dir.mkdir(parents=True)
+    cfg = load_config(None, [*TINY, f"seed={seed}", f"train.steps={BUDGET}"])
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    reached = steps is not None
+    summary = {"status": "stopped at target" if reached else "finished",
+               "step": steps if reached else BUDGET, "steps": BUDGET,
+               "wall_s": wall_s if wall_s is not None else (steps or BUDGET) / 10,
+               "best_exact_match": 0.995 if reached else 0.6, "exact_match": exact}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "eval-1-6.json").write_text(json.dumps({"exact_match": exact,
+                                                       "per_length": {}}))
+    return run_dir
+
+
+def fake_sweep(folder: Path, configurations: dict[str, list[tuple]]) -> Path:
+    """A sweep folder: sweep.json, results.jsonl, and a run per (seed, steps, exact) of each
+    configuration (`positional=VALUE`)."""
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"grid": {}}))
+    rows = []
+    for value, runs in configurations.items():
+        for seed, steps, exact in runs:
+            name = f"positional={value},seed={seed}"
+            fake_run(folder, name, seed, steps, exact)
+            rows.append({"run": name, "seed": seed, POSITIONAL: value,
+                         "configuration": f"{POSITIONAL}={value}"})
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def sweep_rows(folder: Path, runs: list[tuple]) -> list[dict]:
+    """results.jsonl rows of a configuration of `runs` (seed, steps or None, exact), as
+    `result_row` makes them."""
+    rows = []
+    for seed, steps, exact in runs:
+        cfg = load_config(None, [*TINY, f"seed={seed}", f"train.steps={BUDGET}"])
+        spec = RunSpec(f"seed={seed}", {"seed": str(seed)}, [], cfg,
+                       fake_run(folder, f"seed={seed}", seed, steps, exact))
+        rows.append(result_row(spec, []))
+    return rows
+
+
+SAME = [(seed, 100 + 5 * seed, 0.99) for seed in range(8)]
+
+
+# --- seeds as an axis ---
+
+@pytest.mark.parametrize("text, seeds", [
+    ("0..7", "0,1,2,3,4,5,6,7"), ("0..2,7", "0,1,2,7"), (" 3 .. 4 ", "3,4"), ("5", "5"),
+    ("0,1,2", "0,1,2"), ("-1..1", "-1,0,1"),
+])
+def test_seeds_take_ranges_and_lists(text, seeds):
+    assert parse_seeds(text) == seeds
+
+
+def test_a_range_of_seeds_makes_a_run_per_seed_and_configuration(tmp_path):
+    result = run_cli("sweep", *TINY, "model.positional=sinusoidal,rope", "--seeds", "0..3",
+                     "--out", tmp_path / "sw", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 8 and sum("seed=3" in line for line in lines) == 2
+
+
+@pytest.mark.parametrize("seeds, needle", [
+    ("3..1", "'3..1' is no range A..B with A <= B"),
+    ("0..", "'0..' is no range"),
+    ("0..x", "'0..x' is no range"),
+    ("0..99999", "'0..99999' is 100,000 seeds, at most 10,000"),
+    ("0..3,2", "gives the value '2' twice"),
+])
+def test_bad_seed_ranges_are_one_line(tmp_path, seeds, needle):
+    result = run_cli("sweep", *TINY, "--seeds", seeds, "--out", tmp_path / "sw", "--dry-run")
+    assert_clean_error(result, 2, needle)
+
+
+def test_runs_that_miss_the_target_count_as_misses_and_at_the_budget(tmp_path):
+    rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 120, 0.99), (2, 140, 0.99),
+                                 (3, None, 0.60)])
+    assert [row["reached"] for row in rows] == [True, True, True, False]
+    (summary,) = configuration_rows(by_configuration(rows), ["seed"], ["1..6"])
+    assert summary["n"] == 4 and summary["reached"] == 3
+    assert summary["success_rate mean"] == 0.75
+    assert (summary["success_rate lo"], summary["success_rate hi"]) == pytest.approx(
+        (0.3006, 0.9544), abs=1e-4)  # Wilson, 3 of 4
+    assert summary["steps median"] == 130  # 100, 120, 140 and the miss at 200: never dropped
+    assert summary["steps mean"] == 140
+    assert summary["seconds median"] == 13.0
+    assert summary["exact_match 1..6 mean"] == pytest.approx((3 * 0.99 + 0.6) / 4)
+    assert summary["exact_match 1..6 lo"] < summary["exact_match 1..6 mean"]
+
+
+def test_a_finished_run_whose_last_evaluation_reached_the_target_reached_it(tmp_path):
+    from minitfm.lab.many.seeds import reached, run_outcome
+
+    run_dir = fake_run(tmp_path, "r", 0, None, 0.99)
+    assert run_outcome(run_dir)["reached"] is False
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["best_exact_match"] = 0.995  # reached at the last step: the run ends "finished"
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    found = run_outcome(run_dir)
+    assert found["reached"] is True and found["steps"] == BUDGET and found["seed"] == 0
+    assert reached(summary, None) is None  # no target (train.target_exact_match=null)
+
+
+def test_runs_that_did_not_end_are_left_out_of_n(tmp_path):
+    rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 110, 0.99)])
+    rows[1]["status"] = "interrupted"
+    (summary,) = configuration_rows(by_configuration(rows), ["seed"], ["1..6"])
+    assert (summary["n"], summary["runs"]) == (1, 2) and summary["steps lo"] is None
+
+
+def test_the_sweeps_files_hold_each_configurations_interval(tmp_path):
+    folder = tmp_path / "sw"
+    folder.mkdir()
+    rows = []
+    for value, offset in (("sinusoidal", 0), ("rope", 50)):
+        for row in sweep_rows(folder / value, [(s, 100 + offset + s, 0.99) for s in range(3)]):
+            row.update({POSITIONAL: value, "configuration": f"{POSITIONAL}={value}"})
+            rows.append(row)
+    for row in rows:
+        row["exact_match"] = {"1..6": 0.99}
+    write_results(folder, rows, [POSITIONAL, "seed"])
+    table = list(csv.DictReader((folder / "configurations.csv").open()))
+    assert [row["model.positional"] for row in table] == ["sinusoidal", "rope"]
+    assert [row["#"] for row in table] == ["1", "2"]
+    for column in ("steps mean", "steps lo", "steps hi", "steps median", "success_rate lo",
+                   "success_rate hi", "seconds lo", "exact_match 1..6 hi"):
+        assert column in table[0], column
+    assert float(table[0]["steps lo"]) < 101 < float(table[0]["steps hi"])
+    lines = [json.loads(line) for line in (folder / "configurations.jsonl").open()]
+    assert lines[1]["steps mean"] == 151 and lines[1]["n"] == 3
+    assert (folder / "intervals.png").stat().st_size > 0
+    header = (folder / "results.csv").read_text().splitlines()[0].split(",")
+    assert header[:5] == ["run", "model.positional", "seed", "status", "reached"]
+
+
+def test_the_sweep_table_gives_intervals_and_says_how_misses_count(tmp_path):
+    from minitfm.app.tables import sweep_table
+
+    rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 120, 0.99), (2, None, 0.5)])
+    for row in rows:
+        row["configuration"] = "all"
+    table = sweep_table(rows, ["seed"], "sweep x")
+    headers = [column.header for column in table.columns]
+    assert headers == ["#", "n", "exact match 1..6", "at target", "steps to target",
+                       "seconds to target"]
+    cells = [next(iter(column.cells)) for column in table.columns]
+    assert cells[3].startswith("2/3\n") and "±" in cells[4] and "median 120" in cells[4]
+    assert "95% Student's t" in table.caption and "step budget" in table.caption
+    assert "Wilson" in table.caption
+
+
+# --- compare ---
+
+def compare(*args):
+    return run_cli("compare", *[str(a) for a in args])
+
+
+def test_two_identical_configurations_show_no_difference(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME, "rope": SAME})
+    result = compare(sweep, "1", "positional=rope")
+    assert result.exit_code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "paired by seed (8 seeds)" in out
+    for name in ("held-out exact match", "steps to target", "seconds to target", "success rate"):
+        assert f"{name}: no difference detectable with n = 8 (smallest detectable:" in out, name
+    assert "no difference observed: give --effect" in out
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    assert report["paired"] and report["seeds"] == list(range(8))
+    assert all(f["p_value"] == 1.0 and f["difference"] == 0 for f in report["figures"])
+
+
+def test_a_planted_large_difference_is_found_paired_by_seed(tmp_path):
+    slow = [(seed, 200 + 5 * seed, 0.99) for seed in range(8)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME, "rope": slow})
+    report = json.loads(compare(sweep, "2", "1", "--json").stdout)
+    steps = {f["figure"]: f for f in report["figures"]}["steps"]
+    assert steps["difference"] == 100 and steps["lo"] == steps["hi"] == 100  # every seed +100
+    assert steps["p_value"] == 2 / 256 and "exact over 256 sign flips" in steps["test"]
+    assert steps["verdict"].startswith("a difference: A - B = +100 steps")
+    result = compare(sweep, "rope", "sinusoidal")
+    assert "steps to target: a difference: A - B = +100 steps" in result.stdout
+    assert "held-out exact match: no difference detectable" in result.stdout
+
+
+def test_unpaired_when_the_sides_hold_other_seeds_with_welch_and_a_relabelling_test(tmp_path):
+    other = [(seed + 8, 160 + (seed * 7) % 11, 0.97 + 0.002 * seed) for seed in range(6)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME, "rope": other})
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    assert not report["paired"] and report["seeds"] is None
+    steps = {f["figure"]: f for f in report["figures"]}["steps"]
+    assert steps["n"] == [8, 6] and "Welch" in steps["interval"]
+    assert "exact over 3,003 splits" in steps["test"] and steps["p_value"] < 0.01
+    assert steps["lo"] < steps["difference"] < steps["hi"] < 0
+
+
+def test_misses_make_a_success_rate_and_count_at_the_budget(tmp_path):
+    misses = [(seed, None if seed < 6 else 100, 0.5) for seed in range(8)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME, "rope": misses})
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    figures = {f["figure"]: f for f in report["figures"]}
+    success = figures["success"]
+    assert success["a"]["mean"] == 1.0 and success["b"]["mean"] == 0.25
+    assert success["difference"] == 0.75 and "Newcombe" in success["interval"]
+    assert success["p_value"] < 0.05
+    assert figures["steps"]["b"]["mean"] == (6 * BUDGET + 2 * 100) / 8
+
+
+def test_too_few_seeds_say_no_test_could_detect_anything(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3],
+                                         "rope": [(s, 900, 0.2) for s in range(3)]})
+    result = compare(sweep, "1", "2")
+    out = " ".join(result.stdout.split())
+    assert result.exit_code == 0
+    assert ("steps to target: no difference detectable with n = 3: the test's smallest p-value "
+            "there is 0.25, above 0.05; it needs at least 6 seeds a side") in out
+
+
+def test_effect_sizes_the_seeds_a_difference_needs(tmp_path):
+    noisy = [(seed, 100 + (17 * seed) % 40, 0.99) for seed in range(8)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": noisy, "rope": SAME})
+    report = json.loads(compare(sweep, "1", "2", "--effect", "steps=5", "--json").stdout)
+    steps = {f["figure"]: f for f in report["figures"]}["steps"]
+    assert steps["effect_size"] == 5 and steps["effect_from"] == "--effect"
+    assert steps["seeds_needed"] > 8
+    assert f"a difference of 5 steps (as --effect) needs {steps['seeds_needed']} seeds a side" \
+        in steps["seeds_line"]
+
+
+def test_run_sets_by_a_and_b_and_two_sweeps(tmp_path):
+    for seed, steps, exact in SAME:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps + 300, exact)
+    fake_run(tmp_path / "b", "cut", 99, 50, 0.2)
+    (tmp_path / "b" / "cut" / "summary.json").unlink()  # killed before its summary: failed
+    result = compare("--a", tmp_path / "a", "--b", tmp_path / "b", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["b"]["left_out"] == ["cut (failed)"] and "cut (failed)" in result.stderr
+    assert report["paired"] and report["b"]["n"] == 8
+    one = fake_sweep(tmp_path / "s1", {"rope": SAME})
+    two = fake_sweep(tmp_path / "s2", {"rope": [(s, 400, 0.99) for s in range(8)]})
+    report = json.loads(compare(one, "1", two, "rope", "--json").stdout)
+    assert report["a"]["label"] == "#1 positional=rope" and report["figures"][1]["p_value"] < 0.01
+
+
+def test_runs_keeps_working_beside_compare(tmp_path):
+    fake_sweep(tmp_path / "sw", {"rope": SAME[:2]})
+    result = run_cli("runs", tmp_path / "sw", "--json")
+    assert result.exit_code == 0 and len(json.loads(result.stdout)) == 2
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "compare takes SWEEP A B, SWEEP_A A SWEEP_B B, or --a DIR --b DIR (got 0 arguments)"),
+    (["{sw}", "1"], "(got 2 arguments)"),
+    (["{sw}", "1", "3"], "B ('3') is no configuration of"),
+    (["{sw}", "1", "alibi"], "give its # in the sweep's table (1..2) or its label"),
+    (["{tmp}", "1", "2"], "is no sweep folder (no sweep.json)"),
+    (["--a", "{sw}"], "--b is missing"),
+    (["{sw}", "1", "2", "--a", "{sw}"], "not both"),
+    (["--a", "{sw}", "--b", "{sw}"], "is on both sides"),
+    (["--a", "{tmp}/nowhere", "--b", "{sw}"], "not found"),
+    (["--a", "{tmp}/empty", "--b", "{sw}"], "holds no run directory"),
+    (["{sw}", "1", "2", "--effect", "steps"], "--effect ('steps') must look like FIGURE=SIZE"),
+    (["{sw}", "1", "2", "--effect", "speed=3"], "FIGURE one of exact_match, steps"),
+    (["{sw}", "1", "2", "--effect", "steps=-1"], "SIZE a positive number"),
+    (["{sw}", "1", "2", "--effect", "steps=nan"], "SIZE a positive number"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, needle):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:2], "rope": SAME[:2]})
+    (tmp_path / "empty").mkdir()
+    filled = [a.format(sw=sweep, tmp=tmp_path) for a in args]
+    assert_clean_error(run_cli("compare", *filled), 2, needle)
+
+
+def test_damaged_or_missing_sweep_results_are_one_line(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"rope": SAME[:2]})
+    (sweep / "results.jsonl").write_text('{"run": "../etc", "configuration": "x"}\n')
+    assert_clean_error(compare(sweep, "1", "1"), 2, "line 1 of results.jsonl is no row")
+    (sweep / "results.jsonl").unlink()
+    assert_clean_error(compare(sweep, "1", "1"), 2, "has no results.jsonl yet")
+    for run in sweep.glob("positional=*"):
+        (run / "summary.json").unlink()
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.pt").write_bytes(b"")
+    fake = fake_sweep(tmp_path / "sw2", {"rope": SAME[:2], "alibi": SAME[:2]})
+    for run in fake.glob("positional=rope,*"):
+        (run / "summary.json").unlink()
+    assert_clean_error(compare(fake, "1", "2"), 2, "A (#1 positional=rope) has no run that ended")
+
+
+def test_the_intervals_picture_is_a_forest_plot(tmp_path):
+    from minitfm.lab.many.seeds import intervals_figure
+
+    rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 120, 0.98), (2, None, 0.5)])
+    for row in rows:
+        row["configuration"] = "all"
+    summaries = configuration_rows(by_configuration(rows), ["seed"], ["1..6"])
+    axes = intervals_figure(summaries).get_axes()
+    assert [ax.get_title() for ax in axes] == [
+        "held-out exact match 1..6", "at target (Wilson interval)",
+        "steps to target (misses at the budget)", "seconds to target"]
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["1: all (n=3)"]
+    (bar,) = [c for c in axes[2].get_children() if type(c).__name__ == "LineCollection"]
+    (segment,) = bar.get_segments()  # steps 100, 120, 200 (the miss): 140 ± 4.303 · √2800 / √3
+    assert segment[:, 0] == pytest.approx([140 - 131.45, 140 + 131.45], abs=0.01)
+
+
+def test_a_side_whose_runs_differ_in_more_than_the_seed_is_noted(tmp_path):
+    for seed, steps, exact in SAME[:3]:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps, exact)
+    config = tmp_path / "a" / "r0" / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 0.003", "lr: 0.01"))
+    result = compare("--a", tmp_path / "a", "--b", tmp_path / "b")
+    assert result.exit_code == 0, result.stderr
+    assert "note: the runs of A differ in train.lr: compare pools them" in result.stderr
+    assert "runs of B" not in result.stderr

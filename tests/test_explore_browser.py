@@ -371,6 +371,9 @@ def test_role_cards_patching_and_the_logit_lens_show_pythons_figures(pages, brow
     page.fill("#patch-corrupt", "1 2")
     page.click("#patch-run")
     assert "same length" in page.inner_text("#patch-error")
+    most = page.evaluate("() => window.minitfm.data.task.patch_max_tokens")
+    too_long = page.evaluate("t => window.minitfm.patch(t, '')", " ".join(["1"] * (most + 1)))
+    assert f"at most {most}" in too_long["error"]  # reruns per position: bounded, as decoding
     page.fill("#input", text)
     lens = page.evaluate("t => window.minitfm.predict(t).lens", text)
     theirs = logit_lens(model, task, src)

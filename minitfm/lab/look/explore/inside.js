@@ -81,50 +81,65 @@
 
     let patchJob = null; // the patching running now: { cancelled }
 
-    /** The clean and corrupted ids of two typed inputs (the corrupted one, when empty, found as
-     * patching.corruption finds it), or { error }. */
-    function patchInputs(cleanText, corruptText) {
-      const most = data.task.patch_max_tokens;
-      const clean = task.parseInput(String(cleanText), 1);
-      if (clean.error) return clean;
-      if (clean.src.length > most) return { error: `the clean input has ${clean.src.length} tokens: the page patches inputs of at most ${most} (minitfm patch takes longer ones)` };
-      if (!String(corruptText || "").trim()) {
-        const corrupt = P.corruption(model, task, clean.src);
-        return corrupt ? { clean: clean.src, corrupt, found: true }
-          : { error: "no single-token change of the clean input changes the model's answer: type a corrupted input yourself" };
+    /** The patching of two typed inputs as steps of work, each a rerun of the model (yielding
+     * what to say meanwhile); `out.result` at the end: the result, or { error }. The corrupted
+     * input, when empty, is found as patching.corruption finds it, a candidate a step. */
+    function* patchSteps(cleanText, corruptText, out) {
+      const most = data.task.patch_max_tokens, clean = task.parseInput(String(cleanText), 1);
+      if (clean.error) { out.result = clean; return; }
+      const n = clean.src.length;
+      if (n > most) { out.result = { error: `the clean input has ${n} tokens: the page patches inputs of at most ${most} (minitfm patch takes longer ones)` }; return; }
+      let corrupt = null;
+      const found = !String(corruptText || "").trim();
+      if (found) {
+        const answer = P.answerOf(model, task, clean.src);
+        let tried = 0;
+        for (const candidate of P.candidates(task, clean.src)) {
+          if (!P.same(P.answerOf(model, task, candidate), answer)) { corrupt = candidate; break; }
+          yield `looking for a one-token change that changes the answer: ${++tried} tried`;
+        }
+        if (!corrupt) { out.result = { error: "no single-token change of the clean input changes the model's answer: type a corrupted input yourself" }; return; }
+      } else {
+        const typed = task.parseInput(String(corruptText), 2);
+        if (typed.error) { out.result = typed; return; }
+        if (typed.src.length !== n) { out.result = { error: `the corrupted input has ${typed.src.length} tokens and the clean one ${n}: patching compares inputs of the same length` }; return; }
+        corrupt = typed.src;
       }
-      const corrupt = task.parseInput(String(corruptText), 2);
-      if (corrupt.error) return corrupt;
-      if (corrupt.src.length !== clean.src.length) {
-        return { error: `the corrupted input has ${corrupt.src.length} tokens and the clean one ${clean.src.length}: patching compares inputs of the same length` };
+      const batch = P.contrast(model, task, clean.src, corrupt);
+      if (batch.error) { out.result = { error: batch.error }; return; }
+      yield "running the clean and the corrupted input";
+      const work = P.patching(model, batch), rows = [];
+      for (const job of work.jobs) {
+        rows.push(job());
+        yield `patching… ${rows.length} of ${work.jobs.length} runs`;
       }
-      return { clean: clean.src, corrupt: corrupt.src, found: false };
+      out.result = { clean: clean.src, corrupt, found, batch, cleanDiff: work.cleanDiff, corruptDiff: work.corruptDiff,
+                     heads: rows.slice(0, work.headCount), residual: rows.slice(work.headCount) };
     }
 
-    /** Patch every head and the residual stream at every position, a few runs at a time; a
-     * Promise of the result (or { error }, or null when a newer patching replaced it). */
+    /** Patch every head and the residual stream at every position, a few reruns at a time so
+     * the page stays responsive; `show` sees the progress and the end. A Promise of the result
+     * (or { error }, or null when a newer patching replaced this one). */
     function patch(cleanText, corruptText, show) {
       if (patchJob) patchJob.cancelled = true;
-      const job = { cancelled: false };
+      const job = { cancelled: false }, out = {}, steps = patchSteps(cleanText, corruptText, out);
       patchJob = job;
-      const inputs = patchInputs(cleanText, corruptText);
-      if (inputs.error) { show(inputs); return Promise.resolve(inputs); }
-      const batch = P.contrast(model, task, inputs.clean, inputs.corrupt);
-      if (batch.error) { show({ error: batch.error }); return Promise.resolve({ error: batch.error }); }
-      const work = P.patching(model, batch), rows = [];
       return new Promise((resolve) => {
         const slice = () => {
           if (job.cancelled) { resolve(null); return; }
-          for (const end = Math.min(rows.length + SLICE, work.jobs.length); rows.length < end;) rows.push(work.jobs[rows.length]());
-          show({ progress: `patching… ${rows.length} of ${work.jobs.length} runs` });
-          if (rows.length < work.jobs.length) { setTimeout(slice, 0); return; }
-          const result = { ...inputs, batch, cleanDiff: work.cleanDiff, corruptDiff: work.corruptDiff,
-                           heads: rows.slice(0, work.headCount), residual: rows.slice(work.headCount) };
-          if (patchJob === job) patchJob = null;
-          show(result);
-          resolve(result);
+          for (let k = 0; k < SLICE; k++) {
+            const step = steps.next();
+            if (step.done) {
+              if (patchJob === job) patchJob = null;
+              show(out.result);
+              resolve(out.result);
+              return;
+            }
+            if (k === SLICE - 1) show({ progress: step.value });
+          }
+          setTimeout(slice, 0);
         };
-        setTimeout(slice, 0);
+        slice(); // a typed input's error shows at once; the reruns go on in slices
       });
     }
 

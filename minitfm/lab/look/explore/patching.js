@@ -152,17 +152,25 @@
     }
   }
 
-  /** patching.corruption: the first single-token change of `src` (by position, then by
-   * symbol) that the task accepts and that changes the model's answer; null when none does. */
-  function corruption(model, task, src) {
-    const answer = answerOf(model, task, src);
+  /** The single-token changes of `src` that the task accepts, in patching.corruption's order:
+   * by position, then by symbol. */
+  function* candidates(task, src) {
     for (let position = 0; position < src.length; position++) {
       for (let symbol = FIRST_SYMBOL; symbol < task.spec.tokens.length; symbol++) {
         if (symbol === src[position]) continue;
         const candidate = src.slice();
         candidate[position] = symbol;
-        if (accepts(task, candidate) && !same(answerOf(model, task, candidate), answer)) return candidate;
+        if (accepts(task, candidate)) yield candidate;
       }
+    }
+  }
+
+  /** patching.corruption: the first of the `candidates` that changes the model's answer; null
+   * when none does. (The page goes through them a few at a time: see inside.js.) */
+  function corruption(model, task, src) {
+    const answer = answerOf(model, task, src);
+    for (const candidate of candidates(task, src)) {
+      if (!same(answerOf(model, task, candidate), answer)) return candidate;
     }
     return null;
   }
@@ -205,6 +213,6 @@
 
   root.minitfmPatching = {
     answerOf, teacherForced, contrast, logitDiff, recorded, patching, patchActivations,
-    accepts, corruption, decoderOutputs, lensOf, logitLens, lensOfDecoding,
+    accepts, candidates, corruption, same, decoderOutputs, lensOf, logitLens, lensOfDecoding,
   };
 })(typeof window !== "undefined" ? window : globalThis);

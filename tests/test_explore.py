@@ -426,6 +426,8 @@ def test_the_page_embeds_explains_role_cards_of_its_own_weights_only(runs, tmp_p
     path.symlink_to(tmp_path / "elsewhere.json")
     assert "cannot be read" in problem(lambda: (tmp_path / "elsewhere.json").write_bytes(good))
     path.unlink()
+    assert "cannot be read" in problem(lambda: os.mkfifo(path))  # and it never hangs
+    path.unlink()
     path.write_bytes(good)
     checkpoint = run_dir / "checkpoints" / "last.pt"
     state = torch.load(checkpoint, map_location="cpu", weights_only=True)

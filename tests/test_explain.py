@@ -132,6 +132,8 @@ def test_explain_prints_a_card_per_head_and_writes_the_picture(quick):
     assert (quick / "explain" / f"best-step{report['step']}.png").is_file()
     table = run_cli("explain", str(quick), "--samples", "100")
     assert table.exit_code == 0 and "role cards" in table.stdout
+    assert "most needed: " in table.stdout and "logit lens of " in table.stdout
+    assert "negligible" in table.stdout.split("role cards")[1]
 
 
 def test_explain_writes_its_report_as_json_beside_the_png_for_the_page(quick, tmp_path):
@@ -170,6 +172,13 @@ def test_patch_picks_a_corruption_that_changes_the_answer(quick):
     report = json.loads(result.stdout)
     assert report["clean_answer"] != report["corrupt_answer"]
     assert len(report["corrupt"].split()) == 4 and report["positions"]
+
+
+def test_patch_warns_of_inputs_longer_than_the_trained_lengths(quick):
+    """As predict does: the clean answer is the model's, and past 1..6 it may be wrong."""
+    result = run_cli("patch", str(quick), "--clean", "1 2 3 4 1 2 3", "--force")
+    assert result.exit_code == 0, result.stderr
+    assert "longer than the lengths trained on (1..6" in result.stderr
 
 
 @pytest.mark.parametrize("corrupt,needle", [("1 2 3", "same length"),

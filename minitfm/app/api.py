@@ -168,8 +168,11 @@ class Run(Loaded):
 
         for name, value in (("clean", clean), ("corrupt", corrupt)):
             check_type(name, value, (str, type(None)), "a string in task syntax, or None")
-        return patch(self, PatchOptions(clean, corrupt, None if out is None else Path(out),
-                                        force))
+        report = patch(self, PatchOptions(clean, corrupt, None if out is None else Path(out),
+                                          force))
+        if report.warning:
+            warnings.warn(report.warning, stacklevel=2)
+        return report
 
 
 def load_run(run: str | Path | None = None, checkpoint: str = "best",

@@ -46,6 +46,7 @@ from minitfm.catalog import SPECIAL_TOKENS
 from minitfm.errors import MinitfmError
 from minitfm.lab.look.ablate import edited_heads, layer_counts
 from minitfm.lab.look.probe import KINDS
+from minitfm.lab.measure.evaluate import input_limit, length_warning
 from minitfm.tasks.base import Task
 
 Edit = Callable[[Tensor], Tensor]  # an activation in, the activation to go on with out
@@ -258,6 +259,7 @@ class PatchReport:
     positions: list[int]  # the output positions scored: where the answers differ
     patching: Patching
     png: Path | None = None
+    warning: str | None = None  # an input longer than the lengths trained on
 
     @property
     def heads(self) -> list[dict]:
@@ -314,10 +316,11 @@ def patch(loaded, options) -> PatchReport:
     png = options.out if options.out is not None else \
         loaded.picture_path("patch", f"step{loaded.step}.png")
     check_output(png, "--out", options.force)
-    model, task = loaded.model, loaded.task
-    clean = task.parse(options.clean) if options.clean is not None else \
+    model, task, cfg = loaded.model, loaded.task, loaded.config
+    limit = input_limit(cfg, task)  # what the model has positions for
+    clean = task.parse(options.clean, limit) if options.clean is not None else \
         pick_probe(loaded.held_out())[0]
-    corrupt = task.parse(options.corrupt) if options.corrupt is not None else \
+    corrupt = task.parse(options.corrupt, limit) if options.corrupt is not None else \
         corruption(model, task, clean)
     if len(corrupt) != len(clean):
         raise MinitfmError(f"--corrupt has {len(corrupt)} tokens and --clean {len(clean)}: "
@@ -327,6 +330,7 @@ def patch(loaded, options) -> PatchReport:
     tokens = [[task.vocab.token(i) for i in ids] for ids in (clean, corrupt, *answers)]
     report = PatchReport(loaded.config.task.name, loaded.checkpoint, loaded.step, *tokens,
                          sorted({t for _, t, _, _ in batch.scored}),
-                         patch_activations(model, batch), png)
+                         patch_activations(model, batch), png,
+                         length_warning(cfg, task, [clean, corrupt], "input"))
     save_png(patch_figure(report), png, "--out", options.force)
     return report

@@ -362,7 +362,13 @@ def switched_off(loaded: Loaded, heads_off,
     if not heads:
         return {}
     pairs = loaded.ablation_pairs() if mode == "mean" else []
-    values = replacements(loaded, pairs, mode)
+    return heads_edits(replacements(loaded, pairs, mode), heads)
+
+
+def heads_edits(values: dict[tuple[str, int], Tensor],
+                heads: list[tuple[str, int, int]]) -> dict[tuple[str, int], HeadAblation]:
+    """The edits that switch `heads` ((kind, layer, head) triples) off, each with its layer's
+    replacement `values` (see `replacements`), by (kind, layer)."""
     edits = {}
     for kind, layer, head in heads:
         value = values[(kind, layer)]  # (H, K)

@@ -41,7 +41,7 @@ import torch
 from minitfm.book.metrics import predict
 from minitfm.errors import MinitfmError
 from minitfm.lab.loaded import Loaded
-from minitfm.lab.look.ablate import HeadAblation, edited_heads, replacements
+from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
 from minitfm.lab.look.lens import logit_lens
 from minitfm.lab.look.patching import contrast, patch_activations
 from minitfm.lab.look.patterns import HeadPattern, head_patterns, mean_maps
@@ -148,14 +148,7 @@ def correct(loaded: Loaded, pairs: list[Pair], edits=None) -> list[bool]:
 
 def switched(values: dict, heads: list[HeadPattern]) -> dict:
     """The edits that switch `heads` off, each with its layer's replacement `values`."""
-    edits = {}
-    for p in heads:
-        value = values[(p.kind, p.layer)]  # (H, K)
-        off = edits[(p.kind, p.layer)].off.clone() if (p.kind, p.layer) in edits else \
-            torch.zeros(value.size(0), dtype=torch.bool, device=value.device)
-        off[p.head] = True
-        edits[(p.kind, p.layer)] = HeadAblation(off, value)
-    return edits
+    return heads_edits(values, [(p.kind, p.layer, p.head) for p in heads])
 
 
 def negligible(loaded: Loaded, pairs: list[Pair], base: list[bool], cards: list[Card],

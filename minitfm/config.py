@@ -130,7 +130,7 @@ class ModelConfig(Section):
     d_model: int = Field(64, ge=1, le=65_536, description="width of the residual stream")
     n_heads: int = Field(4, ge=1, le=1024,
                          description="attention heads (d_head = d_model / n_heads)")
-    n_encoder_layers: int = Field(2, ge=1, le=256, description="encoder layers")
+    n_encoder_layers: int = Field(1, ge=1, le=256, description="encoder layers")
     n_decoder_layers: int = Field(2, ge=1, le=256, description="decoder layers")
     d_ff: int = Field(256, ge=1, le=262_144, description="hidden width of the feed-forward block")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, **FINITE,
@@ -142,7 +142,7 @@ class ModelConfig(Section):
         None, ge=2, le=65_536, description="randomized positions (after Ruoss et al. 2023): in "
         "training, positions are a sorted random subset of [0, this); evaluation uses 0..n-1; "
         "null = off")
-    tie_embeddings: bool = Field(True, description="share input embedding and output projection")
+    tie_embeddings: bool = Field(False, description="share input embedding and output projection")
     max_len: int = Field(256, ge=2, le=65_536,
                          description="longest sequence (tokens) the model can take")
     code: str = Field(
@@ -190,7 +190,7 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
 
-    steps: int = Field(260, ge=1, le=10**9, description="optimizer steps in total")
+    steps: int = Field(240, ge=1, le=10**9, description="optimizer steps in total")
     batch_size: int = Field(128, ge=1, le=1_048_576, description="sequences per step")
     lr: float = Field(1e-2, gt=0.0, **FINITE, description="peak learning rate")
     warmup_steps: int = Field(80, ge=0, le=10**9, description="linear warmup steps")
@@ -201,7 +201,7 @@ class TrainConfig(Section):
                                    description="label smoothing in [0, 1)")
     grad_clip: float | None = Field(1.0, gt=0.0, **FINITE,
                                     description="max gradient norm (null = off)")
-    eval_every: int = Field(50, ge=0, le=10**9, description="steps between evaluations (0 = off)")
+    eval_every: int = Field(100, ge=0, le=10**9, description="steps between evaluations (0 = off)")
     eval_samples: int = Field(1000, ge=1, le=100_000,
                               description="held-out sequences per evaluation")
     check_every: int = Field(

@@ -9,12 +9,12 @@ from typer.testing import CliRunner
 
 from minitfm.app.cli import app
 
-# A copy task small enough to learn in about a second on one CPU thread. Its lr is fixed
-# here (not the default's), so that the tests' runs do not change with the default.
+# A copy task small enough to learn in about a second on one CPU thread. Its model and lr are
+# fixed here (not the default's), so that the tests' runs do not change with the default.
 TINY = [
     "task.name=copy", "task.n_symbols=5", "task.max_len=6",
     "model.d_model=32", "model.n_heads=2", "model.n_encoder_layers=1",
-    "model.n_decoder_layers=1", "model.d_ff=64",
+    "model.n_decoder_layers=1", "model.d_ff=64", "model.tie_embeddings=true",
     "train.steps=200", "train.batch_size=64", "train.lr=3e-3", "train.warmup_steps=20",
     "train.eval_every=50",
     "train.eval_samples=200", "train.checkpoint_every=100", "log.log_every=10",

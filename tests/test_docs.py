@@ -227,16 +227,16 @@ def test_figures_of_the_default_run_are_current():
 
 
 def test_the_rates_of_training_longer_are_the_schedules():
-    """docs/config.md's "Training a run longer" quotes the default run's rate at step 240 under
+    """docs/config.md's "Training a run longer" quotes the default run's rate at step 230 under
     its own schedule and under train.steps=3000, and the suggestion a resume gives."""
     from minitfm.run.resume import schedule_jump
 
     cfg = Config()
     longer = cfg.train.model_copy(update={"steps": 3000})
-    note = schedule_jump({"step": 240, "best_exact_match": 0.5}, cfg.train, longer, None)
+    note = schedule_jump({"step": 230, "best_exact_match": 0.5}, cfg.train, longer, None)
     page = " ".join((ROOT / "docs" / "config.md").read_text(encoding="utf-8").split())
     was, will = note.split("from ")[1].split(" at step")[0].split(" up to ")
-    assert f"at step 240, it would jump from {was} to {will}," in page, note
+    assert f"at step 230, where seed 0 stops, it would jump from {was} to {will}," in page, note
     assert f"`train.schedule=constant train.lr={was}`" in page, note
 
 

@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
-from minitfm.config import load_config
+from minitfm.config import Config, load_config
 from minitfm.lab.look.tb import CARD_WIDTH
 from tests.helpers import QUICK, TINY
 
@@ -120,7 +120,9 @@ def test_attention_images_of_the_default_run_fit_tensorboards_cards(tmp_path):
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0})
     events.Reload()
     tags = events.Tags()["images"]
-    assert len(tags) == 3 * 2 * 4, tags  # encoder, decoder, cross; 2 layers; 4 heads
+    model = Config().model  # encoder self-attention, then decoder self- and cross-attention
+    layers = model.n_encoder_layers + 2 * model.n_decoder_layers
+    assert len(tags) == layers * model.n_heads == 20, tags  # 1 + 2 + 2 layers; 4 heads
     widths = {events.Images(tag)[-1].width for tag in tags}
     assert 300 <= min(widths) and max(widths) <= CARD_WIDTH, widths
 

@@ -213,7 +213,7 @@ def test_readme_line_counts_of_the_floors_are_current():
 
 def test_figures_of_the_default_run_are_current():
     """Figures of the built-in default that code can produce: its parameter count (the header
-    of `minitfm train` prints it) and the number of evaluations of a whole run."""
+    of `minitfm train` prints it) and the number of attention snapshots of a whole run."""
     from minitfm.fast.model import build_model
     from minitfm.tasks import make_task
 
@@ -222,8 +222,9 @@ def test_figures_of_the_default_run_are_current():
     explore = " ".join((ROOT / "docs" / "explore.md").read_text(encoding="utf-8").split())
     assert f"reverse.yaml`, {params:,} parameters)" in explore, params
     inside = (ROOT / "docs" / "looking-inside.md").read_text(encoding="utf-8")
-    evaluations = cfg.train.steps // cfg.train.eval_every
-    assert f"default reverse run at its {evaluations} evaluations" in inside, evaluations
+    snapshots = len(figures()["default"]["snapshots"])  # every train.eval_every steps, the end
+    assert snapshots == len(range(cfg.train.eval_every, cfg.train.steps, cfg.train.eval_every)) + 1
+    assert f"default reverse run at its {snapshots} snapshots" in inside, snapshots
 
 
 def test_the_rates_of_training_longer_are_the_schedules():

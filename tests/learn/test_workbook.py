@@ -175,7 +175,10 @@ def test_a_workbook_holding_the_books_code_reaches_the_default_target(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "your code: attention, subsequent_mask," in result.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "stopped at target" and summary["best_exact_match"] >= 0.99
+    # The default's runs reach 99% at steps 220-240 of 240: one that reaches it at its last
+    # step has "finished" (every step run), not "stopped at target"; both reached it.
+    assert summary["status"] in ("stopped at target", "finished"), summary["status"]
+    assert summary["best_exact_match"] >= 0.99, summary["best_exact_match"]
 
 
 def test_a_function_that_calls_itself_fails_and_a_half_written_one_says_why(tmp_path):

@@ -35,7 +35,8 @@ def explore(
     threads: str = threads_option(),
 ) -> None:
     """Write one offline web page where the trained model runs: type inputs, watch decoding
-    and every attention map, switch heads off, scrub attention over training."""
+    and every attention map, switch heads off, scrub attention over training, read each head's
+    role card (after `minitfm explain`), patch activations and read the logit lens."""
     from minitfm.lab.look.explorer import check_page_path, size_warning, write_explorer
 
     if out is not None:

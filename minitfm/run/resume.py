@@ -107,7 +107,8 @@ def schedule_jump(checkpoint: dict[str, Any], before: TrainConfig, after: TrainC
                         for key in ("steps", "warmup_steps", "schedule", "lr")
                         if getattr(before, key) != getattr(after, key))
     rise = f"{changes} sends the learning rate from {was:.3g} up to {will:.3g} at step {step}"
-    more = f"train.steps={after.steps} " if after.steps != before.steps else ""  # kept, said
+    # the suggestion is a whole command: with it, the new train.steps the user asked for
+    more = f"train.steps={after.steps} " if after.steps != before.steps else ""
     constant = f"{more}train.schedule=constant train.lr={was:.3g}" if was > 0 else None
     best, target = checkpoint.get("best_exact_match", -1.0), before.target_exact_match
     if target is not None and best >= target:

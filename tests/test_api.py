@@ -326,3 +326,108 @@ def test_heads_off_none_means_no_heads_and_mode_errors_name_the_argument(run):
         assert str(err.value).startswith(f"mode ({mode!r}) must be one of zero, mean"), \
             str(err.value)
         assert "--" not in str(err.value)
+
+
+def dropout_config(seed: int, steps: int = 30):
+    """TINY with dropout on, a loss line every 10 steps, no TensorBoard: a notebook's run."""
+    return load_config(None, [*TINY, "model.dropout=0.1", f"train.steps={steps}",
+                              "train.eval_every=10", "train.eval_samples=50",
+                              "log.tensorboard=false", "threads=1", f"seed={seed}"])
+
+
+def logged_losses(run_dir) -> list:
+    return [(r["step"], r["split"], r["loss"]) for r in
+            map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def test_loading_a_run_leaves_the_callers_random_numbers_as_they_were(run):
+    """Building a model to load weights into draws its initial values from torch's global RNG:
+    a load gives the stream back as it found it, so a seeded notebook draws the same numbers
+    with or without a load_run in between."""
+    torch.manual_seed(5)
+    expected = torch.rand(4)
+    torch.manual_seed(5)
+    load_run(run.run_dir)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_run_loaded_while_another_trains_draws_none_of_its_numbers(run, tmp_path,
+                                                                     monkeypatch):
+    """At step 3 of a run with dropout another thread loads a run: the load waits for the
+    training (or draws aside), and the training's losses are those of the run alone."""
+    import threading
+
+    from minitfm.app.api import train_run
+    from minitfm.run import session
+
+    train_run(dropout_config(0), run_dir=tmp_path / "alone")
+    lock = WatchedLock()
+    monkeypatch.setattr(session, "TRAINING_LOCK", lock)
+    loads = []
+
+    def load_meanwhile() -> None:
+        loader = threading.Thread(target=lambda: loads.append(load_run(run.run_dir)))
+        loader.start()
+        while loader.is_alive() and not lock.waiting.is_set():
+            loader.join(0.01)
+
+    train_run(dropout_config(0), Pause(3, load_meanwhile), run_dir=tmp_path / "together")
+    while len(loads) < 1:  # the load went on once the training had ended
+        threading.Event().wait(0.01)
+    assert logged_losses(tmp_path / "together") == logged_losses(tmp_path / "alone")
+
+
+class WatchedLock:
+    """The training lock (re-entrant), saying when a thread waits for it."""
+
+    def __init__(self):
+        import threading
+
+        self.lock, self.waiting = threading.RLock(), threading.Event()
+
+    def __enter__(self):
+        if not self.lock.acquire(blocking=False):
+            self.waiting.set()
+            self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def two_trainings_at_once(tmp_path, trials: int) -> list[str]:
+    """`minitfm.train` of seeds 0 and 1 started together in two threads, `trials` times, as a
+    notebook would; which runs differ from the same run alone."""
+    import threading
+
+    settings = {**SETTINGS, "model__dropout": 0.1, "train__steps": 30, "threads": 1}
+    alone = {}
+    for seed in (0, 1):
+        train(None, run_dir=tmp_path / f"alone{seed}", progress=False, seed=seed, **settings)
+        alone[seed] = logged_losses(tmp_path / f"alone{seed}")
+    differ, start = [], threading.Barrier(2)
+
+    def one(trial: int, seed: int) -> None:
+        start.wait()
+        train(None, run_dir=tmp_path / f"t{trial}-{seed}", progress=False, seed=seed, **settings)
+
+    for trial in range(trials):
+        threads = [threading.Thread(target=one, args=(trial, seed)) for seed in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        differ += [f"trial {trial} seed {seed}" for seed in (0, 1)
+                   if logged_losses(tmp_path / f"t{trial}-{seed}") != alone[seed]]
+    return differ
+
+
+def test_two_train_calls_at_once_each_equal_the_run_alone(tmp_path):
+    """Threads: two `minitfm.train` calls started together, dropout on, 3 times: each run's
+    logged losses are its losses alone (the slow suite tries 10 times)."""
+    assert two_trainings_at_once(tmp_path, 3) == []
+
+
+@pytest.mark.slow
+def test_two_train_calls_at_once_equal_the_run_alone_in_ten_trials(tmp_path):
+    assert two_trainings_at_once(tmp_path, 10) == []
+

@@ -339,9 +339,12 @@ def check_workbook(folder: str | Path = "workbook",
     from minitfm.learn.grading import grade_workbook
     from minitfm.learn.workbook import load_workbook
 
+    from minitfm.run.session import drawing_aside
+
     check_type("folder", folder, (str, Path), "a folder (str or Path)")
     names = None if exercises is None else list(exercises)
-    return [grade.as_dict() for grade in grade_workbook(load_workbook(folder), names)]
+    with drawing_aside():  # the checks seed torch's RNG: nobody's numbers change
+        return [grade.as_dict() for grade in grade_workbook(load_workbook(folder), names)]
 
 
 @dataclass(frozen=True)
@@ -377,10 +380,12 @@ def check(exercise: str, function: Any) -> Checked:
     >>> print(check("attention", attention))  # passed, or the first failing check and a hint
     """
     from minitfm.learn.grading import check_function
+    from minitfm.run.session import drawing_aside
 
     check_type("exercise", exercise, str, "an exercise's name, such as 'attention'")
     if not callable(function):
         raise MinitfmError(f"function ({quote(function)}) is not callable: pass the function "
                            f"you wrote, such as check('attention', attention)")
-    grade = check_function(exercise, function)
+    with drawing_aside():  # the checks seed torch's RNG: nobody's numbers change
+        grade = check_function(exercise, function)
     return Checked(exercise, grade.status, grade.check, grade.message, grade.hint)

@@ -27,6 +27,7 @@ from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch, load_checkp
 from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, model_parts
 from minitfm.run.rundir import find_run_dir, pick_checkpoint
+from minitfm.run.session import drawing_aside
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Pair, Task, eval_set
 
@@ -101,7 +102,8 @@ def read_checkpoint(path: Path, note: str | None = None,
         raise checkpoint_mismatch(path, err) from None
     code, code_note = run_code(cfg.model.code, book)
     try:
-        model = code.build(cfg, task)
+        with drawing_aside():  # its initial weights, overwritten at once: nobody's numbers
+            model = code.build(cfg, task)
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise checkpoint_mismatch(path, err) from None

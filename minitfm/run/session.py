@@ -10,6 +10,8 @@ Runs in one process train one at a time (`TRAINING_LOCK`): torch's random number
 weights, dropout) and its thread count belong to the process, so two runs at once, in two
 threads of a Python program, would draw each other's numbers and differ from each alone. The
 second waits for the first to end; processes of their own (`minitfm sweep`) train together.
+Whatever else in minitfm draws from that stream (a model built to load weights into, the learn
+checks) does it `drawing_aside`: under the same lock, giving the stream back as it found it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +68,18 @@ from minitfm.run.state import RunState, init_state
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Batch, eval_set
 
-TRAINING_LOCK = threading.Lock()  # the process's one lock: its random numbers are one stream
+# The process's one lock: its random numbers are one stream. Re-entrant: a run may load a model.
+TRAINING_LOCK = threading.RLock()
+
+
+@contextmanager
+def drawing_aside() -> Iterator[None]:
+    """Draw from torch's global RNG (the CPU's) without touching anyone's stream: wait for a
+    run training in another thread to end, and give the stream back as it was found. Building
+    a model draws its initial weights: done between two steps of a run, it would shift the
+    run's dropout masks; done in a seeded notebook, the notebook's next numbers."""
+    with TRAINING_LOCK, torch.random.fork_rng(devices=[]):
+        yield
 
 
 @dataclass(frozen=True)

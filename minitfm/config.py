@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -448,6 +449,32 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = "null" if value is None else value
     return flat
+
+
+# Besides the model (all of model.* but its code), what the runs of one stack share: the one
+# vmapped call of `run/stack.py` takes these as constants (the batch's shape, the loss's
+# smoothing, the vocabulary, where it runs).
+STACK_SHARED = ("train.batch_size", "train.label_smoothing", "task.name", "task.n_symbols",
+                "task.train_path", "task.eval_path", "device", "threads")
+
+
+def stack_differences(a: Config, b: Config) -> list[str]:
+    """The keys that keep runs of `a` and `b` out of one stack (none: they may share one)."""
+    first, second = flatten(a.model_dump(mode="json")), flatten(b.model_dump(mode="json"))
+    keys = [k for k in first if k.startswith("model.") and k != "model.code"] + \
+        list(STACK_SHARED)
+    return [k for k in keys if first.get(k) != second.get(k)]
+
+
+def stack_key(cfg: Config) -> str | None:
+    """Equal for runs that may share a stack (`stack_differences` empty); None for a run that
+    trains a workbook's code, which only runs alone."""
+    if cfg.model.code not in ("fast", "book"):
+        return None
+    flat = flatten(cfg.model_dump(mode="json"))
+    return json.dumps({k: v for k, v in flat.items()
+                       if (k.startswith("model.") and k != "model.code") or k in STACK_SHARED},
+                      sort_keys=True, default=str)
 
 
 def to_yaml(cfg: Config) -> str:

@@ -27,9 +27,11 @@ QUICK = [*TINY, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01"]
 
 def command_names() -> list[str]:
     """The CLI's commands as Typer registers them: the name given, or the function's; then its
-    groups of commands (`learn`)."""
+    groups of commands (`learn`). Hidden ones (`stack`, a sweep's building block) are not the
+    face's: neither its help nor the README lists them."""
     return [info.name or info.callback.__name__.replace("_", "-")
-            for info in app.registered_commands] + [info.name for info in app.registered_groups]
+            for info in app.registered_commands if not info.hidden] + \
+        [info.name for info in app.registered_groups]
 
 
 def run_cli(*args: str, input: str | None = None):

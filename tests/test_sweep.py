@@ -157,7 +157,7 @@ def test_ctrl_c_stops_every_job_with_a_checkpoint_then_sigterm_stops_the_resume(
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 130, stderr
-    assert stderr == ("interrupted: SIGINT: stopped 2 running job(s), each with its "
+    assert stderr == ("interrupted: SIGINT: stopped 2 run(s), each with its "
                       "checkpoints/last.pt; run the same command again to resume\n"), stderr
     stopped = [load_checkpoint(path)["step"] for path in checkpoints]
     for path, step in zip(checkpoints, stopped):
@@ -344,11 +344,11 @@ def test_jobs_that_together_exceed_the_memory_are_refused(monkeypatch):
 
 @pytest.mark.parametrize("saved,message", [
     ((), "no job was running; run the same command again to resume"),
-    ((False, False), "stopped 2 running job(s) before any saved a checkpoint; run the same "
+    ((False, False), "stopped 2 run(s) before any saved a checkpoint; run the same "
                      "command again to start them again"),
-    ((True, False), "stopped 2 running jobs, 1 with checkpoints/last.pt (the others had saved "
+    ((True, False), "stopped 2 runs, 1 with checkpoints/last.pt (the others had saved "
                     "none yet); run the same command again to resume"),
-    ((True, True), "stopped 2 running job(s), each with its checkpoints/last.pt; run the same "
+    ((True, True), "stopped 2 run(s), each with its checkpoints/last.pt; run the same "
                    "command again to resume"),
 ])
 def test_a_stopped_sweep_says_which_checkpoints_exist(tmp_path, saved, message):

@@ -338,7 +338,6 @@ def check_workbook(folder: str | Path = "workbook",
     file, function, status: passed / failed / not started, check, message, hint)."""
     from minitfm.learn.grading import grade_workbook
     from minitfm.learn.workbook import load_workbook
-
     from minitfm.run.session import drawing_aside
 
     check_type("folder", folder, (str, Path), "a folder (str or Path)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from minitfm import __version__
-from minitfm.app import compare, explain
+from minitfm.app import compare, explain, stacked
 from minitfm.app.console import (
     App,
     OneLineErrors,
@@ -364,6 +364,7 @@ def ablate(
 
 app.registered_commands += explain.app.registered_commands  # explain, patch (app/explain.py)
 app.registered_commands += compare.app.registered_commands  # compare (app/compare.py)
+app.registered_commands += stacked.app.registered_commands  # stack, hidden (app/stacked.py)
 app.command()(explore)  # app/explore.py
 
 
@@ -424,6 +425,7 @@ def sweep(
     name: str | None = option(SweepOptions, "name"),
     out: Path | None = option(SweepOptions, "out"),
     skip_invalid: bool = option(SweepOptions, "skip_invalid"),
+    stack: bool | None = option(SweepOptions, "stack"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
                                  "run that still has work, and exit."),
 ) -> None:
@@ -432,11 +434,14 @@ def sweep(
 
     config, items = split_config_args(args, allow_config=True)
     options = SweepOptions(seeds, jobs, threads, eval_lengths, eval_samples, name, out,
-                           skip_invalid)
+                           stack, skip_invalid)
     plan = prepare(config, items, options)
     if dry_run:
         if plan.note:  # stdout stays the shell lines alone
             note(plan.note)
+        if plan.stacks:
+            note(f"these lines train each run alone; minitfm sweep itself would stack them "
+                 f"({plan.stacking})")
         for line in dry_run_lines(plan):
             print(line)
         return

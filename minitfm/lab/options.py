@@ -143,6 +143,9 @@ class SweepOptions:
     out: Path | None = option(None, "Sweep folder: a new or empty one, or this sweep's own "
                               "(default: a new sweep-<name>-<timestamp> in log.dir, or the one "
                               "that holds this same grid and base config).")
+    stack: bool | None = option(None, "Train the runs that share a model shape as one stacked "
+                                "model a job (--stack), or each run alone (--no-stack); default: "
+                                "stacked where it pays, on a GPU.", flags=("--stack/--no-stack",))
     skip_invalid: bool = option(False, "Leave out the combinations that fail validation instead "
                                 "of refusing the grid (e.g. model.positional=none with a value "
                                 "for model.random_positions).", flags=("--skip-invalid",))

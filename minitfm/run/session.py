@@ -19,8 +19,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Sequence
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,22 +165,39 @@ class Training:
         the instruments are closed however it ends."""
         state = self.state
         with self.stop, closing(self.instruments):
-            self.started = time.perf_counter()
-            self.tell(Started(self.run_dir, state.cfg, state.task, state.model, self.eval_pairs,
-                              state.step, state.device, self.pacer.claim.describe(),
-                              state.dist.world_size, state.code.describe(), state.code.whose()))
-            self.meter.since = time.perf_counter()  # tokens/s counts the steps from here
+            self.begin()
             try:
                 ended = state.code.loop.run_loop(state, self)  # the book's, or a workbook's
-                summary = self.pause() if ended == "paused" else self.finish()
+                summary = self.end(ended)
             except RunFailed as err:  # a non-finite loss: every rank read the same losses
-                self.record_status("failed", error=str(err))
-                state.dist.on_all_ranks(err)  # marked: the CLI prints rank 0's line only
+                self.fail(err)
                 raise
-            self.tell(Ended(summary))
             if self.signum:
                 raise self.interrupted()
         return summary
+
+    def begin(self, code: str | None = None) -> None:
+        """Start the clock and tell the instruments the run starts (`code`: what runs it, when
+        not the run's own code alone, as in a stack)."""
+        state = self.state
+        self.started = time.perf_counter()
+        self.tell(Started(self.run_dir, state.cfg, state.task, state.model, self.eval_pairs,
+                          state.step, state.device, self.pacer.claim.describe(),
+                          state.dist.world_size, code or state.code.describe(),
+                          state.code.whose()))
+        self.meter.since = time.perf_counter()  # tokens/s counts the steps from here
+
+    def end(self, ended: str) -> dict[str, Any]:
+        """After the loop ended ("paused", "finished" or "stopped at target"): pause or finish,
+        and tell the instruments; the summary."""
+        summary = self.pause() if ended == "paused" else self.finish()
+        self.tell(Ended(summary))
+        return summary
+
+    def fail(self, err: RunFailed) -> None:
+        """A non-finite loss ended the run: its status says so."""
+        self.record_status("failed", error=str(err))
+        self.state.dist.on_all_ranks(err)  # marked: the CLI prints rank 0's line only
 
     # --- the loop's events ---
 
@@ -249,8 +265,7 @@ class Training:
         """Greedy evaluation on the held-out set; keeps `best.pt` at the best exact match."""
         state, dist = self.state, self.state.dist
         pairs = self.eval_pairs[dist.rank::dist.world_size]  # under torchrun: a shard each
-        result = state.code.metrics.evaluate(state.model, state.task, pairs, state.device)
-        result = sum_over_ranks(result, pairs, dist)
+        result = sum_over_ranks(self.measure(pairs), pairs, dist)
         self.tell(Evaluation(state.step, result.loss, result.token_accuracy, result.exact_match,
                              result.total.count, time.perf_counter() - self.started, pairs,
                              result.predictions))
@@ -262,13 +277,23 @@ class Training:
     def check(self) -> float:
         """Greedy exact match on the first fifth of the held-out set (at least one sequence),
         decoded only: no loss, no record, no save. It only calls an evaluation."""
-        state, dist = self.state, self.state.dist
+        dist = self.state.dist
         pairs = check_pairs(self.eval_pairs)[dist.rank::dist.world_size]
-        sources = [src for src, _ in pairs]
-        predictions = state.code.metrics.predict(state.model, state.task, sources, state.device)
+        predictions = self.decode([src for src, _ in pairs])
         exact = sum(pred == target for pred, (_, target) in zip(predictions, pairs, strict=True))
         exact, count = dist.all_sum([exact, len(pairs)])  # under torchrun: every rank's shard
         return exact / max(count, 1)
+
+    def measure(self, pairs: list) -> EvalResult:
+        """The metrics chapter's `evaluate` of the model on `pairs` (a stack's run: see
+        `run.stack`, which decodes every run of the stack at once)."""
+        state = self.state
+        return state.code.metrics.evaluate(state.model, state.task, pairs, state.device)
+
+    def decode(self, sources: list) -> list:
+        """The metrics chapter's `predict` of the model on `sources`."""
+        state = self.state
+        return state.code.metrics.predict(state.model, state.task, sources, state.device)
 
     def snapshot(self) -> None:
         """A look at the attention, once per step (the end comes again when it fell on an
@@ -279,11 +304,15 @@ class Training:
 
     def save(self, name: str) -> None:
         """Write `checkpoints/<name>.pt`: every rank adds its RNG states, rank 0 writes it."""
-        snapshot = self.state.state_dict()
+        snapshot = self.checkpoint_state()
         if self.state.dist.is_main:
             path = self.run_dir / "checkpoints" / f"{name}.pt"
             save_checkpoint(snapshot, path)
             self.tell(Saved(self.state.step, path))
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint of the run holds now (`RunState.state_dict`)."""
+        return self.state.state_dict()
 
     def follow_threads(self, step: int) -> None:
         """The thread count follows other minitfm processes; the first change is said."""

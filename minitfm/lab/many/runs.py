@@ -9,6 +9,7 @@ differ (`changed_keys`, and `short_label` for a legend). No torch here: listing 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from minitfm.config import Config, flatten
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.curves import scan_metrics, skipped
+from minitfm.run.files import open_run_file
 from minitfm.run.rundir import (
     UNREADABLE,
     has_config_yaml,
@@ -29,6 +31,16 @@ SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
 HIDDEN_KEYS = ("name", "log.dir", "threads")  # where a run went and how fast, not what it is
 NOTHING_READ = {"task": None, "changes": {}, "step": 0, "best_exact_match": None, "wall_s": None,
                 "status": UNREADABLE, "updated": ""}  # the row of a run that cannot be read
+
+
+def read_record(folder: Path) -> dict[str, Any] | None:
+    """A sweep folder's `sweep.json` ({"grid": ..., "base": ...}), None if none is readable."""
+    try:
+        with open_run_file(folder / SWEEP_FILE, "r") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) and "grid" in record else None
 
 
 def find_runs(root: Path) -> list[Path]:

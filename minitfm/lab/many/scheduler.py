@@ -31,6 +31,7 @@ from minitfm.run.signals import CaughtSignals
 
 MINITFM = [sys.executable, "-m", "minitfm"]
 POLL_S = 0.1  # how often the scheduler looks at its children
+PROCESS_BYTES = 300_000_000  # one job's process with torch loaded (~280 MB measured, tiny run)
 
 
 def train_command(grid: Grid, spec: RunSpec, threads: int) -> list[str]:
@@ -66,11 +67,17 @@ class Command:
 
 @dataclass
 class Job:
-    """The commands still to run for one run of the grid."""
+    """The commands still to run for one run of the grid (with `others`: for a stack of runs,
+    trained and evaluated by one command, `minitfm stack`; its log is the first run's)."""
 
     spec: RunSpec
     commands: list[Command]
     started: float = field(default_factory=time.monotonic)
+    others: list[RunSpec] = field(default_factory=list)  # the stack's other runs
+
+    @property
+    def specs(self) -> list[RunSpec]:
+        return [self.spec, *self.others]
 
     @property
     def log(self) -> Path:
@@ -113,16 +120,17 @@ class Scheduler:
 
     def __init__(self, jobs: list[Job], parallel: int, say: Callable[[str], None]):
         self.pending = deque(job for job in jobs if job.commands)
-        self.total = len(self.pending)
+        self.total = sum(len(job.specs) for job in self.pending)  # runs, not jobs
         self.parallel, self.say = parallel, say
         self.running: dict[subprocess.Popen, Job] = {}
-        self.done: list[Job] = []
-        self.failed: list[Job] = []
+        self.done: list[RunSpec] = []
+        self.failed: list[RunSpec] = []
         self.forwarded = 0
         self.stopped: list[Job] = []  # the jobs running when the first signal came
 
-    def run(self) -> list[Job]:
-        """Run every job; returns the failed ones. A signal raises Interrupted at the end."""
+    def run(self) -> list[RunSpec]:
+        """Run every job; returns the runs that failed. A signal raises Interrupted at the
+        end."""
         with CaughtSignals() as signals:
             while self.pending or self.running:
                 while self.pending and len(self.running) < self.parallel and not signals.received:
@@ -145,7 +153,8 @@ class Scheduler:
     def start(self, job: Job) -> None:
         """Start the job's next command, its output going to its log or result file."""
         command = job.commands[0]
-        job.spec.run_dir.mkdir(parents=True, exist_ok=True)
+        for spec in job.specs:
+            spec.run_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open_run_file(job.log, "a") as log, open_result(command) as result:
             proc = subprocess.Popen(command.argv, stdout=result or log, stderr=log,
@@ -168,32 +177,47 @@ class Scheduler:
             if code == 0:
                 write_atomic(command.out, command.tmp.read_bytes())
             command.tmp.unlink(missing_ok=True)
-        if code != 0:
+        if code != 0 and not job.others:
             if not stopping:
-                self.failed.append(job)
+                self.failed.append(job.spec)
                 self.say(f"failed: {job.spec.id} (exit {code}); see {shown_path(job.log)}: "
                          f"{last_line(job.log)}")
+        elif code != 0:  # a stack: each of its runs ended as its own files say
+            if not stopping:
+                for spec in job.specs:
+                    self.ended(spec, job, run_status(spec.run_dir) in DONE)
         elif job.commands and not stopping:
             self.start(job)
         elif not job.commands:
-            self.done.append(job)
-            self.say(f"[{len(self.done)}/{self.total}] {job.spec.id}: "
-                     f"{run_line(job.spec, time.monotonic() - job.started)}")
+            for spec in job.specs:
+                self.ended(spec, job, True)
+
+    def ended(self, spec: RunSpec, job: Job, ok: bool) -> None:
+        """Report one run of a job that ended: its line, or why it failed."""
+        if not ok:
+            self.failed.append(spec)
+            self.say(f"failed: {spec.id}; see {shown_path(job.log)}: {last_line(job.log)}")
+            return
+        self.done.append(spec)
+        self.say(f"[{len(self.done)}/{self.total}] {spec.id}: "
+                 f"{run_line(spec, time.monotonic() - job.started)}")
 
 
 def stop_message(signum: int, stopped: list[Job]) -> str:
-    """What a signal left behind, in words that fit: which stopped jobs have a checkpoint."""
-    saved = sum((job.spec.run_dir / "checkpoints" / "last.pt").is_file() for job in stopped)
-    if not stopped:
+    """What a signal left behind, in words that fit: which stopped runs have a checkpoint (a
+    stack's job counts each of its runs)."""
+    runs = [spec for job in stopped for spec in job.specs]
+    saved = sum((spec.run_dir / "checkpoints" / "last.pt").is_file() for spec in runs)
+    if not runs:
         what = "no job was running"
-    elif saved == len(stopped):
-        what = f"stopped {len(stopped)} running job(s), each with its checkpoints/last.pt"
+    elif saved == len(runs):
+        what = f"stopped {len(runs)} run(s), each with its checkpoints/last.pt"
     elif saved == 0:  # stopped before a first checkpoint: these runs start again
-        what = f"stopped {len(stopped)} running job(s) before any saved a checkpoint"
+        what = f"stopped {len(runs)} run(s) before any saved a checkpoint"
     else:
-        what = (f"stopped {len(stopped)} running jobs, {saved} with checkpoints/last.pt (the "
+        what = (f"stopped {len(runs)} runs, {saved} with checkpoints/last.pt (the "
                 f"others had saved none yet)")
-    again = "start them again" if stopped and saved == 0 else "resume"
+    again = "start them again" if runs and saved == 0 else "resume"
     return f"{signal.Signals(signum).name}: {what}; run the same command again to {again}"
 
 

@@ -21,7 +21,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +37,9 @@ from minitfm.lab.many.grid import (
     stated_shortfall,
 )
 from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write_results
-from minitfm.lab.many.runs import SWEEP_FILE
-from minitfm.lab.many.scheduler import Job, Scheduler, plan_job
+from minitfm.lab.many.runs import SWEEP_FILE, read_record
+from minitfm.lab.many.scheduler import PROCESS_BYTES, Command, Job, Scheduler, plan_job
+from minitfm.lab.many.stacks import choose_stacking, plan_stacks, stack_command
 from minitfm.lab.options import SweepOptions
 from minitfm.run.files import (
     check_writable,
@@ -52,7 +53,6 @@ from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import is_run_dir, lock_exclusively, new_run_dir
 from minitfm.run.threads import cores
 
-PROCESS_BYTES = 300_000_000  # one job's process with torch loaded (~280 MB measured, tiny run)
 STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name
 
 
@@ -131,16 +131,6 @@ def check_folder(folder: Path, grid: Grid, base: dict[str, Any], runs: list[RunS
         raise MinitfmError(f"--out {quote(str(folder))} holds this grid trained from another "
                            f"base config ({change}): give a new --out to train it anew, or "
                            f"restore the config to resume")
-
-
-def read_record(folder: Path) -> dict[str, Any] | None:
-    """A sweep folder's `sweep.json` ({"grid": ..., "base": ...}), None if none is readable."""
-    try:
-        with open_run_file(folder / SWEEP_FILE, "r") as f:
-            record = json.loads(f.read())
-    except (OSError, ValueError, RecursionError):
-        return None
-    return record if isinstance(record, dict) and "grid" in record else None
 
 
 def base_config(runs: list[RunSpec], grid: Grid) -> dict[str, Any]:
@@ -223,15 +213,30 @@ class Plan:
     samples: int
     base: dict[str, Any]  # what every run shares (see base_config), stored in sweep.json
     note: str | None = None  # why the folder is a new one, when an old one held this grid
+    stacks: list[list[RunSpec]] = field(default_factory=list)  # none: each run alone
+    stacking: str = ""  # why the runs are stacked or not (see stacks.choose_stacking)
 
     def record(self) -> dict[str, Any]:
         """What `sweep.json` holds: the grid and the base config."""
         return {"grid": self.grid.spec(), "base": self.base}
 
     def jobs(self) -> list[Job]:
-        """Each run's job: what is left to do for it."""
-        return [plan_job(self.grid, spec, self.ranges, self.threads, self.samples)
-                for spec in self.runs]
+        """What is left to do: a job per run, or per stack of runs that still have work."""
+        alone = [plan_job(self.grid, spec, self.ranges, self.threads, self.samples)
+                 for spec in self.runs]
+        if not self.stacks:
+            return alone
+        left = {job.spec.id: job for job in alone if job.commands}
+        jobs = [job for job in alone if not job.commands]  # done: nothing left
+        for stack in self.stacks:
+            specs = [spec for spec in stack if spec.id in left]
+            if len(specs) == 1:  # a stack of one is a run alone
+                jobs.append(left[specs[0].id])
+            elif specs:
+                command = Command(stack_command(self.folder, specs, self.threads, self.samples,
+                                                self.ranges))
+                jobs.append(Job(specs[0], [command], others=specs[1:]))
+        return jobs
 
 
 def prepare(config: str | None, items: list[str],
@@ -255,7 +260,10 @@ def prepare(config: str | None, items: list[str],
     folder, note = sweep_folder(grid, name, out, base, runs)
     for spec in runs:
         spec.run_dir = folder / spec.id
-    return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples, base, note)
+    stacked, why = choose_stacking(runs, options.stack)
+    stacks = plan_stacks(runs, parallel) if stacked else []
+    return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples, base, note,
+                stacks, why)
 
 
 def dry_run_lines(plan: Plan) -> list[str]:
@@ -280,13 +288,22 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
         for reason in plan.skipped:
             say(f"skipped (invalid) {reason}")
         done = sum(1 for job in jobs if not job.commands)
-        say(f"{len(jobs)} runs ({done} already done), {min(plan.parallel, len(jobs))} at a "
-            f"time, {plan.threads} thread{'s' if plan.threads > 1 else ''} each")
+        working = [job for job in jobs if job.commands]
+        threads = f"{plan.threads} thread{'s' if plan.threads > 1 else ''} each"
+        if any(job.others for job in working):
+            sizes = sorted({len(job.specs) for job in working}, reverse=True)
+            say(f"{len(plan.runs)} runs ({done} already done) in {len(working)} stacks of "
+                f"{' or '.join(map(str, sizes))} runs, {min(plan.parallel, len(working))} at a "
+                f"time, {threads}; stacked: {plan.stacking}")
+        else:
+            stacking = f"; not stacked: {plan.stacking}" if plan.stacking else ""
+            say(f"{len(jobs)} runs ({done} already done), {min(plan.parallel, len(jobs))} at "
+                f"a time, {threads}{stacking}")
         failed = Scheduler(jobs, plan.parallel, say).run()
         keys = [key for key, _ in plan.grid.swept]
         rows = [result_row(spec, plan.ranges) for spec in plan.runs]
         write_results(plan.folder, rows, keys)
-    return SweepResult(plan.folder, rows, keys, [job.spec.id for job in failed])
+    return SweepResult(plan.folder, rows, keys, [spec.id for spec in failed])
 
 
 class SweepLock:

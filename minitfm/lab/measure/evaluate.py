@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minitfm.book.metrics import EVAL_BATCH_SIZE, evaluate, predict
+from minitfm.book.metrics import EVAL_BATCH_SIZE, EvalResult, evaluate, predict
 from minitfm.catalog import position_shortfall
 from minitfm.errors import MinitfmError, option, quote
 from minitfm.lab.loaded import Loaded
@@ -40,6 +40,14 @@ def check_representable(cfg, task: Task, max_len: int) -> None:
 
 def eval_report(loaded: Loaded, options: EvalOptions = EvalOptions()) -> dict:
     """`minitfm eval`: decode held-out data with a loaded run; a JSON-ready report."""
+    pairs = held_out(loaded, options)
+    result = evaluate(loaded.model, loaded.task, pairs, loaded.device, options.batch_size)
+    return report(loaded, pairs, result)
+
+
+def held_out(loaded: Loaded, options: EvalOptions) -> list:
+    """The held-out pairs `options` ask for, each length checked against the model's positions
+    and the decoding's memory against this machine's, before anything is decoded."""
     cfg, task = loaded.config, loaded.task
     lo = options.min_len if options.min_len is not None else cfg.task.min_len
     hi = options.max_len if options.max_len is not None else max(cfg.task.max_len, lo)
@@ -49,8 +57,12 @@ def eval_report(loaded: Loaded, options: EvalOptions = EvalOptions()) -> dict:
     check_fits(decoding_parts(cfg, options.samples, hi, options.batch_size,
                               (option("samples"), option("max_len"))), "evaluation")
     seed = cfg.task.eval_seed if options.seed is None else options.seed
-    pairs = eval_set(task, options.samples, seed, lo, hi)
-    result = evaluate(loaded.model, task, pairs, loaded.device, options.batch_size)
+    return eval_set(task, options.samples, seed, lo, hi)
+
+
+def report(loaded: Loaded, pairs: list, result: EvalResult) -> dict:
+    """What `minitfm eval --json` prints of `result`, the metrics of `loaded` on `pairs`."""
+    cfg, task = loaded.config, loaded.task
     unknown = task.count_unknown(pairs)  # pairs: symbols never trained on, read as <unk>
     return {**result.as_dict(), "checkpoint": str(loaded.checkpoint), "step": loaded.step,
             "task": cfg.task.name, "trained_lengths": [cfg.task.min_len, cfg.task.max_len],

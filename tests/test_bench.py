@@ -31,7 +31,7 @@ from minitfm.lab.measure.reference import TRAINERS
 from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
-from tests.helpers import TINY, missing, run_cli
+from tests.helpers import TINY, assert_clean_error, missing, run_cli
 
 
 def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
@@ -501,3 +501,30 @@ def test_the_gpu_sized_model_is_benched_on_a_gpu_only():
     assert list(setups_for(quick=False, gpu=True)) == ["default", "large", "gpu"]
     assert list(setups_for(quick=True, gpu=True)) == ["default"]
     load_config(None, setups_for(quick=False, gpu=True)["gpu"])  # a valid config
+
+
+@pytest.mark.slow  # two whole sweeps in fresh processes
+def test_bench_stacks_times_whole_stacked_sweeps_against_one_run_at_a_time(monkeypatch):
+    """--stacks 1,2 (quick: runs of 20 steps): a row per stack size, every run ended, runs a
+    minute from the wall time, the ratio against one at a time; the table shows them."""
+    from rich.console import Console
+
+    from minitfm.app.tables import stacks_table
+    from minitfm.lab.measure.bench import stacked_sweeps
+
+    rows = stacked_sweeps([1, 2], torch.device("cpu"), 1, quick=True)
+    assert [(row["runs"], row["ended"]) for row in rows] == [(1, 1), (2, 2)]
+    for row in rows:
+        assert row["runs_per_minute"] == pytest.approx(60 * row["runs"] / row["wall_s"])
+    assert rows[0]["against_one_at_a_time"] == 1.0
+    assert rows[1]["against_one_at_a_time"] == pytest.approx(
+        rows[1]["runs_per_minute"] / rows[0]["runs_per_minute"])
+    console = Console(width=120, record=True)
+    console.print(stacks_table({"device": "cpu", "stacks": rows}))
+    text = console.export_text()
+    assert "runs a minute" in text and "2/2" in text
+
+
+def test_stack_sizes_are_refused_in_one_line_unless_counts():
+    assert_clean_error(run_cli("bench", "--stacks", "1,x"), 2, "--stacks ('1,x') must be")
+    assert_clean_error(run_cli("bench", "--stacks", "0"), 2, "from 1 to 4096")

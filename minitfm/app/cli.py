@@ -56,7 +56,13 @@ from minitfm.app.tables import (
     tasks_table,
 )
 from minitfm.errors import MinitfmError, shown_path
-from minitfm.lab.options import AblateOptions, EvalOptions, SweepOptions, VisualizeOptions
+from minitfm.lab.options import (
+    AblateOptions,
+    EvalOptions,
+    SweepOptions,
+    VisualizeOptions,
+    stack_sizes,
+)
 from minitfm.run.files import to_json
 
 app = App(
@@ -385,6 +391,10 @@ def bench(
                                "scratch: wall seconds and steps to 99% exact match, against "
                                "plain nn.Transformer and x-transformers trainers."),
     compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
+    stacks: str | None = typer.Option(None, "--stacks", metavar="K,K,...", help="Also time "
+                                      "whole sweeps of the default config, K seeds as one "
+                                      "stacked model each (1: one run at a time), e.g. "
+                                      "1,16,64,256 on a GPU: runs a minute."),
     device: str = typer.Option("auto", metavar="DEVICE",
                                help="auto, cpu, cuda or cuda:N."),
     threads: str = threads_option(),
@@ -394,6 +404,7 @@ def bench(
     from minitfm.run.threads import cores
 
     check_device(device)
+    sizes = stack_sizes(stacks)  # before any measuring
     load = {"load_average": os.getloadavg()[0], "cores": cores()}
     if load["load_average"] > load["cores"]:
         warn(f"load average {load['load_average']:.1f} on {load['cores']} cores: other work "
@@ -402,7 +413,7 @@ def bench(
         from minitfm.lab.measure.bench import run_bench
 
         report = {**load, **run_bench(quick=quick, solve=solve, compile_=compile_,
-                                      device=device)}
+                                      device=device, stacks=sizes)}
     if as_json:
         print(to_json(report))
     else:

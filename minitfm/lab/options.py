@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minitfm.config import EVAL_BATCH_SIZE, SEED_RANGE
+from minitfm.errors import MinitfmError
 
 MAX_SAMPLES = 100_000  # held-out sequences a command decodes, and sequences decoded at once
 MAX_LEN = 65_536  # input lengths a command may ask for (task.max_len's own bound)
@@ -149,3 +150,17 @@ class SweepOptions:
     skip_invalid: bool = option(False, "Leave out the combinations that fail validation instead "
                                 "of refusing the grid (e.g. model.positional=none with a value "
                                 "for model.random_positions).", flags=("--skip-invalid",))
+
+
+def stack_sizes(text: str | None) -> list[int]:
+    """`--stacks 1,16,64`: the stack sizes, each 1 to 4096."""
+    if text is None:
+        return []
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or not all(1 <= n <= 4096 for n in sizes):
+        raise MinitfmError(f"--stacks ({text!r}) must be stack sizes from 1 to 4096, "
+                           f"comma-separated, e.g. 1,16,64,256")
+    return sizes

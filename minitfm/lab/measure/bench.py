@@ -7,6 +7,8 @@
 - model FLOP utilisation: the model's matmul FLOP/s against this machine's peak, measured
   in the same run on one large matmul;
 - greedy decoding of 1000 sequences with and without the KV cache;
+- with `--stacks 1,16,64,256`, runs a minute of whole sweeps of the default config, K seeds
+  as one stacked model against one run at a time (`stacked_sweeps`);
 - peak memory (RSS) of a training run, and with `--solve` the time to solve the default
   config from scratch, for seeds 0, 1 and 2: `minitfm train` as a user runs it, from the
   start of the process to its exit; and, timed the same way, two plain reference trainers
@@ -296,8 +298,33 @@ def solve_step(metrics: Path, target: float = 0.99) -> dict:
             "steps": evals[-1]["step"]}
 
 
+def stacked_sweeps(sizes: list[int], device, threads: int, quick: bool) -> list[dict]:
+    """Runs a minute of whole sweeps of the default config (`minitfm sweep --seeds 0..K-1`,
+    from start to exit: training, evaluation and every run directory): K seeds as one stack
+    (`--stack`, one job), for each K of `sizes`; K = 1 is one run at a time. With `quick`, runs
+    of 20 steps."""
+    shorter = ["train.steps=20", "train.eval_every=0", "train.warmup_steps=2"] if quick else []
+    rows = []
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-P", "-m", "minitfm", "sweep", *shorter,
+                   f"device={device.type}", "--seeds", f"0..{size - 1}", "--jobs", "1",
+                   "--threads", str(threads), "--out", str(Path(tmp) / "sweep"),
+                   "--stack" if size > 1 else "--no-stack"]
+            wall, peak, _ = timed_process(cmd)
+            folder = Path(tmp) / "sweep"
+            ended = sum(1 for line in open_run_file(folder / "results.jsonl", "r")
+                        if json.loads(line)["status"] in ("finished", "stopped at target"))
+        rows.append({"runs": size, "wall_s": wall, "runs_per_minute": 60 * size / wall,
+                     "ended": ended, "peak_rss_mb": peak})
+    one = rows[0]["runs_per_minute"] if rows and rows[0]["runs"] == 1 else None
+    for row in rows:
+        row["against_one_at_a_time"] = row["runs_per_minute"] / one if one else None
+    return rows
+
+
 def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
-              device: str = "auto") -> dict:
+              device: str = "auto", stacks: list[int] = ()) -> dict:
     """Every measurement, as one JSON-ready dict."""
     from minitfm.run.devices import pick_device
 
@@ -318,6 +345,8 @@ def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
     # The child trains with this process's threads: on `auto` it would count this (idle,
     # waiting) process as a neighbour and take half the cores.
     same = f"threads={report['threads']}"
+    if stacks:
+        report["stacks"] = stacked_sweeps(list(stacks), dev, report["threads"], quick)
     if solve:  # the whole process, start to exit, as a user runs it; and plain trainers
         report.update(solve_runs([same]))
     else:

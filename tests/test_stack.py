@@ -335,3 +335,32 @@ def test_a_stacked_sweep_equals_the_sweep_of_runs_alone(tmp_path):
              for name in ("stacked", "alone")]
     again = run_cli("sweep", *grid, "--stack", "--out", tmp_path / "stacked")
     assert again.exit_code == 0 and "4 already done" in again.stdout
+
+
+def test_a_gpu_is_priced_by_its_own_free_memory(monkeypatch):
+    """On a CUDA device the refusal counts the GPU's free memory (not the host's) and says so."""
+    from minitfm.run import limits
+
+    monkeypatch.setattr(limits, "gpu_free_bytes", lambda device: 1000)
+    cfg = load_config(None, SETTINGS)
+    with pytest.raises(MinitfmError, match=r"the GPU \(cuda:0\) has 1.0 KB available"):
+        limits.check_fits(limits.training_parts(cfg), "training", torch.device("cuda:0"))
+    limits.check_fits(limits.training_parts(cfg), "training", torch.device("cpu"))
+
+
+@pytest.mark.cuda  # conftest skips it where no CUDA device is present
+def test_a_stack_trains_on_cuda_and_each_row_decodes_as_its_model_alone(tmp_path):
+    """On a GPU (bfloat16 autocast in the steps): three runs train to their end, and each row's
+    evaluation equals its own model's, decoded alone, in float32."""
+    cfgs = {s: load_config(None, [*SETTINGS, f"seed={s}", "device=cuda"]) for s in range(3)}
+    summaries = train_stack([StackMember(cfg, tmp_path / f"run{s}") for s, cfg in cfgs.items()],
+                            lambda: [], lambda text: None)
+    assert [s["status"] for s in summaries] == ["finished"] * 3
+    cfg = cfgs[0]
+    task, models, base = models_of(cfg, [0, 1, 2])
+    alone = [m.cuda() for m in copies(models)]
+    stack = Stack([m.cuda() for m in models], base.cuda())
+    pairs = eval_set(task, 40, 1)
+    for row, result in enumerate(evaluate_rows(stack, [0, 1, 2], [task] * 3, [pairs] * 3,
+                                               "cuda")):
+        assert result.predictions == evaluate(alone[row], task, pairs, "cuda").predictions

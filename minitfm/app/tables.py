@@ -354,7 +354,8 @@ def throughput_table(report: dict) -> Table:
             if "load_average" in report else "")
     threads = f"{report['threads']} thread{'s' if report['threads'] != 1 else ''}"
     title = (f"minitfm bench · {report['device']} · {threads}{load} · torch "
-             f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s")
+             f"{report['torch']} · matmul peak {report['peak_flops_per_s'] / 1e9:.1f} GFLOP/s"
+             f"{' (bfloat16)' if report.get('peak_dtype') == 'bfloat16' else ''}")
     train = Table(title=title)
     for col in ("setup", "minitfm tok/s", "nn.Transformer tok/s", "ratio", "MFU",
                 "book code tok/s"):

@@ -125,13 +125,23 @@ def decoding_parts(cfg, samples: int, max_len: int, batch_size: int,
             (names[0], samples, PYTHON_INT * samples * (src + tgt))]
 
 
-def check_fits(parts: list[tuple[str, int, int]], what: str) -> None:
-    """Refuse when the parts together clearly exceed the memory this process can use."""
+def check_fits(parts: list[tuple[str, int, int]], what: str, device=None) -> None:
+    """Refuse when the parts together clearly exceed the memory this process can use: the
+    host's, or on a CUDA `device` (a torch.device) the GPU's free memory."""
     total = sum(size for _, _, size in parts)
-    available = available_bytes()
+    available, where = available_bytes(), "this machine has"
+    if device is not None and device.type == "cuda":
+        available, where = gpu_free_bytes(device), f"the GPU ({device}) has"
     if total <= available:
         return
     key, value, size = max(parts, key=lambda part: part[2])
     raise MinitfmError(f"{key} ({value}) needs ~{human(size)} for {what} (~{human(total)} in "
-                       f"all); this machine has {human(available)} available: "
+                       f"all); {where} {human(available)} available: "
                        f"{FIXES.get(key, f'lower {key}')}")
+
+
+def gpu_free_bytes(device) -> int:
+    """The free memory of a CUDA device, as its driver counts it (torch is loaded by then)."""
+    import torch  # only for a CUDA device: the rest of this module needs no torch
+
+    return torch.cuda.mem_get_info(device)[0]

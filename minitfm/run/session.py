@@ -113,6 +113,7 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
         claim.update(cfg.threads)
         claim.apply()
         device = dist.device if dist.world_size > 1 else pick_device(cfg.device)
+        check_fits(training_parts(cfg), "training", device)  # on a GPU: its memory too
         state = init_state(cfg, device, dist)
         held.enter_context(learner_errors(state.code.workbook))  # a workbook's: one line
         if resumed is not None:

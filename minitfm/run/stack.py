@@ -102,6 +102,8 @@ def train_stack(members: Sequence[StackMember], instruments: Callable[[], list[I
         claim.update(members[0].cfg.threads)
         claim.apply()
         device = pick_device(members[0].cfg.device)
+        check_fits([part for m in members for part in training_parts(m.cfg)],
+                   f"a stack of {len(members)} runs", device)  # on a GPU: its memory too
         stop = held.enter_context(StopSignal())
         runs = [prepare(member, device, claim, instruments, held) for member in members]
         check_shared([run.state.cfg for run in runs], [m.run_dir for m in members])

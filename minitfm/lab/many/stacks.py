@@ -24,7 +24,7 @@ from minitfm.lab.many.results import eval_path, eval_ranges
 from minitfm.lab.many.runs import read_record
 from minitfm.lab.many.scheduler import PROCESS_BYTES
 from minitfm.run.files import to_json, write_atomic
-from minitfm.run.limits import available_bytes, check_fits, human, training_parts
+from minitfm.run.limits import available_bytes, check_fits, gpu_free_bytes, training_parts
 from minitfm.run.rundir import DONE, run_status
 
 
@@ -138,13 +138,12 @@ def fitting(specs: list[RunSpec]) -> list[list[RunSpec]]:
     host's is checked as each stack starts); a run that alone does not fit is refused."""
     if not specs or not on_gpu(specs[0].cfg.device):
         return [specs] if specs else []
-    import torch
+    from minitfm.run.devices import pick_device
 
-    free, _ = torch.cuda.mem_get_info()
+    device = pick_device(specs[0].cfg.device)
+    check_fits(training_parts(specs[0].cfg), "training", device)  # one run alone must fit
     per_run = sum(size for _, _, size in training_parts(specs[0].cfg))
-    if per_run > free:
-        check_fits([("a run", 1, per_run)], f"training on the GPU ({human(free)} free)")
-    size = max(1, free // per_run)
+    size = max(1, gpu_free_bytes(device) // per_run)
     return [specs[i:i + size] for i in range(0, len(specs), size)]
 
 

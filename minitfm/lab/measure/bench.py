@@ -332,7 +332,9 @@ def run_bench(quick: bool = False, solve: bool = False, compile_: bool = False,
     reps, n_batches = (2, 3) if quick else (5, 10)
     report = {"device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "quick": quick, "throughput": []}
-    report["peak_flops_per_s"] = peak_matmul_flops(dev)
+    # The peak in the dtype the steps compute in: bfloat16 autocast on CUDA, float32 on a CPU.
+    report["peak_dtype"] = "bfloat16" if dev.type == "cuda" else "float32"
+    report["peak_flops_per_s"] = peak_matmul_flops(dev, getattr(torch, report["peak_dtype"]))
     for name, overrides in setups_for(quick, gpu=dev.type == "cuda").items():
         setup = make_setup(name, overrides, n_batches, dev)
         variants = [False, True] if compile_ else [False]

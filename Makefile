@@ -33,9 +33,11 @@ train: install
 test: install
 	$(BIN)/python -m pytest -q $(ARGS)
 
-# The tests not marked slow (none trains past ~50 steps or starts other torch processes).
+# The tests not marked slow (none trains past ~50 steps or starts other torch processes), in a
+# process per core (pytest-xdist; each test pins torch to 1 thread), at most 8, a module's tests
+# in one process (its shared fixtures made once).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+	$(BIN)/python -m pytest -q -m "not slow" -n auto --maxprocesses=8 --dist loadscope $(ARGS)
 
 # The book's own tests (tests/book/): each chapter against PyTorch, in seconds.
 test-book: install

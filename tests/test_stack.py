@@ -35,6 +35,9 @@ from tests.helpers import TINY, assert_clean_error, run_cli, train_bare
 # A loss of a stacked run within this of its run alone (relative), step by step: the same
 # numbers up to float rounding (the stack runs the book's modules, a run alone the fast code).
 LOSS_TOLERANCE = 1e-3
+# A CUDA device named in a config or a torch.device, never used: the tests naming it run without
+# one (tests/test_suite.py asks a test that uses a GPU for the `cuda` marker).
+NAMED_GPU = "cuda:0"
 STEPS = 50
 SETTINGS = [*TINY, f"train.steps={STEPS}", "train.eval_every=20", "train.eval_samples=60",
             "log.tensorboard=false", "threads=1", "train.checkpoint_every=20"]
@@ -280,7 +283,7 @@ def test_the_sweep_stacks_where_it_pays_and_as_asked():
         "stacks them"))
     assert stacks.choose_stacking(seeds, True) == (True, "as asked (--stack)")
     assert stacks.choose_stacking(seeds, False) == (False, "as asked (--no-stack)")
-    gpu = [spec(f"seed={s}", [f"seed={s}", "device=cuda"]) for s in range(3)]
+    gpu = [spec(f"seed={s}", [f"seed={s}", f"device={NAMED_GPU}"]) for s in range(3)]
     assert stacks.choose_stacking(gpu, None)[0] is True
     shapes = [spec(f"d_ff={d}", [f"model.d_ff={d}"]) for d in (16, 32)]
     assert stacks.choose_stacking(shapes, True) == \
@@ -344,7 +347,7 @@ def test_a_gpu_is_priced_by_its_own_free_memory(monkeypatch):
     monkeypatch.setattr(limits, "gpu_free_bytes", lambda device: 1000)
     cfg = load_config(None, SETTINGS)
     with pytest.raises(MinitfmError, match=r"the GPU \(cuda:0\) has 1.0 KB available"):
-        limits.check_fits(limits.training_parts(cfg), "training", torch.device("cuda:0"))
+        limits.check_fits(limits.training_parts(cfg), "training", torch.device(NAMED_GPU))
     limits.check_fits(limits.training_parts(cfg), "training", torch.device("cpu"))
 
 

@@ -329,21 +329,19 @@ def bench_tables(report: dict) -> list[Table]:
     """The tables of a bench report: training throughput, greedy decoding, end to end, and
     with --solve the time to solve against the plain reference trainers."""
     tables = [throughput_table(report), decoding_table(report), end_to_end_table(report)]
-    tables += [stacks_table(report)] if report.get("stacks") else []
+    tables += [stacks_table(report)] * bool(report.get("stacks"))
     return tables + ([solve_table(report)] if "solve_reference" in report else [])
 
 
 def stacks_table(report: dict) -> Table:
-    """Whole sweeps of the default config, K seeds as one stack: runs a minute against one run
-    at a time (K = 1)."""
+    """Whole sweeps of the default config, K seeds as one stack, against one at a time (K=1)."""
     table = Table(title=f"sweeps of the default config, stacked · {report['device']}")
     for col in ("runs", "whole sweep", "runs a minute", "against one at a time", "ended"):
         table.add_column(col, justify="right")
     for row in report["stacks"]:
-        ratio = row["against_one_at_a_time"]
+        ratio = f"{row['against_one_at_a_time']:.2f}x" if row["against_one_at_a_time"] else "-"
         table.add_row(str(row["runs"]), f"{row['wall_s']:.1f} s",
-                      f"{row['runs_per_minute']:.1f}",
-                      "-" if ratio is None else f"{ratio:.2f}x", f"{row['ended']}/{row['runs']}")
+                      f"{row['runs_per_minute']:.1f}", ratio, f"{row['ended']}/{row['runs']}")
     return table
 
 

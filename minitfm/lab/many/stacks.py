@@ -61,7 +61,7 @@ def on_gpu(device: str) -> bool:
     """Whether runs of `device` (config's `device`) train on a GPU (auto: if torch sees one)."""
     if device == "cpu":
         return False
-    if device == "cuda":
+    if device.startswith("cuda"):
         return True
     import torch  # only here: the rest of the sweep runs without it
 

@@ -10,7 +10,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 CONFIG ?=
 ARGS   ?=
-# The package's extras to install; CI adds bench (x-transformers): `make install EXTRAS=dev,bench`.
+# The package's extras to install; CI adds bench (x-transformers) and ray: `make install
+# EXTRAS=dev,bench,ray`.
 EXTRAS ?= dev
 PORT   ?= 6006
 

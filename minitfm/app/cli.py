@@ -436,6 +436,8 @@ def sweep(
     name: str | None = option(SweepOptions, "name"),
     out: Path | None = option(SweepOptions, "out"),
     skip_invalid: bool = option(SweepOptions, "skip_invalid"),
+    on: str = option(SweepOptions, "on"),
+    ray_address: str | None = option(SweepOptions, "ray_address"),
     stack: bool | None = option(SweepOptions, "stack"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
                                  "run that still has work, and exit."),
@@ -445,7 +447,7 @@ def sweep(
 
     config, items = split_config_args(args, allow_config=True)
     options = SweepOptions(seeds, jobs, threads, eval_lengths, eval_samples, name, out,
-                           stack, skip_invalid)
+                           on, ray_address, stack, skip_invalid)
     plan = prepare(config, items, options)
     if dry_run:
         if plan.note:  # stdout stays the shell lines alone

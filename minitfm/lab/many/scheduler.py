@@ -110,6 +110,29 @@ def open_result(command: Command) -> contextlib.AbstractContextManager:
     return os.fdopen(fd, "w")
 
 
+def launch(job: Job, cwd: Path | None = None, **popen) -> subprocess.Popen:
+    """Start the job's next command in a session of its own (a terminal's Ctrl-C reaches only
+    the scheduler, which forwards it): its stdout to its result file (or the job's log), its
+    stderr to the job's log. `cwd` and `popen`: as subprocess.Popen takes them."""
+    command = job.commands[0]
+    for spec in job.specs:
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open_run_file(job.log, "a") as log, open_result(command) as result:
+        return subprocess.Popen(command.argv, stdout=result or log, stderr=log, cwd=cwd,
+                                stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                **popen)
+
+
+def keep_result(command: Command, code: int) -> None:
+    """After a command ended: its result file (an evaluation's JSON) kept only when it
+    succeeded, replacing the old one whole."""
+    if command.tmp is not None:
+        if code == 0:
+            write_atomic(command.out, command.tmp.read_bytes())
+        command.tmp.unlink(missing_ok=True)
+
+
 class Scheduler:
     """Runs jobs `parallel` at a time, each a chain of child processes; forwards signals.
 
@@ -151,15 +174,8 @@ class Scheduler:
         return self.failed
 
     def start(self, job: Job) -> None:
-        """Start the job's next command, its output going to its log or result file."""
-        command = job.commands[0]
-        for spec in job.specs:
-            spec.run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open_run_file(job.log, "a") as log, open_result(command) as result:
-            proc = subprocess.Popen(command.argv, stdout=result or log, stderr=log,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self.running[proc] = job
+        """Start the job's next command (see `launch`)."""
+        self.running[launch(job)] = job
 
     def forward(self, received: list[int]) -> None:
         """Send each signal received since the last call to every running child."""
@@ -172,11 +188,7 @@ class Scheduler:
 
     def advance(self, code: int, job: Job, stopping: bool) -> None:
         """After a command ended: keep its result, then start the next one or report."""
-        command = job.commands.pop(0)
-        if command.tmp is not None:  # an evaluation's JSON, kept only when it succeeded
-            if code == 0:
-                write_atomic(command.out, command.tmp.read_bytes())
-            command.tmp.unlink(missing_ok=True)
+        keep_result(job.commands.pop(0), code)
         if code != 0 and not job.others:
             if not stopping:
                 self.failed.append(job.spec)

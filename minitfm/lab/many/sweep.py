@@ -215,6 +215,8 @@ class Plan:
     note: str | None = None  # why the folder is a new one, when an old one held this grid
     stacks: list[list[RunSpec]] = field(default_factory=list)  # none: each run alone
     stacking: str = ""  # why the runs are stacked or not (see stacks.choose_stacking)
+    on: str = "local"  # where the jobs run: local processes, or Ray tasks (onray.py)
+    ray_address: str | None = None
 
     def record(self) -> dict[str, Any]:
         """What `sweep.json` holds: the grid and the base config."""
@@ -243,6 +245,7 @@ def prepare(config: str | None, items: list[str],
             options: SweepOptions = SweepOptions()) -> Plan:
     """Parse and validate the whole grid (`items`, over the base `config`) before anything is
     written."""
+    check_launcher(options)
     swept, fixed = parse_grid(items, options.seeds)
     grid = Grid(config, swept, fixed)
     ranges = [parse_lengths(text) for text in options.eval_lengths or ()]
@@ -250,10 +253,16 @@ def prepare(config: str | None, items: list[str],
     out = options.out
     if out is not None:
         check_out(out)
-    parallel, per_job = job_shape(math.prod(len(v) for _, v in swept), options.jobs,
-                                  options.threads)
+    if options.on == "ray":  # the cluster's CPUs and memory are Ray's to share out
+        parallel, per_job = math.prod(len(v) for _, v in swept), options.threads or 1
+    else:
+        parallel, per_job = job_shape(math.prod(len(v) for _, v in swept), options.jobs,
+                                      options.threads)
     runs, skipped = plan_runs(grid, per_job, options.skip_invalid)
-    check_memory(runs, parallel)
+    if options.on == "ray":
+        check_no_workbook(runs)
+    else:
+        check_memory(runs, parallel)
     samples = options.eval_samples
     check_evaluations(runs, ranges, samples)
     base = base_config(runs, grid)
@@ -261,9 +270,30 @@ def prepare(config: str | None, items: list[str],
     for spec in runs:
         spec.run_dir = folder / spec.id
     stacked, why = choose_stacking(runs, options.stack)
-    stacks = plan_stacks(runs, parallel) if stacked else []
+    stacks = plan_stacks(runs, 1 if options.on == "ray" else parallel) if stacked else []
     return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples, base, note,
-                stacks, why)
+                stacks, why, options.on, options.ray_address)
+
+
+def check_launcher(options: SweepOptions) -> None:
+    """`--on` is local or ray; `--ray-address` goes with ray, `--jobs` with local."""
+    if options.on not in ("local", "ray"):
+        raise MinitfmError(f"--on ({quote(options.on)}) must be local (processes of this "
+                           f"machine) or ray (tasks on a Ray cluster)")
+    if options.ray_address is not None and options.on != "ray":
+        raise MinitfmError("--ray-address goes with --on ray: add --on ray")
+    if options.jobs is not None and options.on == "ray":
+        raise MinitfmError("--jobs is for --on local: on Ray the cluster's CPUs decide how "
+                           "many jobs run at once (each asks for --threads CPUs)")
+
+
+def check_no_workbook(runs: list[RunSpec]) -> None:
+    """A workbook's code is a folder on this machine: its runs train here only."""
+    for spec in runs:
+        if spec.cfg.model.code not in ("fast", "book"):
+            raise MinitfmError(f"the run {quote(spec.id)} trains the workbook "
+                               f"{quote(spec.cfg.model.code)}, a folder of this machine: train "
+                               f"a workbook's runs without --on ray")
 
 
 def dry_run_lines(plan: Plan) -> list[str]:
@@ -287,23 +317,39 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
             say(f"note: {plan.note}")
         for reason in plan.skipped:
             say(f"skipped (invalid) {reason}")
-        done = sum(1 for job in jobs if not job.commands)
-        working = [job for job in jobs if job.commands]
-        threads = f"{plan.threads} thread{'s' if plan.threads > 1 else ''} each"
-        if any(job.others for job in working):
-            sizes = sorted({len(job.specs) for job in working}, reverse=True)
-            say(f"{len(plan.runs)} runs ({done} already done) in {len(working)} stacks of "
-                f"{' or '.join(map(str, sizes))} runs, {min(plan.parallel, len(working))} at a "
-                f"time, {threads}; stacked: {plan.stacking}")
-        else:
-            stacking = f"; not stacked: {plan.stacking}" if plan.stacking else ""
-            say(f"{len(jobs)} runs ({done} already done), {min(plan.parallel, len(jobs))} at "
-                f"a time, {threads}{stacking}")
-        failed = Scheduler(jobs, plan.parallel, say).run()
+        say(plan_line(plan, jobs))
+        failed = launch_jobs(jobs, plan, say)
         keys = [key for key, _ in plan.grid.swept]
         rows = [result_row(spec, plan.ranges) for spec in plan.runs]
         write_results(plan.folder, rows, keys)
     return SweepResult(plan.folder, rows, keys, [spec.id for spec in failed])
+
+
+def plan_line(plan: Plan, jobs: list[Job]) -> str:
+    """What the sweep is about to do: `8 runs (0 already done), 2 at a time, 1 thread each`,
+    in stacks and on Ray as it will."""
+    done = sum(1 for job in jobs if not job.commands)
+    working = [job for job in jobs if job.commands]
+    unit = "CPU" if plan.on == "ray" else "thread"
+    each = f"{plan.threads} {unit}{'s' if plan.threads > 1 else ''} each"
+    at_once = "as Ray tasks" if plan.on == "ray" else \
+        f"{min(plan.parallel, len(working) or 1)} at a time"
+    if any(job.others for job in working):
+        sizes = " or ".join(map(str, sorted({len(job.specs) for job in working}, reverse=True)))
+        return (f"{len(plan.runs)} runs ({done} already done) in {len(working)} stacks of "
+                f"{sizes} runs, {at_once}, {each}; stacked: {plan.stacking}")
+    stacking = f"; not stacked: {plan.stacking}" if plan.stacking else ""
+    return f"{len(jobs)} runs ({done} already done), {at_once}, {each}{stacking}"
+
+
+def launch_jobs(jobs: list[Job], plan: Plan, say: Callable[[str], None]) -> list[RunSpec]:
+    """Run the jobs where `--on` says: this machine's processes, or Ray's tasks; the runs that
+    failed."""
+    if plan.on == "ray":
+        from minitfm.lab.many.onray import run_on_ray  # Ray is imported there only
+
+        return run_on_ray(jobs, plan, say)
+    return Scheduler(jobs, plan.parallel, say).run()
 
 
 class SweepLock:

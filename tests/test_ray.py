@@ -1,0 +1,256 @@
+"""Sweeps on Ray (#49), on a real cluster: two nodes on this machine (`ray start --head` and a
+second `ray start --address=...`, one CPU each), started and stopped by these tests alone (their
+processes are found by session and killed by PID; nothing else of Ray's is touched)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TINY, assert_clean_error, missing, run_cli
+
+pytestmark = pytest.mark.slow  # a cluster of processes, and sweeps of them
+RAY = Path(sys.executable).parent / "ray"
+RUNS = [*TINY, "train.steps=12", "train.eval_every=0", "train.warmup_steps=2",
+        "train.checkpoint_every=4", "log.tensorboard=false"]
+UP_S = 60  # how long a node may take to join
+
+
+def ray_or_skip() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        missing("Ray is not installed (pip install -e '.[ray]')")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session(pid: int) -> list[int]:
+    """The processes of the session `pid` leads (a node's: its raylet, workers, ...)."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    return [int(p) for p, s in (line.split() for line in out.splitlines()) if int(s) == pid]
+
+
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@dataclass
+class Node:
+    """A `ray start --block` process, leader of its node's session."""
+
+    proc: subprocess.Popen
+
+    def raylet(self) -> int:
+        return next(pid for pid in session(self.proc.pid) if "raylet" in command_of(pid))
+
+    def stop(self) -> None:
+        """SIGTERM to `ray start --block`, which stops its node; then SIGKILL to what is left
+        of its session."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        for pid in session(self.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def start_node(tmp: Path, *args: str) -> Node:
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",  # RAY_AUTH_MODE: see `cluster`
+           # a killed node is found dead within a few seconds (Ray's default: ~30 s)
+           "RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
+           "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "0"}
+    log = open(tmp / f"node-{len(list(tmp.glob('node-*')))}.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([str(RAY), "start", "--block", "--num-cpus=1",
+                             "--node-ip-address=127.0.0.1", "--disable-usage-stats", *args],
+                            stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    return Node(proc)
+
+
+def alive_nodes(address: str) -> int:
+    code = ("import ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
+            "print(sum(n['Alive'] for n in ray.nodes()))" % address)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=20)
+    except subprocess.TimeoutExpired:
+        return 0
+    return int(out.stdout.split()[-1]) if out.returncode == 0 and out.stdout.split() else 0
+
+
+@dataclass
+class Cluster:
+    address: str
+    head: Node
+    worker: Node
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """Two nodes, one CPU each, on this machine; every process of both gone afterwards. On
+    loopback, without Ray's token authentication, for its nodes and drivers alike (with it,
+    each would need ~/.ray/auth_token, which an earlier `ray.init()` may or may not have made)."""
+    ray_or_skip()
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    # Ray's sockets live in its temp folder, and a socket's path may have 107 bytes at most
+    short = Path(tempfile.mkdtemp(prefix="mtr-", dir="/tmp"))
+    head = start_node(tmp_path, "--head", f"--port={port}", "--include-dashboard=false",
+                      f"--temp-dir={short}")
+    nodes = [head]
+    try:
+        worker = start_node(tmp_path, f"--address={address}")
+        nodes.append(worker)
+        deadline = time.monotonic() + UP_S
+        while alive_nodes(address) < 2:
+            assert head.proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "node-0.log").read_text()[-2000:]
+            time.sleep(0.5)
+        yield Cluster(address, head, worker)
+    finally:
+        leaders = [node.proc.pid for node in nodes]
+        for node in reversed(nodes):
+            node.stop()
+        left = [pid for leader in leaders for pid in session(leader)]
+        shutil.rmtree(short, ignore_errors=True)
+        assert left == [], [command_of(pid) for pid in left]
+
+
+def sweep_args(out: Path, seeds: str, *more: str) -> list[str]:
+    return ["sweep", *RUNS, "--seeds", seeds, "--threads", "1", "--eval-samples", "20",
+            "--out", str(out), *more]
+
+
+def rows(folder: Path) -> dict[str, dict]:
+    keep = ("status", "steps", "exact_match", "per_length", "reached")
+    return {row["run"]: {k: row[k] for k in keep}
+            for row in map(json.loads, (folder / "results.jsonl").open())}
+
+
+def evaluations(folder: Path) -> dict[str, list]:
+    """Each run's evaluation lines (step, loss, exact match) from its metrics.jsonl."""
+    found = {}
+    for run in sorted(p for p in folder.iterdir() if (p / "metrics.jsonl").is_file()):
+        lines = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        found[run.name] = [(r["step"], r["loss"], r["exact_match"]) for r in lines
+                           if r["split"] == "eval"]
+    return found
+
+
+def test_a_sweep_on_two_nodes_finishes_every_run_when_one_node_dies(cluster, tmp_path):
+    """16 tiny runs on the two-node cluster; once 4 have ended, the second node's raylet is
+    killed (SIGKILL, by its PID): the sweep still ends with all 16, each counted once, the
+    tasks having run on both nodes, and its table and evaluations are the local sweep's."""
+    out = tmp_path / "on-ray"
+    cmd = [sys.executable, "-m", "minitfm", *sweep_args(out, "0..15", "--on", "ray",
+                                                        "--ray-address", cluster.address)]
+    with open(tmp_path / "sweep.out", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 180
+            while sum(1 for p in out.glob("*/summary.json")) < 4:
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "sweep.out").read_text()
+                time.sleep(0.1)
+            os.kill(cluster.worker.raylet(), signal.SIGKILL)
+            proc.wait(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    said = (tmp_path / "sweep.out").read_text()
+    assert proc.returncode == 0, said
+    assert "on Ray: 2 nodes ran the jobs; run directories written in place" in said
+    assert said.count("[16/16]") == 1 and "failed: " not in said  # Ray says it retried
+    local = run_cli(*sweep_args(tmp_path / "local", "0..15"))
+    assert local.exit_code == 0, local.stdout + local.stderr
+    assert rows(out) == rows(tmp_path / "local")
+    assert evaluations(out) == evaluations(tmp_path / "local")
+
+
+def test_workers_that_do_not_see_the_sweep_folder_send_each_run_directory_back(cluster,
+                                                                                tmp_path):
+    """The sweep folder on a tmpfs of the driver's own mount namespace, which the nodes do not
+    see: each task trains in a folder of its own and sends the run back; every run directory
+    arrives whole, its training losses those of the local sweep."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        missing("a private mount namespace needs unshare and root")
+    private = tmp_path / "private"
+    private.mkdir()
+    sweep = " ".join(map(repr, [sys.executable, "-m", "minitfm",
+                                *sweep_args(private / "sw", "0..3", "--on", "ray",
+                                            "--ray-address", cluster.address)]))
+    script = (f"mount -t tmpfs tmpfs {private} && {sweep} && "
+              f"cp -a {private / 'sw'} {tmp_path / 'arrived'}")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           script], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sent back through Ray's object store" in done.stdout, done.stdout
+    assert not (private / "sw").exists()  # it only ever was in the driver's namespace
+    local = run_cli(*sweep_args(tmp_path / "local", "0..3"))
+    arrived = tmp_path / "arrived"
+    for run in ("seed=0", "seed=1", "seed=2", "seed=3"):
+        names = {p.relative_to(arrived / run).parts[0] for p in (arrived / run).rglob("*")}
+        assert names >= {"config.yaml", "metrics.jsonl", "checkpoints", "summary.json",
+                         "eval-1-6.json"}, names
+        assert (arrived / run / "metrics.jsonl").read_text() != ""
+        report = json.loads((arrived / run / "eval-1-6.json").read_text())
+        assert report["checkpoint"] == str(private / "sw" / run / "checkpoints" / "last.pt")
+        ours = [json.loads(line)["loss"] for line in (arrived / run / "metrics.jsonl").open()]
+        theirs = [json.loads(line)["loss"]
+                  for line in (tmp_path / "local" / run / "metrics.jsonl").open()]
+        assert ours == theirs
+    assert local.exit_code == 0 and rows(arrived) == rows(tmp_path / "local")
+
+
+def test_an_unreachable_cluster_or_no_ray_is_one_line(tmp_path, monkeypatch):
+    ray_or_skip()
+    port = free_port()  # nothing listens there
+    result = run_cli(*sweep_args(tmp_path / "sw", "0", "--on", "ray", "--ray-address",
+                                 f"127.0.0.1:{port}"))
+    assert_clean_error(result, 2, f"cannot reach the Ray cluster at '127.0.0.1:{port}'")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    result = run_cli(*sweep_args(tmp_path / "sw2", "0", "--on", "ray"))
+    assert_clean_error(result, 2, "pip install 'minitfm[ray]'")
+
+
+def test_with_no_address_ray_starts_on_this_machine_and_stops_with_the_sweep(tmp_path):
+    """`--on ray` with no --ray-address and no RAY_ADDRESS: a Ray of this machine's own, for
+    this sweep; its results are the local sweep's, and none of its processes outlive it."""
+    ray_or_skip()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    before = {pid for pid in map(int, subprocess.run(["pgrep", "raylet"], capture_output=True,
+                                                     text=True).stdout.split())}
+    done = subprocess.run([sys.executable, "-m", "minitfm",
+                           *sweep_args(tmp_path / "sw", "0..1", "--on", "ray")],
+                          capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "on Ray: a Ray started on this machine" in done.stdout
+    time.sleep(1)
+    after = {pid for pid in map(int, subprocess.run(["pgrep", "raylet"], capture_output=True,
+                                                    text=True).stdout.split())}
+    assert after <= before, [command_of(pid) for pid in after - before]
+    local = run_cli(*sweep_args(tmp_path / "local", "0..1"))
+    assert rows(tmp_path / "sw") == rows(tmp_path / "local")

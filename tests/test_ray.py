@@ -90,8 +90,8 @@ def start_node(tmp: Path, *args: str) -> Node:
 
 
 def alive_nodes(address: str) -> int:
-    code = ("import ray; ray.init(address=%r, logging_level='ERROR', log_to_driver=False); "
-            "print(sum(n['Alive'] for n in ray.nodes()))" % address)
+    code = (f"import ray; ray.init(address={address!r}, logging_level='ERROR', "
+            f"log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))")
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=20)
@@ -253,4 +253,4 @@ def test_with_no_address_ray_starts_on_this_machine_and_stops_with_the_sweep(tmp
                                                     text=True).stdout.split())}
     assert after <= before, [command_of(pid) for pid in after - before]
     local = run_cli(*sweep_args(tmp_path / "local", "0..1"))
-    assert rows(tmp_path / "sw") == rows(tmp_path / "local")
+    assert local.exit_code == 0 and rows(tmp_path / "sw") == rows(tmp_path / "local")

@@ -254,3 +254,33 @@ def test_with_no_address_ray_starts_on_this_machine_and_stops_with_the_sweep(tmp
     assert after <= before, [command_of(pid) for pid in after - before]
     local = run_cli(*sweep_args(tmp_path / "local", "0..1"))
     assert local.exit_code == 0 and rows(tmp_path / "sw") == rows(tmp_path / "local")
+
+
+def test_ctrl_c_of_the_driver_cancels_the_tasks_and_each_run_keeps_its_checkpoint(cluster,
+                                                                                   tmp_path):
+    """SIGINT to `sweep --on ray` once both runs have a last.pt: the tasks are cancelled, each
+    training hears SIGINT and saves, the sweep exits 130; the same command would resume both."""
+    out = tmp_path / "sw"
+    grid = [*sweep_args(out, "0..1", "--on", "ray", "--ray-address", cluster.address),
+            "train.steps=100000", "train.target_exact_match=null"]
+    proc = subprocess.Popen([sys.executable, "-m", "minitfm", *grid], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        checkpoints = [out / f"seed={s}" / "checkpoints" / "last.pt" for s in (0, 1)]
+        deadline = time.monotonic() + 120
+        while not all(p.is_file() for p in checkpoints):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "stopped 2 run(s), each with its checkpoints/last.pt" in stderr
+    for path in checkpoints:
+        summary = json.loads((path.parent.parent / "summary.json").read_text())
+        assert summary["status"] == "interrupted" and summary["step"] < 100000
+    plan = run_cli(*[a for a in grid if a not in ("--on", "ray", "--ray-address",
+                                                  cluster.address)], "--dry-run")
+    assert [line.count(" --resume ") for line in plan.stdout.splitlines()] == [1, 1]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import io
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -35,6 +36,7 @@ import socket
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -90,6 +92,7 @@ def connect(address: str | None, say: Callable[[str], None]):
         import ray
     except ImportError:
         raise MinitfmError(RAY_MISSING) from None
+    logging.getLogger("ray").setLevel(logging.ERROR)  # its notices are not the sweep's lines
     address = address or os.environ.get(ADDRESS_ENV) or None
     if address is not None and address != "auto":
         check_reachable(address)
@@ -190,6 +193,8 @@ def ray_jobs(jobs: list[Job], plan, token: str) -> dict[int, Work]:
 
 def run_on_ray(jobs: list[Job], plan, say: Callable[[str], None]) -> list[RunSpec]:
     """Run the plan's jobs on Ray (see the module docstring); the runs that failed."""
+    if not any(job.commands for job in jobs):  # all done: nothing to ask a cluster for
+        return []
     ray = connect(plan.ray_address, say)
     token = write_token(plan.folder)
     try:
@@ -216,6 +221,10 @@ def run_work(work: Work) -> dict[str, Any]:
     files went, and (without the shared folder) each run directory and log, packed."""
     import ray
 
+    if threading.current_thread() is threading.main_thread():
+        # Ray cancels a task by raising KeyboardInterrupt as a SIGINT would, which it cannot
+        # where SIGINT is ignored (a worker of a Ray started from a shell's background job).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     node = ray.get_runtime_context().get_node_id()
     if sees(work):
         run_job(job_of(work, work.grid, work.specs), work.cwd if work.cwd.is_dir() else None)
@@ -257,7 +266,7 @@ def run_job(job: Job, cwd: Path | None) -> None:
     first that fails; a KeyboardInterrupt (the driver cancelled the task) is passed on to the
     running child as SIGINT, which saves its last.pt, and raised once it has ended."""
     while job.commands:
-        proc = launch(job, cwd, preexec_fn=die_with_parent)
+        proc = launch(job, cwd, preexec_fn=child_signals)
         try:
             while proc.poll() is None:
                 time.sleep(POLL_S)
@@ -271,9 +280,12 @@ def run_job(job: Job, cwd: Path | None) -> None:
             return
 
 
-def die_with_parent() -> None:
-    """In a child, before it runs: SIGTERM when the worker that started it dies (Linux), so a
-    killed node's trainings save their last.pt and free their runs for the retry."""
+def child_signals() -> None:
+    """In a child, before it runs: SIGINT and SIGTERM unblocked (a Ray worker blocks them, and
+    a child inherits the mask: it would never hear them), and SIGTERM when the worker that
+    started it dies (Linux), so that a killed node's trainings save their last.pt and free
+    their runs for the retry."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 

@@ -279,21 +279,7 @@ def test_two_trainings_at_once_give_each_ones_numbers_alone(tmp_path, monkeypatc
         train_run(config(seed), run_dir=tmp_path / f"alone{seed}")
         alone[seed] = losses(tmp_path / f"alone{seed}")
 
-    class Watched:
-        """The training lock, saying when a run waits for it."""
-
-        def __init__(self):
-            self.lock, self.waiting = threading.Lock(), threading.Event()
-
-        def __enter__(self):
-            if not self.lock.acquire(blocking=False):
-                self.waiting.set()
-                self.lock.acquire()
-
-        def __exit__(self, *exc):
-            self.lock.release()
-
-    lock = Watched()
+    lock = WatchedLock()
     monkeypatch.setattr(session, "TRAINING_LOCK", lock, raising=False)
     stepped, failures = threading.Event(), []
 

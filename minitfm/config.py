@@ -311,9 +311,9 @@ def check_device(name: str, error=ConfigError) -> str:
 def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> Config:
     """Read a YAML file (or take a mapping of the same sections, or the built-in default when
     `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python.
-    A file may not name a workbook in model.code unless an override names the code too (see
-    `refuse_named_workbook`)."""
-    from_file = not isinstance(path, dict) and path is not None
+    A file (or mapping) may not name a workbook in model.code unless an override names the code
+    too (see `refuse_named_workbook`)."""
+    named = path is not None  # the code its model.code names, unless an override names one
     if isinstance(path, dict):
         data = copy.deepcopy(path)  # set_path writes into it
     else:
@@ -323,25 +323,26 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
     for item in overrides:
         key, value = item if isinstance(item, tuple) else parse_override(item)
         set_path(data, key, value)
-        from_file = from_file and key != "model.code"
-    if from_file:
-        refuse_named_workbook(data, path)
+        named = named and key != "model.code"
+    if named:
+        refuse_named_workbook(data, "the config given" if isinstance(path, dict) else
+                              quote(str(path)))
     resolve_data_paths(data, Path.cwd())  # overrides name files from where you are
     return validate(data)
 
 
-def refuse_named_workbook(data: dict[str, Any], path: str | Path) -> None:
+def refuse_named_workbook(data: dict[str, Any], source: str) -> None:
     """A config file may name fast or book in model.code, never a workbook: a run folder, which
     can come from anyone, holds a config.yaml naming the workbook it trained, and `train` of that
-    file would import its code. Only the command line names a workbook (`--book DIR`)."""
+    file would import its code. Only the command line names a workbook (`--book DIR`); from
+    Python, `book=` (a mapping or a Config, a loaded run's say, is a config like a file)."""
     model = data.get("model")
     code = model.get("code") if isinstance(model, dict) else None
     if isinstance(code, str) and code and code not in BUILT_IN_CODES:
         shown = shown_path(code)
-        raise ConfigError(f"{quote(str(path))} names the workbook {quote(shown)} (model.code), "
-                          f"and a config file never makes minitfm run code: give "
-                          f"{option('book', shown)} (or model.code={shown}) on the command line "
-                          f"to run its code")
+        raise ConfigError(f"{source} names the workbook {quote(shown)} (model.code), and a "
+                          f"config never makes minitfm run code: give {option('book', shown)} "
+                          f"(or model.code={shown}) to run its code")
 
 
 def resolve_data_paths(data: dict[str, Any], base: Path) -> None:

@@ -38,7 +38,7 @@ def check_trusted(folder: Path, files: Iterable[Path]) -> None:
         if whom:
             raise MinitfmError(f"{path} is writable by {whom} ({stat.filemode(info.st_mode)}): "
                                f"whoever may write it could make minitfm run code as you; make "
-                               f"it yours alone (chmod go-w {path}) and give it again")
+                               f"it yours alone (chmod go-w {path}), then try again")
 
 
 def writers(info: os.stat_result) -> str:

@@ -110,6 +110,9 @@ def test_a_config_file_naming_a_workbook_never_imports_it(tmp_path, monkeypatch)
     assert not canary.exists() and not (tmp_path / "run").exists()
     with pytest.raises(MinitfmError, match=f"give book='{theirs}'"):
         minitfm.train(config, run_dir=tmp_path / "run", progress=False)
+    with pytest.raises(MinitfmError, match="the config given names the workbook"):
+        # a mapping, or a Config (a loaded run's, say), is a config as a file is
+        minitfm.train({"model": {"code": str(theirs)}}, run_dir=tmp_path / "run")
     assert not canary.exists()
     assert_clean_error(run_cli("sweep", config, "seed=0,1", "--dry-run"), 2,
                        "names the workbook")

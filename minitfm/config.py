@@ -31,9 +31,10 @@ from pydantic import (
 )
 
 from minitfm.catalog import POSITIONALS, TASKS
-from minitfm.errors import ConfigError, quote
+from minitfm.errors import ConfigError, option, quote, shown_path
 from minitfm.yamlfile import load_yaml, read_yaml
 
+BUILT_IN_CODES = ("fast", "book")  # model.code's own values: any other names a workbook folder
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
 
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
@@ -151,7 +152,7 @@ class ModelConfig(Section):
         "weights either way: fast (the book's model with the speed appendix's kernels and "
         "packing, minitfm/fast/), book (the book's own readable code, slower), or a workbook "
         "folder of minitfm learn (your functions where written, the book's elsewhere; "
-        "`train --book DIR` sets it)")
+        "`train --book DIR` sets it; only the command line may name one, never a config file)")
 
     @model_validator(mode="after")
     def _check(self) -> ModelConfig:
@@ -310,7 +311,10 @@ def check_device(name: str, error=ConfigError) -> str:
 
 def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> Config:
     """Read a YAML file (or take a mapping of the same sections, or the built-in default when
-    `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python."""
+    `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python.
+    A file (or mapping) may not name a workbook in model.code unless an override names the code
+    too (see `refuse_named_workbook`)."""
+    named = path is not None  # the code its model.code names, unless an override names one
     if isinstance(path, dict):
         data = copy.deepcopy(path)  # set_path writes into it
     else:
@@ -320,8 +324,26 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
     for item in overrides:
         key, value = item if isinstance(item, tuple) else parse_override(item)
         set_path(data, key, value)
+        named = named and key != "model.code"
+    if named:
+        refuse_named_workbook(data, "the config given" if isinstance(path, dict) else
+                              quote(str(path)))
     resolve_data_paths(data, Path.cwd())  # overrides name files from where you are
     return validate(data)
+
+
+def refuse_named_workbook(data: dict[str, Any], source: str) -> None:
+    """A config file may name fast or book in model.code, never a workbook: a run folder, which
+    can come from anyone, holds a config.yaml naming the workbook it trained, and `train` of that
+    file would import its code. Only the command line names a workbook (`--book DIR`); from
+    Python, `book=` (a mapping or a Config, a loaded run's say, is a config like a file)."""
+    model = data.get("model")
+    code = model.get("code") if isinstance(model, dict) else None
+    if isinstance(code, str) and code and code not in BUILT_IN_CODES:
+        shown = shown_path(code)
+        raise ConfigError(f"{source} names the workbook {quote(shown)} (model.code), and a "
+                          f"config never makes minitfm run code: give {option('book', shown)} "
+                          f"(or model.code={shown}) to run its code")
 
 
 def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
@@ -332,7 +354,7 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
         if isinstance(task, dict) and isinstance(task.get(key), str) and task[key]:
             task[key] = str((base / Path(task[key]).expanduser()).resolve())
     code = model.get("code") if isinstance(model, dict) else None
-    if isinstance(code, str) and code and code not in ("fast", "book"):  # a workbook folder
+    if isinstance(code, str) and code and code not in BUILT_IN_CODES:  # a workbook folder
         model["code"] = str((base / Path(code).expanduser()).resolve())
 
 

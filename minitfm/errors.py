@@ -10,6 +10,7 @@ Python API; `--max-len` there, `max_len` here.
 import os
 import re
 import reprlib
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -96,3 +97,27 @@ class Interrupted(MinitfmError):
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class Terminated(BaseException):
+    """SIGTERM as an exception, as Ctrl-C is KeyboardInterrupt: the command's cleanups run, and
+    it ends with one line and 143. A BaseException, which no `except Exception` swallows."""
+
+
+class CtrlC(KeyboardInterrupt):
+    """The KeyboardInterrupt of a Ctrl-C (SIGINT) while a command runs (`ctrl_c` raises it):
+    then any other KeyboardInterrupt was raised by code, a learner's say."""
+
+
+def ctrl_c(signum, frame) -> None:
+    """SIGINT's handler while a command runs (see `run.signals.started`)."""
+    raise CtrlC
+
+
+def from_signal(err: BaseException) -> bool:
+    """Whether `err` is a signal stopping the command (Ctrl-C, SIGTERM), not something code
+    raised. A bare KeyboardInterrupt counts as Ctrl-C's unless `ctrl_c` is SIGINT's handler
+    (which marks Ctrl-C's own): under another handler, Python's say, none can tell them apart."""
+    if isinstance(err, (CtrlC, Terminated)):
+        return True
+    return isinstance(err, KeyboardInterrupt) and signal.getsignal(signal.SIGINT) is not ctrl_c

@@ -49,6 +49,18 @@ def assert_clean_error(result, code: int, *needles: str) -> None:
         assert needle in message, (needle, message)
 
 
+def assert_error_line(result, code: int, *needles: str) -> None:
+    """Exit `code`, no traceback, stderr's last line the error naming the problem (after any
+    `note:` or `warning:` lines: the code a run trained, an exercise that fails its check)."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    *before, error = result.stderr.strip().splitlines()
+    assert all(line.startswith(("note: ", "warning: ")) for line in before), result.stderr
+    assert error.startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in error, (needle, error)
+
+
 def missing(reason: str) -> None:
     """Skip a test for want of a tool this machine lacks (`reason` says how to get it); under
     MINITFM_CI=1, which .ci/run sets, fail instead: CI must run every test, never go green on a

@@ -6,6 +6,7 @@ import io
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -278,13 +279,27 @@ def test_no_warning_when_the_schedule_can_decay(tmp_path):
 def test_ctrl_c_in_any_command_says_interrupted(capsys):
     @clean_errors(uses_torch=False)
     def command():
-        raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, as the terminal sends it
+        time.sleep(5)  # (the handler raises at once)
 
     with pytest.raises(typer.Exit) as stopped:
         command()
     assert stopped.value.exit_code == 130
     message = capsys.readouterr().err
-    assert message.startswith("interrupted: ") and message.count("\n") == 1, message
+    assert message.startswith("interrupted: Ctrl-C") and message.count("\n") == 1, message
+
+
+def test_a_keyboard_interrupt_raised_by_code_is_not_called_ctrl_c(capsys):
+    @clean_errors(uses_torch=False)
+    def command():
+        raise KeyboardInterrupt  # raised, no key pressed (a learner's code, say)
+
+    with pytest.raises(typer.Exit) as stopped:
+        command()
+    assert stopped.value.exit_code == 1
+    message = capsys.readouterr().err
+    assert "Ctrl-C" not in message and "KeyboardInterrupt" in message, message
+    assert message.startswith("error: ") and message.count("\n") == 1, message
 
 
 @pytest.mark.parametrize("best, status, expected", [

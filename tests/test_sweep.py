@@ -371,7 +371,7 @@ def test_dry_run_prints_one_shell_line_per_run(tmp_path):
     for line in lines:
         assert subprocess.run(["bash", "-n", "-c", line]).returncode == 0
         words = shlex.split(line)
-        assert words[1:4] == ["-m", "minitfm", "train"] and "threads=1" in words
+        assert words[1:5] == ["-P", "-m", "minitfm", "train"] and "threads=1" in words
         assert words.count("eval") == 2 and "positional=" in line
 
 

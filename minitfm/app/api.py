@@ -99,7 +99,8 @@ class Run(Loaded):
         from minitfm.lab.look.ablate import edited_heads, switched_off
 
         texts = input_texts(inputs)
-        with api_spelling(), edited_heads(self.model, switched_off(self, heads_off, mode)):
+        with api_spelling(), self.running(), edited_heads(self.model,
+                                                          switched_off(self, heads_off, mode)):
             result = predict_lines(self, list(enumerate(texts, 1)))
         if result.error is not None:
             raise result.error
@@ -117,7 +118,8 @@ class Run(Loaded):
         """
         check_type("text", text, (str, type(None)), "a string in task syntax, or None")
         held_out = self.held_out() if text is None else []
-        probe = run_probe(self.model, self.task, read_input(self, text, held_out, "text"))
+        with self.running():
+            probe = run_probe(self.model, self.task, read_input(self, text, held_out, "text"))
         blocks = {block.kind: block for block in map_blocks(probe, self.task)}
         maps = probe.maps
         return Attention(blocks["encoder"].keys, blocks["decoder"].keys,
@@ -135,7 +137,7 @@ class Run(Loaded):
         options = EvalOptions(samples, min_len, max_len, seed, batch_size)
         for name, value, low, high in bounded(options):  # the bounds of `minitfm eval`
             check_integer(name, value, low, high)
-        with api_spelling():
+        with api_spelling(), self.running():
             return eval_report(self, options)
 
     def explain(self, samples: int = ExplainOptions.samples,
@@ -152,7 +154,8 @@ class Run(Loaded):
         options = ExplainOptions(samples, None if out is None else Path(out), force)
         for name, value, low, high in bounded(options):  # the bounds of `minitfm explain`
             check_integer(name, value, low, high)
-        return explain(self, options)
+        with self.running():
+            return explain(self, options)
 
     def patch(self, clean: str | None = None, corrupt: str | None = None,
               out: str | Path | None = None, force: bool = False):
@@ -168,8 +171,9 @@ class Run(Loaded):
 
         for name, value in (("clean", clean), ("corrupt", corrupt)):
             check_type(name, value, (str, type(None)), "a string in task syntax, or None")
-        report = patch(self, PatchOptions(clean, corrupt, None if out is None else Path(out),
-                                          force))
+        with self.running():
+            report = patch(self, PatchOptions(clean, corrupt, None if out is None else Path(out),
+                                              force))
         if report.warning:
             warnings.warn(report.warning, stacklevel=2)
         return report
@@ -233,7 +237,9 @@ def train(config: str | Path | dict | Config | None = None, /, *,
         cfg = None
         options.update(resume=resolve_checkpoint(resume, "last"), overrides=pairs)
     else:
-        cfg = load_config(config.model_dump() if isinstance(config, Config) else config, pairs)
+        with api_spelling():  # a config file naming a workbook: the error names book=
+            cfg = load_config(config.model_dump() if isinstance(config, Config) else config,
+                              pairs)
     keep_freed_memory()  # as the CLI does: fewer page faults, faster steps
     reporter = ConsoleReporter() if progress else None
     try:

@@ -194,7 +194,9 @@ def eval_command(
     with claimed_threads(threads):
         from minitfm.lab.measure.evaluate import eval_report
 
-        report = eval_report(loaded_run(run, checkpoint, book), options)
+        loaded = loaded_run(run, checkpoint, book)
+        with loaded.running(as_json):
+            report = eval_report(loaded, options)
     if as_json:
         print(to_json(report))
     else:
@@ -240,7 +242,8 @@ def predict(
         if not lines:
             raise MinitfmError("no input: give INPUT arguments or pipe one input per line on "
                                "stdin")
-        result = predict_lines(loaded, lines, where)
+        with loaded.running(as_json):
+            result = predict_lines(loaded, lines, where)
     if result.warning:
         warn(result.warning)
     for (number, _), row in zip(lines, result.rows):
@@ -291,7 +294,9 @@ def visualize_attention(
         from minitfm.lab.look.visualize import check_options, visualize
 
         check_options(options)  # before the checkpoint is read
-        report = visualize(loaded_run(run, checkpoint, book), options)
+        loaded = loaded_run(run, checkpoint, book)
+        with loaded.running():
+            report = visualize(loaded, options)
     if report.note:
         note(report.note)
     for item in attention_text(report, terminal, console.width, widest):
@@ -359,7 +364,9 @@ def ablate(
         from minitfm.lab.look.ablate import ablate, check_options
 
         check_options(options)  # before RUN is looked for
-        report = ablate(loaded_run(run, checkpoint, book), options)
+        loaded = loaded_run(run, checkpoint, book)
+        with loaded.running(as_json):
+            report = ablate(loaded, options)
     if as_json:
         print(to_json(report.as_dict()))
         return

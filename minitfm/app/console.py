@@ -32,7 +32,7 @@ from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
 from minitfm.app.tables import heading_lines, printable
-from minitfm.errors import Interrupted, MinitfmError, quote, shown_path, spell
+from minitfm.errors import Interrupted, MinitfmError, from_signal, quote, shown_path, spell
 from minitfm.lab.options import option_field
 from minitfm.run.signals import (
     Terminated,
@@ -351,7 +351,10 @@ def clean_errors(command=None, *, uses_torch: bool = True):
             for line in getattr(err, "__notes__", ()):  # e.g. best.pt fell back to last.pt
                 note(line)
             fail(str(err.spelled(CLI_OPTIONS)), err.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
+            if not from_signal(err):  # raised by code, not by a key: say so
+                fail("the code raised KeyboardInterrupt (no key was pressed): the command did "
+                     "not finish", 1)
             fail(f"{stopped_by(signal.SIGINT)}: the command did not finish", 130, "interrupted")
         except Terminated:
             fail(f"{stopped_by(signal.SIGTERM)}: the command did not finish", 143, "interrupted")

@@ -50,7 +50,9 @@ def explain(
     with claimed_threads(threads):
         from minitfm.lab.look.explain import explain as explain_run
 
-        report = explain_run(loaded_run(run, checkpoint, book), options)
+        loaded = loaded_run(run, checkpoint, book)
+        with loaded.running(as_json):
+            report = explain_run(loaded, options)
     if as_json:
         print(to_json(report.as_dict()))
         return
@@ -132,7 +134,9 @@ def patch(
     with claimed_threads(threads):
         from minitfm.lab.look.patching import patch as patch_run
 
-        report = patch_run(loaded_run(run, checkpoint, book), options)
+        loaded = loaded_run(run, checkpoint, book)
+        with loaded.running(as_json):
+            report = patch_run(loaded, options)
     if report.warning:
         warn(report.warning)
     if as_json:

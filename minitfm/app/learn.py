@@ -51,19 +51,22 @@ def check(
 ) -> None:
     """Grade a workbook against PyTorch and the book: exit 0 if all you wrote passes, else 1."""
     from minitfm.learn.grading import grade_workbook, pick
-    from minitfm.learn.workbook import MARK, load_workbook
+    from minitfm.learn.workbook import MARK, load_workbook, prints_aside
 
     pick(exercises)  # a misspelt name first, before anything is imported
     if folder == Path("workbook") and not folder.exists() and Path(MARK).is_file():
-        folder = Path(".")  # run from inside the workbook
-    workbook = load_workbook(folder)
+        folder = Path(".")  # run from inside the workbook: said, as it runs the code there
+        note("checking the workbook in the current folder")
+    with prints_aside(as_json):  # the learner's print(): stdout stays JSON lines
+        workbook = load_workbook(folder)
     if workbook.kind == "zoo":
         if exercises:
             raise MinitfmError(f"a bug zoo is checked whole, not by exercise: minitfm learn "
                                f"check {folder}")
         return check_zoo(workbook, as_json)
 
-    grades = grade_workbook(workbook, exercises)
+    with prints_aside(as_json):
+        grades = grade_workbook(workbook, exercises)
     changed = [name for name in workbook.changed_in_book() if not exercises or name in exercises]
     if as_json:
         for grade in grades:
@@ -105,9 +108,11 @@ def progress_line(grades: list, workbook) -> str:
 
 def check_zoo(zoo, as_json: bool) -> None:
     """A bug zoo graded: which planted bugs are fixed (exit 1 while any is not)."""
+    from minitfm.learn.workbook import prints_aside
     from minitfm.learn.zoo import check_zoo as bugs_fixed
 
-    results = bugs_fixed(zoo)
+    with prints_aside(as_json):
+        results = bugs_fixed(zoo)
     if as_json:
         for bug, fixed in results:
             print(to_json({"bug": bug.id, "symptom": bug.symptom, "fixed": fixed}))

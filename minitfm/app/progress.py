@@ -127,10 +127,11 @@ class ConsoleReporter(Instrument):
         silence(self.console.file)
 
     def on_note(self, note: Note) -> None:
-        """A warning: one line on stderr, before the run starts; a note between lines (the
-        thread count changed)."""
-        if note.warning:
-            self.err_console.print(f"warning: {printable(note.text)}", markup=False)
+        """A warning or a note aside: one line on stderr, before the run starts; a note
+        between lines (the thread count changed)."""
+        if note.warning or note.aside:
+            kind = "warning" if note.warning else "note"
+            self.err_console.print(f"{kind}: {printable(note.text)}", markup=False)
         else:
             self._print(printable(note.text), highlight=False)
 

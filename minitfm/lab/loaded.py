@@ -8,11 +8,13 @@ step one by one.
 
 The model runs the code its run trained with (`model.code`: fast or book), except a learner's
 workbook: minitfm imports a workbook only when the command asks for it (`--book DIR`), so a run
-trained with one runs the book's code on its weights, and says so (see `learn.code`).
+trained with one runs the book's code on its weights, and says so (see `learn.code`). The model
+runs a workbook's code inside `Loaded.running`, where whatever that code raises is one line.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from minitfm.config import Config, validate
 from minitfm.errors import MinitfmError, option
 from minitfm.lab.options import AblateOptions
 from minitfm.learn.code import Code, code_for, is_workbook
+from minitfm.learn.workbook import learner_errors
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch, load_checkpoint
 from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, model_parts
@@ -45,6 +48,11 @@ class Loaded:
     note: str | None = field(default=None, repr=False)  # "best" fell back to last.pt: why
     code: Code | None = field(default=None, repr=False)  # which code the model runs
     code_note: str | None = field(default=None, repr=False)  # a workbook's run on the book's
+
+    def running(self, json_out: bool = False) -> AbstractContextManager:
+        """Where the model runs: a workbook's errors there are one line naming its file and
+        line, and with `json_out` (--json) its print() goes to stderr (`learner_errors`)."""
+        return learner_errors(self.code.workbook if self.code is not None else None, json_out)
 
     @property
     def run_dir(self) -> Path | None:
@@ -102,9 +110,11 @@ def read_checkpoint(path: Path, note: str | None = None,
         raise checkpoint_mismatch(path, err) from None
     code, code_note = run_code(cfg.model.code, book)
     try:
-        with drawing_aside():  # its initial weights, overwritten at once: nobody's numbers
+        # a workbook's own __init__ runs here; its initial weights, overwritten at once, are
+        # drawn aside: nobody's numbers
+        with learner_errors(code.workbook), drawing_aside():
             model = code.build(cfg, task)
-        model.load_state_dict(state["model"])
+            model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, TypeError, ValueError) as err:
         raise checkpoint_mismatch(path, err) from None
     device = torch.device(device) if device is not None else default_device()

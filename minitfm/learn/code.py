@@ -6,9 +6,12 @@ its functions wherever written, the book's wherever not. The choice is per model
 the run's config and checkpoints; a `Code` is what the run floor asks for the model's class,
 the training loop's chapter and the metrics' chapter, so a workbook's loop and metrics run too.
 
-minitfm imports a workbook only when asked to in the command that runs it (`--book DIR`, or
-`model.code=DIR` in a config given to `train`): a run folder that names one (a run can come from
-someone else) is run with the book's code unless the same workbook is asked for again.
+minitfm imports a workbook only from a folder named on the command line (`--book DIR`, a
+`model.code=DIR` override, `learn check DIR`; from Python, `book=`), never because a file names
+it: a config file whose model.code names one is refused (`config.refuse_named_workbook`), and a
+run folder that names one (a run can come from someone else) runs with the book's code unless
+the same workbook is asked for again. And only a workbook of the user's own, which nobody else
+may write (`trust`).
 """
 
 from __future__ import annotations

@@ -68,6 +68,15 @@ def grade_workbook(workbook: Workbook, names: list[str] | None = None) -> list[G
     return grades
 
 
+def failing_exercises(workbook: Workbook) -> list[str]:
+    """The exercises the learner wrote that fail their check (what `minitfm train --book`
+    names before it trains)."""
+    if not workbook.written:  # (no names: grade_workbook would grade them all)
+        return []
+    return [grade.exercise.name for grade in grade_workbook(workbook, list(workbook.written))
+            if grade.status == "failed"]
+
+
 def check_function(name: str, function: Callable) -> Grade:
     """Grade `function` as the exercise `name` (a method takes `self` first)."""
     exercise = pick([name])[0]

@@ -5,14 +5,19 @@ names: every exercise keeps its name, signature and docstring, and its body beco
 `NotImplementedError`; the chapters import each other from the folder, so the learner's
 functions call the learner's functions. `load_workbook` imports such a folder as a package of its
 own (never as `minitfm.book`) and fills each exercise still blank with the book's code, run in
-the workbook's namespace: so a run can train with whatever the learner has written so far.
+the workbook's namespace: so a run can train with whatever the learner has written so far. It
+imports only a workbook of the user's own (`trust`), compiled from its source (no bytecode is
+read from it or written into it); whatever the learner's code raises, at import or later
+(`learner_errors`), is one line naming its file and line.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib
+import importlib.machinery
 import importlib.util
 import json
 import re
@@ -28,8 +33,9 @@ from pathlib import Path
 import torch
 
 import minitfm.book
-from minitfm.errors import MinitfmError, quote
+from minitfm.errors import MinitfmError, from_signal, quote
 from minitfm.learn.exercises import BY_NAME, CHAPTERS, EXERCISES, Exercise
+from minitfm.learn.trust import check_trusted
 
 BOOK = Path(minitfm.book.__file__).parent
 MARK = "minitfm-workbook.json"  # what makes a folder a workbook: its kind and the book it came from
@@ -212,13 +218,24 @@ def parse_chapters(folder: Path) -> dict[str, ast.Module]:
         try:
             trees[chapter] = ast.parse(path.read_text(encoding="utf-8"), str(path))
         except SyntaxError as err:
-            raise WorkbookError(f"{path}:{err.lineno}: syntax error: {err.msg}; fix that line "
-                                f"(a fresh copy of the chapter: minitfm learn start another "
-                                f"folder)") from None
+            raise syntax_error(path, err) from None
         except (OSError, UnicodeDecodeError) as err:
             raise WorkbookError(f"cannot read {path}: {err}; every chapter of the book must be "
                                 f"there ({', '.join(c + '.py' for c in CHAPTERS)})") from None
     return trees
+
+
+def syntax_error(path: Path, err: SyntaxError) -> WorkbookError:
+    """A syntax error in the chapter `path` as one line naming its file and line (a NUL byte,
+    which Python places on no line, on the line of the first)."""
+    line = err.lineno
+    if line is None:
+        with contextlib.suppress(OSError):
+            data = path.read_bytes()
+            line = data[:data.find(b"\0")].count(b"\n") + 1 if b"\0" in data else None
+    where = f"{path}:{line}" if line else str(path)
+    return WorkbookError(f"{where}: syntax error: {err.msg}; fix that line (a fresh copy of the "
+                         f"chapter: minitfm learn start another folder)")
 
 
 def written_exercises(folder: Path, trees: dict[str, ast.Module]) -> tuple[str, ...]:
@@ -236,11 +253,39 @@ def written_exercises(folder: Path, trees: dict[str, ast.Module]) -> tuple[str, 
 
 
 def import_error(err: BaseException, folder: Path) -> WorkbookError:
-    """One line for an error raised while importing the workbook: its file, line and kind."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if Path(f.filename).resolve().parent == folder.resolve()]
+    """One line for an error raised while importing the workbook: its file, line and kind (a
+    syntax error that Python finds only as it compiles, at the chapter's own line)."""
+    if isinstance(err, SyntaxError) and err.filename and in_folder(err.filename, folder):
+        return syntax_error(Path(err.filename), err)
+    frames = learner_frames(err, folder)
     where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else str(folder)
-    return WorkbookError(f"{where}: {type(err).__name__}: {err} (while importing the workbook)")
+    return WorkbookError(f"{where}: {error_text(err)} (while importing the workbook)")
+
+
+def error_text(err: BaseException) -> str:
+    """What the learner's code raised, in words: `Type: message`, or `your code called
+    sys.exit(0)`; the type alone when the error's own message cannot be made."""
+    if isinstance(err, SystemExit):
+        code = err.code if isinstance(err.code, (int, str)) else None
+        return f"your code called sys.exit({'' if code is None else quote(code)})"
+    name = type(err).__name__
+    try:
+        text = str(err)
+    except BaseException as failed:  # the learner's __str__: anything can happen there too
+        if from_signal(failed):
+            raise
+        return f"{name} (its message could not be shown: its __str__ raised an error)"
+    return f"{name}: {text}" if text else name
+
+
+def in_folder(filename: str, folder: Path) -> bool:
+    """Whether the file `filename` is one of `folder`'s own (a chapter, not the book's)."""
+    return Path(filename).resolve().parent == folder.resolve()
+
+
+def learner_frames(err: BaseException, folder: Path) -> list[traceback.FrameSummary]:
+    """The frames of `err`'s traceback in the workbook `folder`'s files."""
+    return [f for f in traceback.extract_tb(err.__traceback__) if in_folder(f.filename, folder)]
 
 
 def digest_of(folder: Path) -> str:
@@ -255,15 +300,21 @@ def load_workbook(folder: str | Path) -> Workbook:
     """Import a workbook (or a zoo) as a package of its own; blank exercises run the book's."""
     given, folder = str(folder), Path(folder).resolve()
     mark = read_marker(folder, given)
+    check_trusted(folder, [folder / "__init__.py", *(folder / f"{c}.py" for c in CHAPTERS)])
     trees = parse_chapters(folder)
     written = written_exercises(folder, trees)
     digest = digest_of(folder)
-    package = f"minitfm_workbook_{digest[:16]}"  # a new name for every version of the files
+    # A new name for every version of the files, and for every folder (two copies of one
+    # workbook are two packages, each naming its own files in errors).
+    version = hashlib.sha256(f"{folder}\0{digest}".encode("utf-8", "surrogateescape"))
+    package = f"minitfm_workbook_{version.hexdigest()[:16]}"
     try:
         modules = import_package(folder, package)
     except WorkbookError:
         raise
-    except Exception as err:  # the learner's module code: anything can happen
+    except BaseException as err:  # the learner's module code: anything can happen
+        if from_signal(err):
+            raise
         raise import_error(err, folder) from None
     for exercise in EXERCISES:
         if exercise.name not in written:
@@ -286,11 +337,26 @@ def fill(modules: dict[str, types.ModuleType], exercise: Exercise) -> None:
                 setattr(other, name, filled)
 
 
+class SourceOnly(importlib.machinery.SourceFileLoader):
+    """A chapter compiled from its source at every import: no `__pycache__` is written into the
+    learner's folder, and none is read (a .pyc is trusted by the source's size and time, which
+    a file swapped for another can share)."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
 def import_package(folder: Path, package: str) -> dict[str, types.ModuleType]:
-    """The chapters of `folder` as modules of the package `package` (imported once a version)."""
+    """The chapters of `folder` as modules of the package `package` (imported once a version),
+    each compiled from its source (`SourceOnly`)."""
+    # How Python finds the package's modules in `folder`: its .py files, with SourceOnly.
+    sys.path_importer_cache[str(folder)] = importlib.machinery.FileFinder(
+        str(folder), (SourceOnly, importlib.machinery.SOURCE_SUFFIXES))
     if package not in sys.modules:
+        init = str(folder / "__init__.py")
         spec = importlib.util.spec_from_file_location(
-            package, folder / "__init__.py", submodule_search_locations=[str(folder)])
+            package, init, loader=SourceOnly(package, init),
+            submodule_search_locations=[str(folder)])
         if spec is None or not (folder / "__init__.py").is_file():
             raise WorkbookError(f"{folder / '__init__.py'} is missing: a workbook is a package; "
                                 f"create the file (it may be empty)")
@@ -304,22 +370,29 @@ def import_package(folder: Path, package: str) -> dict[str, types.ModuleType]:
     return {chapter: importlib.import_module(f"{package}.{chapter}") for chapter in CHAPTERS}
 
 
+def prints_aside(aside: bool) -> contextlib.AbstractContextManager:
+    """With `aside`, what the block prints to stdout goes to stderr (the learner's print()
+    under --json, whose stdout is JSON lines only)."""
+    return contextlib.redirect_stdout(sys.stderr) if aside else contextlib.nullcontext()
+
+
 @contextmanager
-def learner_errors(workbook: Workbook | None) -> Iterator[None]:
-    """An error raised in a workbook's code (a shape error in the learner's attention, say)
-    becomes one line naming the file, line and function, instead of a traceback."""
-    try:
-        yield
-    except MinitfmError:
-        raise
-    except Exception as err:
-        if workbook is None:
+def learner_errors(workbook: Workbook | None, json_out: bool = False) -> Iterator[None]:
+    """While a workbook's code runs: whatever it raises (a shape error in the learner's
+    attention, sys.exit, an exception of its own) becomes one line naming the file, line and
+    function, instead of a traceback; with `json_out` (a command's --json), its print() goes
+    to stderr, so that stdout stays JSON. A signal (Ctrl-C, SIGTERM) stays a signal."""
+    with prints_aside(json_out and workbook is not None):
+        try:
+            yield
+        except MinitfmError:
             raise
-        frames = [f for f in traceback.extract_tb(err.__traceback__)
-                  if Path(f.filename).resolve().parent == workbook.folder]
-        if not frames:
-            raise
-        where = frames[-1]
-        raise WorkbookError(f"{where.filename}:{where.lineno} in {where.name}: "
-                            f"{type(err).__name__}: {err} (your code; minitfm learn check "
-                            f"{workbook.folder} tells which exercise and why)") from None
+        except BaseException as err:
+            frames = [] if workbook is None or from_signal(err) else \
+                learner_frames(err, workbook.folder)
+            if not frames:
+                raise
+            where = frames[-1]
+            raise WorkbookError(f"{where.filename}:{where.lineno} in {where.name}: "
+                                f"{error_text(err)} (your code; minitfm learn check "
+                                f"{workbook.folder} tells which exercise and why)") from None

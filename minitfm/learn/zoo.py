@@ -27,6 +27,7 @@ from minitfm.book.metrics import LengthStats
 from minitfm.book.model import Seq2SeqTransformer, sequence_loss
 from minitfm.book.optim import AdamW
 from minitfm.config import ModelConfig, TrainConfig
+from minitfm.errors import from_signal
 from minitfm.learn.checks import DTYPE, Subject, same, subject_from
 from minitfm.learn.checks.attention import cache_appends, qkv
 from minitfm.learn.exercises import CHAPTERS
@@ -387,7 +388,9 @@ def is_fixed(bug: Bug, module: ModuleType) -> bool:
         with torch.random.fork_rng():
             torch.manual_seed(0)
             return bool(bug.checker(zoo_subject(bug, module)))
-    except Exception:  # the learner's code, or a Mismatch: anything raised is "not fixed"
+    except BaseException as err:  # the learner's code, or a Mismatch: "not fixed"
+        if from_signal(err):
+            raise
         return False
 
 

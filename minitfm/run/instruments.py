@@ -45,12 +45,13 @@ class Started:
 
 @dataclass(frozen=True)
 class Note:
-    """A line for whoever reads the run: a warning before it starts, or a change on the way
-    (the thread count followed other minitfm processes)."""
+    """A line for whoever reads the run: a warning or a note before it starts, or a change on
+    the way (the thread count followed other minitfm processes)."""
 
     hook: ClassVar[str] = "on_note"
     text: str
     warning: bool = False
+    aside: bool = False  # a note before the run starts (`note: ...`), not a line of its own
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,9 @@ class LossMeter:
     """
 
     def __init__(self, step: int, cfg: TrainConfig,
-                 shared: Callable[[Tensor], Tensor] = same_losses):
+                 shared: Callable[[Tensor], Tensor] = same_losses, workbook: str | None = None):
         self.unread: list[Tensor] = []  # 0-dim losses of the steps after `self.step`
+        self.workbook = workbook  # a learner's code trains: a suspect the message names
         self.step = step  # the last step whose loss was read
         self.cfg = cfg
         self.shared = shared  # this process's losses as the run's (under torchrun, their mean)
@@ -96,8 +97,10 @@ class LossMeter:
             if not math.isfinite(value):
                 cfg = self.cfg
                 clip = "" if cfg.grad_clip is not None else " or set train.grad_clip (e.g. 1.0)"
+                yours = (f", or your code: minitfm learn check {self.workbook}"
+                         if self.workbook else "")
                 raise RunFailed(f"loss became {value} at step {first + i}: lower train.lr "
-                                f"({cfg.lr}){clip}; no checkpoint was written for it")
+                                f"({cfg.lr}){clip}{yours}; no checkpoint was written for it")
         self.losses += values
 
     @contextmanager

@@ -31,6 +31,8 @@ from minitfm.book.loop import TrainState, due, reached_target, warmup_warning
 from minitfm.book.metrics import EvalResult, LengthStats
 from minitfm.config import Config
 from minitfm.errors import Interrupted, RunFailed, option, shown_path
+from minitfm.learn.code import Code
+from minitfm.learn.grading import failing_exercises
 from minitfm.learn.workbook import learner_errors
 from minitfm.run import distributed
 from minitfm.run.checkpoint import load_checkpoint, save_checkpoint
@@ -125,6 +127,8 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
         watching = [MetricsFile(), *instruments] if dist.is_main else []
         for text in warnings(cfg, resumed, run_dir):
             tell(watching, Note(text, warning=True))
+        for text in code_notes(state.code, resumed) if dist.is_main else []:
+            tell(watching, Note(text, aside=True))
         training = Training(state, run_dir, watching, ThreadPacer(claim), options.stop_at)
         try:
             return training.run()
@@ -142,6 +146,28 @@ def warnings(cfg: Config, resumed: Resumed | None, run_dir: Path) -> list[str]:
     return notes + ([warmup] if warmup is not None else [])
 
 
+def code_notes(code: Code, resumed: Resumed | None) -> list[str]:
+    """What to say of a learner's workbook as its run starts: a resumed run's workbook changed
+    since the checkpoint, and the learner's exercises that fail their check (`learn check`;
+    only those written are graded: about a second at most)."""
+    workbook = code.workbook
+    if workbook is None:
+        return []
+    notes = []
+    trained = resumed.checkpoint.get("workbook") if resumed is not None else None
+    if isinstance(trained, dict) and trained.get("sha256") not in (None, workbook.digest):
+        notes.append(f"the workbook {workbook.folder} has changed since this run trained (its "
+                     f"chapters are not those its checkpoint records): the run goes on with "
+                     f"their code of now")
+    failing = [] if workbook.kind == "zoo" else failing_exercises(workbook)
+    if failing:
+        names = " ".join(failing)
+        notes.append(f"your {', '.join(failing)} "
+                     f"{'fails its check' if len(failing) == 1 else 'fail their checks'} "
+                     f"(minitfm learn check {workbook.folder} {names} says why)")
+    return notes
+
+
 class Training:
     """One run's training: the loop's events (see `loop.Events`), the work they set off on the
     cadence of `schedule`, told to the instruments, and the collectives that keep torchrun's
@@ -153,7 +179,9 @@ class Training:
         self.state, self.run_dir, self.instruments = state, run_dir, instruments
         self.pacer, self.stop_at = pacer, stop_at  # pause after stop_at, as a signal would
         self.eval_pairs = eval_set(state.task, cfg.train.eval_samples, cfg.task.eval_seed)
-        self.meter = LossMeter(state.step, cfg.train, state.dist.average)  # mean over ranks
+        workbook = state.code.workbook if state.code is not None else None
+        self.meter = LossMeter(state.step, cfg.train, state.dist.average,  # mean over ranks
+                               workbook and str(workbook.folder))
         self.stop = StopSignal()
         self.started = time.perf_counter()  # the run's clock (elapsed_s, wall_s), from `run`
         self.evaluated: tuple[int, EvalResult] | None = None  # the latest evaluation, its step

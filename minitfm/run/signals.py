@@ -17,14 +17,9 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from minitfm.errors import Interrupted
+from minitfm.errors import Interrupted, Terminated, ctrl_c
 
 STOPPING = (signal.SIGINT, signal.SIGTERM)
-
-
-class Terminated(BaseException):
-    """SIGTERM as an exception, as Ctrl-C is KeyboardInterrupt: the command's cleanups run, and
-    it ends with one line and 143. A BaseException, which no `except Exception` swallows."""
 
 
 def raise_terminated(signum, frame) -> None:
@@ -113,13 +108,18 @@ def exit_while_starting(signum, frame) -> None:
 
 
 def started() -> None:
-    """A command takes over: Ctrl-C raises KeyboardInterrupt again, as Python has it, and
-    SIGTERM raises Terminated, for the command's own handling (see `app.console.clean_errors`):
-    killed at once instead, a command would leave a half-written temp file behind."""
-    for signum, usual in ((signal.SIGINT, signal.default_int_handler),
-                          (signal.SIGTERM, raise_terminated)):
-        if signal.getsignal(signum) is exit_while_starting:
-            signal.signal(signum, usual)
+    """A command takes over: Ctrl-C raises KeyboardInterrupt again, as Python has it (marked as
+    Ctrl-C's, `errors.CtrlC`, so that one a learner's code raises is told apart), and SIGTERM
+    raises Terminated, for the command's own handling (see `app.console.clean_errors`): killed
+    at once instead, a command would leave a half-written temp file behind."""
+    for signum, usual, replaced in (
+            (signal.SIGINT, ctrl_c, (exit_while_starting, signal.default_int_handler)),
+            (signal.SIGTERM, raise_terminated, (exit_while_starting,))):
+        if signal.getsignal(signum) in replaced:
+            try:
+                signal.signal(signum, usual)
+            except ValueError:  # not the main thread: signals are the main thread's
+                pass
 
 
 @contextmanager

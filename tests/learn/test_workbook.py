@@ -9,7 +9,7 @@ import pytest
 from minitfm.learn.exercises import CHAPTERS, EXERCISES
 from minitfm.learn.workbook import BOOK_IMPORT, MARK, book_source, load_workbook
 from minitfm.run.checkpoint import load_checkpoint
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, assert_error_line, run_cli
 
 SHORT = [*TINY, "train.steps=6", "train.warmup_steps=2", "train.eval_every=3",
          "train.eval_samples=20", "log.tensorboard=false"]
@@ -132,7 +132,8 @@ def test_an_error_in_the_learners_code_is_one_line_naming_it(tmp_path):
         "        hidden = torch.relu(self.linear1(x))  # (..., F)",
         "        hidden = torch.relu(self.linear1(x.t()))  # (..., F)"))
     result = run_cli("train", *SHORT, "--book", folder, "--run-dir", tmp_path / "run")
-    assert_clean_error(result, 2)
+    assert_error_line(result, 2)  # after a note: the exercise fails its check too
+    assert result.stderr.startswith("note: your FeedForward.forward fails its check")
     assert re.search(r"layers\.py:\d+ in forward: RuntimeError", result.stderr), result.stderr
     assert "minitfm learn check" in result.stderr
 

@@ -13,7 +13,6 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -21,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minitfm.config import BUILT_IN_CODES
 from minitfm.errors import Interrupted, shown_path
+from minitfm.lab.children import python_module
 from minitfm.lab.curves import read_eval
 from minitfm.lab.many.grid import Grid, RunSpec
 from minitfm.lab.many.results import eval_path, eval_ranges, run_line
@@ -29,7 +30,7 @@ from minitfm.run.files import open_run_file, write_atomic
 from minitfm.run.rundir import DONE, run_status
 from minitfm.run.signals import CaughtSignals
 
-MINITFM = [sys.executable, "-m", "minitfm"]
+MINITFM = python_module("minitfm")  # safe-path mode: the working folder is not on its path
 POLL_S = 0.1  # how often the scheduler looks at its children
 PROCESS_BYTES = 300_000_000  # one job's process with torch loaded (~280 MB measured, tiny run)
 
@@ -37,7 +38,8 @@ PROCESS_BYTES = 300_000_000  # one job's process with torch loaded (~280 MB meas
 def train_command(grid: Grid, spec: RunSpec, threads: int) -> list[str]:
     """`minitfm train` for a new run, or `--resume` where a checkpoint is already there."""
     if (spec.run_dir / "checkpoints" / "last.pt").is_file():
-        return [*MINITFM, "train", "--resume", str(spec.run_dir), f"threads={threads}"]
+        return [*MINITFM, "train", "--resume", str(spec.run_dir), f"threads={threads}",
+                *book(spec)]
     config = [grid.config] if grid.config else []
     # --overwrite: what a start killed before its first checkpoint left
     return [*MINITFM, "train", *config, *spec.overrides, f"threads={threads}",
@@ -48,7 +50,14 @@ def eval_command(spec: RunSpec, lo: int, hi: int, threads: int, samples: int) ->
     """`minitfm eval --json` of the run's last checkpoint on input lengths lo..hi."""
     return [*MINITFM, "eval", str(spec.run_dir), "--checkpoint", "last", "--json",
             "--samples", str(samples), "--min-len", str(lo), "--max-len", str(hi),
-            "--threads", str(threads)]
+            "--threads", str(threads), *book(spec)]
+
+
+def book(spec: RunSpec) -> list[str]:
+    """`--book DIR` when the run trains a workbook: the sweep's command line named it, so its
+    resume and its evaluations run it too (minitfm never imports a workbook a run names)."""
+    code = spec.cfg.model.code
+    return [] if code in BUILT_IN_CODES else ["--book", code]
 
 
 @dataclass

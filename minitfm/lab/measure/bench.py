@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from minitfm.book.loop import make_optimizer
 from minitfm.book.model import greedy_decode, sequence_loss
 from minitfm.config import Config, load_config
 from minitfm.fast.model import CODES, build_model
+from minitfm.lab.children import python_module
 from minitfm.lab.measure.reference import (
     TRAINERS,
     XT_MISSING,
@@ -244,7 +244,7 @@ def train_subprocess(overrides: list[str]) -> dict:
     """Run `minitfm train` in a fresh process: wall seconds, peak RSS, steps to 99%."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "minitfm", "train", *overrides, "--run-dir", str(run_dir)]
+        cmd = [*python_module("minitfm"), "train", *overrides, "--run-dir", str(run_dir)]
         wall, peak, _ = timed_process(cmd)
         return {"wall_s": wall, "peak_rss_mb": peak, **solve_step(run_dir / "metrics.jsonl")}
 
@@ -253,7 +253,7 @@ def reference_subprocess(trainer: str, overrides: list[str]) -> dict:
     """Run a plain reference trainer (`reference.py`, through its entry point `app/reference.py`)
     in a fresh process, timed as `train_subprocess` times minitfm: wall seconds, peak RSS, steps
     to the target."""
-    cmd = [sys.executable, "-m", REFERENCE_ENTRY, trainer, *overrides]
+    cmd = [*python_module(REFERENCE_ENTRY), trainer, *overrides]
     wall, peak, out = timed_process(cmd)
     result = json.loads(out.strip().splitlines()[-1])
     return {"wall_s": wall, "peak_rss_mb": peak, "steps_to_target": result["steps_to_target"],

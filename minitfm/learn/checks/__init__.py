@@ -24,8 +24,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+from minitfm.errors import from_signal
 from minitfm.learn.exercises import EXERCISES, Exercise
-from minitfm.learn.workbook import rebind
+from minitfm.learn.workbook import error_text, rebind
 
 DTYPE = torch.float64
 PACKAGE = Path(__file__).resolve().parents[2]  # minitfm/: frames there are minitfm's
@@ -165,9 +166,11 @@ def learner_frame(err: BaseException) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
 
 
-def error_hint(err: Exception) -> str:
+def error_hint(err: BaseException) -> str:
     """What an exception from the learner's code most likely means."""
-    text = str(err)
+    text = error_text(err)
+    if isinstance(err, SystemExit):
+        return "return the result instead: sys.exit ends the whole program"
     if isinstance(err, RecursionError):
         return "your function calls itself: write its body instead of calling it by its name"
     if isinstance(err, RuntimeError) and "view" in text and "contiguous" in text:
@@ -196,7 +199,9 @@ def grade(subject: Subject, checks: tuple[Callable[[Subject], None], ...]) -> Gr
             return Grade(exercise, "not started")
         except Mismatch as err:
             return Grade(exercise, "failed", what, err.message, err.hint)
-        except Exception as err:  # the learner's code: anything can happen
-            message = f"{learner_frame(err)}{type(err).__name__}: {err}"
+        except BaseException as err:  # the learner's code: anything can happen
+            if from_signal(err):  # Ctrl-C stops the check; a KeyboardInterrupt raised fails it
+                raise
+            message = f"{learner_frame(err)}{error_text(err)}"
             return Grade(exercise, "failed", what, message, error_hint(err))
     return Grade(exercise, "passed")

@@ -27,7 +27,8 @@ from minitfm.book.metrics import LengthStats
 from minitfm.book.model import Seq2SeqTransformer, sequence_loss
 from minitfm.book.optim import AdamW
 from minitfm.config import ModelConfig, TrainConfig
-from minitfm.learn.checks import DTYPE, Subject, same, subject_from
+from minitfm.learn import checks
+from minitfm.learn.checks import DTYPE, Subject, TookTooLong, same, subject_from, time_limit
 from minitfm.learn.checks.attention import cache_appends, qkv
 from minitfm.learn.exercises import CHAPTERS
 from minitfm.learn.workbook import (
@@ -382,12 +383,13 @@ def zoo_subject(bug: Bug, module: ModuleType) -> Subject:
 
 
 def is_fixed(bug: Bug, module: ModuleType) -> bool:
-    """Whether `module`'s version of the function holding `bug` is right (an error: not)."""
+    """Whether `module`'s version of the function holding `bug` is right (an error, or running
+    past the checks' time limit: not)."""
     try:
-        with torch.random.fork_rng():
+        with time_limit(checks.TIME_LIMIT_S), torch.random.fork_rng():
             torch.manual_seed(0)
             return bool(bug.checker(zoo_subject(bug, module)))
-    except Exception:  # the learner's code, or a Mismatch: anything raised is "not fixed"
+    except (Exception, TookTooLong):  # the learner's code, or a Mismatch: "not fixed"
         return False
 
 

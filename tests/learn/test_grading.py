@@ -4,7 +4,6 @@ names its file and line, a NaN is called a NaN; the Python API takes one name as
 import json
 
 import pytest
-import torch
 
 import minitfm
 import minitfm.book.attention as book

@@ -36,8 +36,7 @@ from minitfm.learn.workbook import (
     Workbook,
     book_source,
     get_function,
-    new_folder,
-    write_marker,
+    write_folder,
 )
 from minitfm.tasks.base import Batch
 
@@ -356,18 +355,12 @@ by line gives the answers away: try the symptoms first.
 def write_zoo(folder: str | Path) -> list[Path]:
     """The book's chapters with every bug planted, a README and the mark, in a new folder."""
     folder = Path(folder)
-    sources = {chapter: zoo_chapter(chapter) for chapter in CHAPTERS}  # before any writing
-    new_folder(folder, "bugs")
-    written = []
-    for chapter, source in sources.items():
-        path = folder / f"{chapter}.py"
-        path.write_text(source, encoding="utf-8")
-        written.append(path)
-    (folder / "__init__.py").write_text('"""The minitfm bug zoo (minitfm learn bugs): the book, '
-                                        'with bugs planted."""\n', encoding="utf-8")
-    (folder / "README.md").write_text(readme(folder), encoding="utf-8")
-    write_marker(folder, "zoo")
-    return written
+    files = {f"{chapter}.py": zoo_chapter(chapter) for chapter in CHAPTERS}
+    files["__init__.py"] = ('"""The minitfm bug zoo (minitfm learn bugs): the book, with bugs '
+                            'planted."""\n')
+    files["README.md"] = readme(folder)
+    write_folder(folder, files, "zoo", "bugs")
+    return [folder / f"{chapter}.py" for chapter in CHAPTERS]
 
 
 # --- checking it ---

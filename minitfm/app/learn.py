@@ -47,7 +47,8 @@ def check(
                                                  help="Only these exercises (e.g. attention "
                                                       "LayerNorm.forward); default: all."),
     as_json: bool = json_option("One JSON object per exercise (exercise, file, function, "
-                                "status, check, message, hint)."),
+                                "status, check, message, hint); for a bug zoo, per bug (number, "
+                                "symptom, fixed; bug and mistake once fixed)."),
 ) -> None:
     """Grade a workbook against PyTorch and the book: exit 0 if all you wrote passes, else 1."""
     from minitfm.learn.grading import grade_workbook, pick
@@ -109,8 +110,9 @@ def check_zoo(zoo, as_json: bool) -> None:
 
     results = bugs_fixed(zoo)
     if as_json:
-        for bug, fixed in results:
-            print(to_json({"bug": bug.id, "symptom": bug.symptom, "fixed": fixed}))
+        for number, (bug, fixed) in enumerate(results, 1):  # a bug named once fixed, as below
+            named = {"bug": bug.id, "mistake": bug.mistake} if fixed else {}
+            print(to_json({"number": number, "symptom": bug.symptom, "fixed": fixed, **named}))
     else:
         show(zoo_table(results))
         say(f"{sum(fixed for _, fixed in results)} of {len(results)} bugs fixed")

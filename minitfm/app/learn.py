@@ -51,9 +51,13 @@ def check(
                                 "symptom, fixed; bug and mistake once fixed)."),
 ) -> None:
     """Grade a workbook against PyTorch and the book: exit 0 if all you wrote passes, else 1."""
+    from minitfm.learn.exercises import BY_NAME
     from minitfm.learn.grading import grade_workbook, pick
     from minitfm.learn.workbook import MARK, load_workbook
 
+    if str(folder) in BY_NAME and not folder.exists() and (Path("workbook").is_dir()
+                                                           or Path(MARK).is_file()):
+        exercises, folder = [str(folder), *(exercises or [])], Path("workbook")  # DIR left out
     pick(exercises)  # a misspelt name first, before anything is imported
     if folder == Path("workbook") and not folder.exists() and Path(MARK).is_file():
         folder = Path(".")  # run from inside the workbook

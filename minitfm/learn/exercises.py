@@ -82,7 +82,9 @@ EXERCISES = (
              "self_attn cache), cross-attention to memory (cross_scope, the cross_attn cache), "
              "feed-forward; norm1, norm2, norm3 in that order."),
     Exercise("attention", "KVCache.append", "the KV cache",
-             "keeping keys and values between decoding steps, in buffers that double", 15,
+             "keeping keys and values between decoding steps (the book's buffers double when "
+             "full, so a step copies only its own keys; a torch.cat of the whole cache is right "
+             "too)", 15,
              "copy this step's keys and values after the cached ones (grow the buffers when full, "
              "copying what is cached), then return views of everything cached so far."),
     Exercise("model", "greedy_decode", "greedy decoding",

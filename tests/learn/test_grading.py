@@ -108,3 +108,10 @@ def test_check_workbook_takes_one_name_as_a_list_of_one(tmp_path, names):
     rows = minitfm.check_workbook(folder, names)
     assert [row["exercise"] for row in rows] == ["attention"]
 
+
+
+def test_the_docs_state_the_time_limit():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "learn.md").read_text()
+    assert f"still running after {checks.TIME_LIMIT_S:g} s is stopped" in " ".join(docs.split())

@@ -174,7 +174,7 @@ def learner_frame(err: BaseException) -> str:
     torch), as `file:line: ` with the path as minitfm prints paths; "" when none is. An error
     a check turned into a `Mismatch` (a shape error read as a lost keepdim) is placed where the
     error it came from was raised."""
-    cause = err.__cause__ or err.__context__ if isinstance(err, Mismatch) else err
+    cause = (err.__cause__ or err.__context__) if isinstance(err, Mismatch) else err
     if cause is None:
         return ""
     frames = [f for f in traceback.extract_tb(cause.__traceback__)

@@ -63,7 +63,7 @@ def test_multi_head_attention_without_the_transpose_fails():
         return self.out_proj(out), weights
 
     grade = check_function("MultiHeadAttention.forward", forward)
-    assert grade.status == "failed" and "split into heads" in grade.hint
+    assert grade.status == "failed" and grade.hint == hints.SPLIT_NO_TRANSPOSE, grade.hint
 
 
 def mha_variant(join_transpose=True, out_proj=True):

@@ -450,6 +450,10 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> str:
             messages.append(str(e["ctx"]["error"]))
         elif e["type"] == "model_type":
             messages.append(f"'{loc}' must be a mapping of keys, got {quote(e['input'])}")
+        elif e["type"] == "string_unicode":  # a file or folder name in another encoding
+            messages.append(f"{loc} ({quote(e['input'])}) is not a UTF-8 name (a byte of "
+                            f"another encoding): a run writes it into its config; rename it "
+                            f"in UTF-8")
         else:
             messages.append(f"{loc} ({quote(e['input'])}): {e['msg'].lower()}")
     more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""

@@ -53,6 +53,14 @@ def test_usage_mistakes_are_one_line():
     assert_clean_error(run_cli("nosuch"), 2, "No such command 'nosuch'", "(see 'minitfm --help')")
 
 
+def test_a_subcommands_usage_mistake_points_at_its_whole_command():
+    assert_clean_error(run_cli("learn", "check", "--bogus"), 2, "No such option: --bogus",
+                       "(see 'minitfm learn check --help')")
+    assert_clean_error(run_cli("learn", "start", "--bogus"), 2,
+                       "(see 'minitfm learn start --help')")
+    assert_clean_error(run_cli("learn", "nosuch"), 2, "(see 'minitfm learn --help')")
+
+
 def test_help_loads_no_torch_and_no_private_module():
     code = ("import sys\nfrom minitfm.app.cli import app\ntry:\n    app(['--help'])\n"
             "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)")

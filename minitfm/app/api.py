@@ -339,14 +339,17 @@ def start_workbook(folder: str | Path = "workbook") -> Path:
 
 
 def check_workbook(folder: str | Path = "workbook",
-                   exercises: Sequence[str] | None = None) -> list[dict]:
+                   exercises: str | Sequence[str] | None = None) -> list[dict]:
     """Grade a workbook, as `minitfm learn check DIR --json`: a dict per exercise (exercise,
-    file, function, status: passed / failed / not started, check, message, hint)."""
+    file, function, status: passed / failed / not started, check, message, hint); `exercises`
+    one name or several, all when None."""
     from minitfm.learn.grading import grade_workbook
     from minitfm.learn.workbook import load_workbook
     from minitfm.run.session import drawing_aside
 
     check_type("folder", folder, (str, Path), "a folder (str or Path)")
+    if isinstance(exercises, str):  # one name, not its letters
+        exercises = [exercises]
     names = None if exercises is None else list(exercises)
     with drawing_aside():  # the checks seed torch's RNG: nobody's numbers change
         return [grade.as_dict() for grade in grade_workbook(load_workbook(folder), names)]

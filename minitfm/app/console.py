@@ -135,8 +135,7 @@ class OneLineErrors(PlainHelp, TyperGroup):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as err:
-            command = f"minitfm {err.ctx.info_name} --help" if getattr(err, "ctx", None) \
-                and err.ctx.parent else "minitfm --help"
+            command = " ".join(["minitfm", *subcommands(getattr(err, "ctx", None)), "--help"])
             err_console.print(f"error: {printable(err.format_message())} (see '{command}')",
                               markup=False)
             code = err.exit_code
@@ -146,6 +145,15 @@ class OneLineErrors(PlainHelp, TyperGroup):
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def subcommands(ctx) -> list[str]:
+    """The words after `minitfm` that led to `ctx`'s command: ["learn", "check"]."""
+    words = []
+    while ctx is not None and ctx.parent is not None:  # the root is minitfm itself
+        words.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    return words
 
 
 # --- options ---

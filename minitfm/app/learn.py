@@ -47,12 +47,17 @@ def check(
                                                  help="Only these exercises (e.g. attention "
                                                       "LayerNorm.forward); default: all."),
     as_json: bool = json_option("One JSON object per exercise (exercise, file, function, "
-                                "status, check, message, hint)."),
+                                "status, check, message, hint); for a bug zoo, per bug (number, "
+                                "symptom, fixed; bug and mistake once fixed)."),
 ) -> None:
     """Grade a workbook against PyTorch and the book: exit 0 if all you wrote passes, else 1."""
+    from minitfm.learn.exercises import BY_NAME
     from minitfm.learn.grading import grade_workbook, pick
     from minitfm.learn.workbook import MARK, load_workbook, prints_aside
 
+    if str(folder) in BY_NAME and not folder.exists() and (Path("workbook").is_dir()
+                                                           or Path(MARK).is_file()):
+        exercises, folder = [str(folder), *(exercises or [])], Path("workbook")  # DIR left out
     pick(exercises)  # a misspelt name first, before anything is imported
     if folder == Path("workbook") and not folder.exists() and Path(MARK).is_file():
         folder = Path(".")  # run from inside the workbook: said, as it runs the code there
@@ -114,8 +119,9 @@ def check_zoo(zoo, as_json: bool) -> None:
     with prints_aside(as_json):
         results = bugs_fixed(zoo)
     if as_json:
-        for bug, fixed in results:
-            print(to_json({"bug": bug.id, "symptom": bug.symptom, "fixed": fixed}))
+        for number, (bug, fixed) in enumerate(results, 1):  # a bug named once fixed, as below
+            named = {"bug": bug.id, "mistake": bug.mistake} if fixed else {}
+            print(to_json({"number": number, "symptom": bug.symptom, "fixed": fixed, **named}))
     else:
         show(zoo_table(results))
         say(f"{sum(fixed for _, fixed in results)} of {len(results)} bugs fixed")

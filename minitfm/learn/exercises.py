@@ -23,7 +23,7 @@ class Exercise:
     name: str  # the function, or Class.method
     title: str  # what it is, in a few words
     teaches: str  # what writing it teaches (docs/learn.md and the workbook's README)
-    minutes: int  # about how long it takes a learner who has read the chapter
+    minutes: int  # about how long it takes, reading the workbook's chapter (not the book's)
     hint: str  # written above the NotImplementedError, one or two sentences
 
     @property
@@ -82,7 +82,9 @@ EXERCISES = (
              "self_attn cache), cross-attention to memory (cross_scope, the cross_attn cache), "
              "feed-forward; norm1, norm2, norm3 in that order."),
     Exercise("attention", "KVCache.append", "the KV cache",
-             "keeping keys and values between decoding steps, in buffers that double", 15,
+             "keeping keys and values between decoding steps (the book's buffers double when "
+             "full, so a step copies only its own keys; a torch.cat of the whole cache is right "
+             "too)", 15,
              "copy this step's keys and values after the cached ones (grow the buffers when full, "
              "copying what is cached), then return views of everything cached so far."),
     Exercise("model", "greedy_decode", "greedy decoding",
@@ -139,6 +141,8 @@ Your files are yours: minitfm never writes over this folder. A function still ra
 |---|---|---|---|---|
 {rows}
 
-About {hours:.0f} hours in all, for someone who has read the chapter first. The path and what
-each exercise teaches are in minitfm's docs/learn.md.
+About {hours:.0f} hours in all, for someone who reads each chapter here as they go (its
+docstrings, the code around each exercise, the paper section it cites), not the book's own
+chapters, which hold the answers. The path and what each exercise teaches are in minitfm's
+docs/learn.md.
 """

@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import errno
 import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import json
+import os
 import re
+import secrets
+import shutil
+import stat
 import sys
 import textwrap
 import traceback
@@ -114,36 +119,62 @@ def book_digests() -> dict[str, str]:
     return {e.name: function_digest(book_source(e.chapter), e.name) for e in EXERCISES}
 
 
-def write_marker(folder: Path, kind: str) -> None:
-    mark = {"kind": kind, "book": book_digests()}
-    (folder / MARK).write_text(json.dumps(mark, indent=1) + "\n", encoding="utf-8")
+def marker_text(kind: str) -> str:
+    return json.dumps({"kind": kind, "book": book_digests()}, indent=1) + "\n"
 
 
-def new_folder(folder: Path, what: str) -> None:
-    """Create `folder` for a workbook or zoo; one that exists is never touched."""
+def new_folder(folder: Path, what: str) -> list[Path]:
+    """Claim `folder` for a workbook or zoo (made empty, with its missing parents); one that
+    exists is never touched. The folders made, innermost first."""
+    try:
+        str(folder).encode("utf-8")
+    except UnicodeEncodeError:
+        raise WorkbookError(f"{quote(str(folder))} is not a UTF-8 name (a byte of another "
+                            f"encoding): a workbook's name goes into its README and into the "
+                            f"config of every run that trains it; choose a UTF-8 name (minitfm "
+                            f"learn {what} DIR)") from None
     if folder.exists() or folder.is_symlink():
         raise WorkbookError(f"{quote(str(folder))} already exists: minitfm never writes over a "
                             f"learner's work; choose another folder (minitfm learn {what} DIR) "
                             f"or move that one away")
+    made = [p for p in (folder, *folder.parents) if not (p.exists() or p.is_symlink())]
     try:
         folder.mkdir(parents=True)
     except OSError as err:
         raise WorkbookError(f"cannot create {quote(str(folder))}: {err.strerror}") from None
+    return made
+
+
+def write_folder(folder: Path, files: dict[str, str], kind: str, what: str) -> None:
+    """`files` (name: text) and the mark of `kind` in the new `folder`, whole or not at all:
+    written into a hidden sibling, renamed onto the empty folder claimed first (a full disk or
+    an error midway removes what this made, so no half workbook is left in the way)."""
+    made = new_folder(folder, what)
+    staging = folder.parent / f".{folder.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        staging.mkdir()
+        for name, text in {**files, MARK: marker_text(kind)}.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        os.rename(staging, folder)  # onto the empty folder: POSIX rename replaces it whole
+    except BaseException as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        for path in made:  # the folder claimed, then the parents made for it, while empty
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        if isinstance(err, OSError):
+            raise WorkbookError(f"cannot write {quote(str(folder))} ({err.strerror or err}): "
+                                f"nothing of it was left; free some space, or choose another "
+                                f"folder") from None
+        raise
 
 
 def write_workbook(folder: Path, readme: str) -> list[Path]:
     """The chapters with blank exercises, a README and the mark, in a new folder."""
-    new_folder(folder, "start")
-    written = []
-    for chapter in CHAPTERS:
-        path = folder / f"{chapter}.py"
-        path.write_text(chapter_workbook(chapter), encoding="utf-8")
-        written.append(path)
-    (folder / "__init__.py").write_text('"""My workbook of the minitfm book (minitfm learn '
-                                        'start)."""\n', encoding="utf-8")
-    (folder / "README.md").write_text(readme, encoding="utf-8")
-    write_marker(folder, "workbook")
-    return written
+    files = {f"{chapter}.py": chapter_workbook(chapter) for chapter in CHAPTERS}
+    files["__init__.py"] = '"""My workbook of the minitfm book (minitfm learn start)."""\n'
+    files["README.md"] = readme
+    write_folder(folder, files, "workbook", "start")
+    return [folder / f"{chapter}.py" for chapter in CHAPTERS]
 
 
 @dataclass
@@ -188,6 +219,19 @@ def rebind(function: Callable, namespace: dict) -> Callable:
     return torch.no_grad()(fresh) if inner is not function else fresh  # the book's only wrapper
 
 
+def read_file(path: Path) -> bytes:
+    """The bytes of a workbook's file, only when it is a regular file (a FIFO would hang the
+    read, a device never end it): else an OSError saying what it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO's open: no wait
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read()
+    finally:
+        os.close(fd)
+
+
 def read_marker(folder: Path, given: str) -> dict:
     """The mark of the workbook `folder` (`given` as the user wrote it), or one line saying
     what `given` is instead and what to give."""
@@ -201,10 +245,10 @@ def read_marker(folder: Path, given: str) -> dict:
         raise WorkbookError(f"{quote(given)} does not exist: make a workbook with minitfm learn "
                             f"start {given}, or give the folder it made")
     try:
-        mark = json.loads((folder / MARK).read_text(encoding="utf-8"))
+        mark = json.loads(read_file(folder / MARK))
         assert mark["kind"] in ("workbook", "zoo") and isinstance(mark["book"], dict)
         return mark
-    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+    except (OSError, ValueError, KeyError, TypeError, AssertionError, RecursionError):
         raise WorkbookError(f"{quote(given)} is no minitfm workbook (no valid {MARK} in it): "
                             f"give the folder minitfm learn start made, or make one in a new "
                             f"folder (minitfm learn start DIR)") from None
@@ -216,11 +260,12 @@ def parse_chapters(folder: Path) -> dict[str, ast.Module]:
     for chapter in CHAPTERS:
         path = folder / f"{chapter}.py"
         try:
-            trees[chapter] = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            trees[chapter] = ast.parse(read_file(path).decode("utf-8-sig"), str(path))
         except SyntaxError as err:
             raise syntax_error(path, err) from None
         except (OSError, UnicodeDecodeError) as err:
-            raise WorkbookError(f"cannot read {path}: {err}; every chapter of the book must be "
+            why = err.strerror if isinstance(err, OSError) and err.strerror else err
+            raise WorkbookError(f"cannot read {path}: {why}; every chapter of the book must be "
                                 f"there ({', '.join(c + '.py' for c in CHAPTERS)})") from None
     return trees
 
@@ -250,6 +295,17 @@ def written_exercises(folder: Path, trees: dict[str, ast.Module]) -> tuple[str, 
         if not is_blank(node):
             written.append(exercise.name)
     return tuple(written)
+
+
+def check_kind(kind: str, written: tuple[str, ...], given: str) -> None:
+    """A folder marked as a bug zoo holds no blank exercise: a zoo is the whole book, and a
+    blank filled with the book's code would grade every planted bug as fixed."""
+    blank = [e.name for e in EXERCISES if e.name not in written]
+    if kind == "zoo" and blank:
+        raise WorkbookError(f"{quote(given)} is marked as a bug zoo, but it holds blank exercises "
+                            f"({', '.join(blank[:3])}{', ...' if len(blank) > 3 else ''}): a zoo "
+                            f"is made by minitfm learn bugs; if this is a workbook, set \"kind\": "
+                            f"\"workbook\" in its {MARK}")
 
 
 def import_error(err: BaseException, folder: Path) -> WorkbookError:
@@ -292,7 +348,7 @@ def digest_of(folder: Path) -> str:
     """A hash of the chapter files (what a run records of the code it trained)."""
     sha = hashlib.sha256()
     for chapter in CHAPTERS:
-        sha.update((folder / f"{chapter}.py").read_bytes())
+        sha.update(read_file(folder / f"{chapter}.py"))
     return sha.hexdigest()
 
 
@@ -303,6 +359,7 @@ def load_workbook(folder: str | Path) -> Workbook:
     check_trusted(folder, [folder / "__init__.py", *(folder / f"{c}.py" for c in CHAPTERS)])
     trees = parse_chapters(folder)
     written = written_exercises(folder, trees)
+    check_kind(mark["kind"], written, given)
     digest = digest_of(folder)
     # A new name for every version of the files, and for every folder (two copies of one
     # workbook are two packages, each naming its own files in errors).

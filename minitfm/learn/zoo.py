@@ -28,7 +28,8 @@ from minitfm.book.model import Seq2SeqTransformer, sequence_loss
 from minitfm.book.optim import AdamW
 from minitfm.config import ModelConfig, TrainConfig
 from minitfm.errors import from_signal
-from minitfm.learn.checks import DTYPE, Subject, same, subject_from
+from minitfm.learn import checks
+from minitfm.learn.checks import DTYPE, Subject, same, subject_from, time_limit
 from minitfm.learn.checks.attention import cache_appends, qkv
 from minitfm.learn.exercises import CHAPTERS
 from minitfm.learn.workbook import (
@@ -36,8 +37,7 @@ from minitfm.learn.workbook import (
     Workbook,
     book_source,
     get_function,
-    new_folder,
-    write_marker,
+    write_folder,
 )
 from minitfm.tasks.base import Batch
 
@@ -356,18 +356,12 @@ by line gives the answers away: try the symptoms first.
 def write_zoo(folder: str | Path) -> list[Path]:
     """The book's chapters with every bug planted, a README and the mark, in a new folder."""
     folder = Path(folder)
-    sources = {chapter: zoo_chapter(chapter) for chapter in CHAPTERS}  # before any writing
-    new_folder(folder, "bugs")
-    written = []
-    for chapter, source in sources.items():
-        path = folder / f"{chapter}.py"
-        path.write_text(source, encoding="utf-8")
-        written.append(path)
-    (folder / "__init__.py").write_text('"""The minitfm bug zoo (minitfm learn bugs): the book, '
-                                        'with bugs planted."""\n', encoding="utf-8")
-    (folder / "README.md").write_text(readme(folder), encoding="utf-8")
-    write_marker(folder, "zoo")
-    return written
+    files = {f"{chapter}.py": zoo_chapter(chapter) for chapter in CHAPTERS}
+    files["__init__.py"] = ('"""The minitfm bug zoo (minitfm learn bugs): the book, with bugs '
+                            'planted."""\n')
+    files["README.md"] = readme(folder)
+    write_folder(folder, files, "zoo", "bugs")
+    return [folder / f"{chapter}.py" for chapter in CHAPTERS]
 
 
 # --- checking it ---
@@ -383,12 +377,13 @@ def zoo_subject(bug: Bug, module: ModuleType) -> Subject:
 
 
 def is_fixed(bug: Bug, module: ModuleType) -> bool:
-    """Whether `module`'s version of the function holding `bug` is right (an error: not)."""
+    """Whether `module`'s version of the function holding `bug` is right (an error, or running
+    past the checks' time limit: not)."""
     try:
-        with torch.random.fork_rng():
+        with time_limit(checks.TIME_LIMIT_S), torch.random.fork_rng():
             torch.manual_seed(0)
             return bool(bug.checker(zoo_subject(bug, module)))
-    except BaseException as err:  # the learner's code, or a Mismatch: "not fixed"
+    except BaseException as err:  # the learner's code, a Mismatch, the time limit: "not fixed"
         if from_signal(err):
             raise
         return False

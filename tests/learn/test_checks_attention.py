@@ -63,7 +63,36 @@ def test_multi_head_attention_without_the_transpose_fails():
         return self.out_proj(out), weights
 
     grade = check_function("MultiHeadAttention.forward", forward)
-    assert grade.status == "failed" and "split into heads" in grade.hint
+    assert grade.status == "failed" and grade.hint == hints.SPLIT_NO_TRANSPOSE, grade.hint
+
+
+def mha_variant(join_transpose=True, out_proj=True):
+    """The book's MultiHeadAttention.forward written out, with one thing done wrong."""
+    def forward(self, query, key, value, scope=book.EVERY_KEY, cache=None):
+        B, T_q, D = query.shape
+        q = self.split_heads(self.q_proj(query))
+        if scope.positions.queries is not None:
+            q = scope.positions.queries.rotate(q)
+        k, v = self.project_kv(key, value, cache, scope.positions.keys)
+        out, weights = book.attention(q, k, v, scope.mask, scope.positions.bias, self.dropout)
+        out = self.heads(out)
+        out = (out.transpose(1, 2) if join_transpose else out).reshape(B, T_q, D)
+        return (self.out_proj(out) if out_proj else out), weights
+    return forward
+
+
+@pytest.mark.parametrize("variant, hint", [
+    (mha_variant(join_transpose=False), hints.JOIN_NO_TRANSPOSE),
+    (mha_variant(out_proj=False), hints.NO_OUT_PROJ),
+], ids=["joined without transpose", "no out_proj"])
+def test_wrong_multi_head_attention_fails_with_its_hint(variant, hint):
+    grade = check_function("MultiHeadAttention.forward", variant)
+    assert grade.status == "failed" and grade.hint == hint, (grade.check, grade.message,
+                                                             grade.hint)
+
+
+def test_the_multi_head_variant_without_a_mistake_passes():
+    assert check_function("MultiHeadAttention.forward", mha_variant()).status == "passed"
 
 
 def test_multi_head_attention_that_skips_the_hook_point_fails():
@@ -97,6 +126,55 @@ def test_multi_head_attention_without_dropout_on_the_weights_fails():
 
     grade = check_function("MultiHeadAttention.forward", forward)
     assert grade.status == "failed" and "pass self.dropout to attention" in grade.hint
+
+
+def cache_variant(returned="all", copy_on_growth=True):
+    """The book's KVCache.append written out, with one thing done wrong."""
+    def append(self, k, v):
+        start, end = self.length, self.length + k.size(2)
+        before = (self.k, self.v)
+        if self.buffers is None or end > self.buffers[0].size(2):
+            room = max(end, 2 * start, 16)
+            self.buffers = tuple(new.new_zeros(*new.shape[:2], room, new.size(3))
+                                 for new in (k, v))
+            if start and copy_on_growth:
+                self.buffers[0][:, :, :start] = self.k
+                self.buffers[1][:, :, :start] = self.v
+        keys, values = self.buffers
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        self.k, self.v = keys[:, :, :end], values[:, :, :end]
+        if returned == "one short":
+            return keys[:, :, :end - 1], values[:, :, :end - 1]
+        if returned == "before":
+            return before
+        if returned == "before, sliced":
+            return keys[:, :, :start], values[:, :, :start]
+        return self.k, self.v
+    return append
+
+
+@pytest.mark.parametrize("variant, hint", [
+    (cache_variant(returned="one short"), hints.ONE_SHORT),
+    (cache_variant(returned="before"), hints.STALE),
+    (cache_variant(returned="before, sliced"), hints.STALE),
+    (cache_variant(copy_on_growth=False), hints.LOST_ON_GROWTH),
+], ids=["one short", "cache before this step", "buffer before this step", "lost on growth"])
+def test_wrong_kv_cache_fails_with_its_hint(variant, hint):
+    grade = check_function("KVCache.append", variant)
+    assert grade.status == "failed" and grade.hint == hint, (grade.check, grade.message,
+                                                             grade.hint)
+
+
+def test_kv_caches_without_a_mistake_pass_buffered_or_concatenated():
+    def concatenated(self, k, v):
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+    assert check_function("KVCache.append", cache_variant()).status == "passed"
+    assert check_function("KVCache.append", concatenated).status == "passed"
 
 
 def test_a_view_after_a_transpose_is_named():

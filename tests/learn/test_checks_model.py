@@ -63,6 +63,16 @@ def encoder_variant(**mistake):
                 + drop(attn)
             h = n2(x)
             x = (h if mistake.get("normed") else x) + drop(self.feed_forward(h))
+        elif mistake.get("post_ln") == "inside":  # the sub-layer's output normalised, not the sum
+            attn, weights = self.self_attn(x, x, x, scope)
+            x = x + n1(drop(attn))
+            x = x + n2(drop(self.feed_forward(x)))
+        elif mistake.get("post_ln") == "before":  # the input normalised, the sum left as it is
+            h = n1(x)
+            attn, weights = self.self_attn(h, h, h, scope)
+            x = h + drop(attn)
+            h = n2(x)
+            x = h + drop(self.feed_forward(h))
         else:
             attn, weights = self.self_attn(x, x, x, scope)
             x = n1((0 if mistake.get("no_residual") else x) + drop(attn))
@@ -80,8 +90,11 @@ def encoder_variant(**mistake):
     ({"normed": True}, "the residual adds norm(x)"),
     ({"no_mask": True}, "the padding mask is not applied"),
     ({"no_dropout": True}, "dropout on each sub-layer's output is missing"),
+    ({"post_ln": "inside"}, "post-LN normalises the residual sum, not the sub-layer's output"),
+    ({"post_ln": "before"}, "post-LN normalises after the residual sum, not before"),
 ], ids=["always pre-LN", "always post-LN", "no residual", "norms swapped", "one norm",
-        "normed residual", "no mask", "no dropout"])
+        "normed residual", "no mask", "no dropout", "post-LN norm inside",
+        "post-LN norm before"])
 def test_a_wrong_encoder_layer_fails_with_its_hint(mistake, hint):
     failed_with("EncoderLayer.forward", encoder_variant(**mistake), hint)
 
@@ -123,6 +136,8 @@ def decoder_variant(**mistake):
             keep = 0 if mistake.get("no_residual") == i else 1
             if pre:
                 x = keep * x + drop(sublayer(norms[i](x)))
+            elif mistake.get("post_ln") == "inside":
+                x = x + norms[i](drop(sublayer(x)))
             else:
                 x = norms[i](keep * x + drop(sublayer(x)))
         return x, weights[0], weights[1]
@@ -143,9 +158,10 @@ def decoder_variant(**mistake):
     ({"caches": "whole"}, "not the DecoderLayerCache itself"),
     ({"caches": "unchecked"}, "cache may be None"),
     ({"no_dropout": True}, "dropout on each sub-layer's output is missing"),
+    ({"post_ln": "inside"}, "post-LN normalises the residual sum, not the sub-layer's output"),
 ], ids=["always pre-LN", "always post-LN", "no cross residual", "no ff residual",
         "norms swapped", "cross reads x", "scopes swapped", "no caches", "no cross cache",
-        "caches swapped", "whole cache", "cache None", "no dropout"])
+        "caches swapped", "whole cache", "cache None", "no dropout", "post-LN norm inside"])
 def test_a_wrong_decoder_layer_fails_with_its_hint(mistake, hint):
     failed_with("DecoderLayer.forward", decoder_variant(**mistake), hint)
 

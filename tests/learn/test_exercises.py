@@ -42,3 +42,17 @@ def test_the_docs_list_the_exercises_as_the_workbook_does():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "learn.md").read_text()
     rows = [line for line in workbook_readme("workbook").splitlines() if line.startswith("| ")]
     assert rows and all(row in docs for row in rows)
+
+
+def test_the_default_workbook_and_zoo_folders_are_git_ignored():
+    """`learn start` and `learn bugs` at the repository's root write workbook/ and bugs/: a
+    learner's own work, never to be committed to minitfm by accident."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    ignored = {line.strip() for line in (root / ".gitignore").read_text().splitlines()}
+    assert {"/workbook/", "/bugs/"} <= ignored
+    done = subprocess.run(["git", "check-ignore", "-q", "workbook/attention.py",
+                           "bugs/attention.py"], cwd=root, capture_output=True)
+    assert done.returncode in (0, 128), done.stderr  # 128: not a git checkout (a tarball)

@@ -210,3 +210,19 @@ def test_check_from_inside_the_workbook_and_where_to_go_next(tmp_path, monkeypat
     result = run_cli("learn", "check")
     assert result.exit_code == 0, result.stderr
     assert "0 of 15 passed; next: attention (attention.py:" in result.stdout
+
+
+def test_an_exercise_named_first_from_inside_the_workbook_is_checked(tmp_path, monkeypatch):
+    """`cd workbook && minitfm learn check attention` checks that exercise, as the bare form
+    checks them all; from the folder above, `learn check attention` checks ./workbook's."""
+    folder = start(tmp_path / "workbook")
+    write_book_chapter(folder, "attention")
+    for where in (folder, tmp_path):
+        monkeypatch.chdir(where)
+        result = run_cli("learn", "check", "attention", "--json")
+        assert result.exit_code == 0, result.stderr
+        rows = [json.loads(line) for line in result.stdout.splitlines()]
+        assert [(r["exercise"], r["status"]) for r in rows] == [("attention", "passed")]
+        result = run_cli("learn", "check", "attention", "KVCache.append", "--json")
+        assert [json.loads(line)["exercise"] for line in result.stdout.splitlines()] == [
+            "attention", "KVCache.append"]

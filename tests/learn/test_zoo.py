@@ -151,3 +151,27 @@ def test_a_wrong_fix_of_the_scaling_leaves_the_axis_fix_standing(tmp_path):
     (folder / "attention.py").write_text(text)
     fixed = {bug.id: done for bug, done in zoo.check_zoo(load_workbook(folder))}
     assert fixed["softmax-axis"] and not fixed["no-scaling"]
+
+
+def test_the_json_names_a_bug_only_once_it_is_fixed(zoo_folder, tmp_path):
+    """The README promises symptoms, not answers: `--json` gives a bug's id and mistake only
+    once it is fixed, as the table does."""
+    import json
+
+    from tests.helpers import run_cli
+
+    copy = tmp_path / "zoo"
+    shutil.copytree(zoo_folder, copy)
+    fixed = zoo.BUGS[0]
+    path = copy / fixed.file
+    path.write_text(path.read_text(encoding="utf-8").replace(fixed.bugged, fixed.line),
+                    encoding="utf-8")
+    result = run_cli("learn", "check", copy, "--json")
+    assert result.exit_code == 1, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["number"] for row in rows] == list(range(1, len(zoo.BUGS) + 1))
+    assert [row["symptom"] for row in rows] == [bug.symptom for bug in zoo.BUGS]
+    assert rows[0]["fixed"] and rows[0]["bug"] == fixed.id and rows[0]["mistake"] == fixed.mistake
+    for row in rows[1:]:
+        assert not row["fixed"] and set(row) == {"number", "symptom", "fixed"}, row
+    assert not any(bug.id in result.stdout for bug in zoo.BUGS[1:])

@@ -13,12 +13,12 @@ to say: where it pays, or as `--stack/--no-stack` asks. No torch here but in `ru
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from minitfm.config import stack_key
 from minitfm.errors import MinitfmError, quote
+from minitfm.lab.children import python_module
 from minitfm.lab.many.grid import Grid, RunSpec, plan_runs
 from minitfm.lab.many.results import eval_path, eval_ranges
 from minitfm.lab.many.runs import read_record
@@ -32,7 +32,7 @@ def stack_command(folder: Path, specs: list[RunSpec], threads: int, samples: int
                   ranges: list[tuple[int, int]]) -> list[str]:
     """`minitfm stack FOLDER ID...`: train and evaluate these runs of the sweep as one stack."""
     lengths = [item for lo, hi in ranges for item in ("--eval-lengths", f"{lo}..{hi}")]
-    return [sys.executable, "-P", "-m", "minitfm", "stack", str(folder),
+    return [*python_module("minitfm"), "stack", str(folder),
             *(spec.id for spec in specs), "--threads", str(threads), "--eval-samples",
             str(samples), *lengths]
 

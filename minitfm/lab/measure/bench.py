@@ -307,7 +307,7 @@ def stacked_sweeps(sizes: list[int], device, threads: int, quick: bool) -> list[
     rows = []
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-P", "-m", "minitfm", "sweep", *shorter,
+            cmd = [*python_module("minitfm"), "sweep", *shorter,
                    f"device={device.type}", "--seeds", f"0..{size - 1}", "--jobs", "1",
                    "--threads", str(threads), "--out", str(Path(tmp) / "sweep"),
                    "--stack" if size > 1 else "--no-stack"]

@@ -15,8 +15,12 @@ defines them (`subject_from`), so a wrong `attention` does not fail `MultiHeadAt
 from __future__ import annotations
 
 import importlib
+import os
+import signal
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -24,12 +28,13 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from minitfm.errors import from_signal
+from minitfm.errors import from_signal, shown_path
 from minitfm.learn.exercises import EXERCISES, Exercise
 from minitfm.learn.workbook import error_text, rebind
 
 DTYPE = torch.float64
 PACKAGE = Path(__file__).resolve().parents[2]  # minitfm/: frames there are minitfm's
+TIME_LIMIT_S = 30.0  # an exercise's checks take a second or two: past this, an endless loop
 
 
 class Mismatch(Exception):
@@ -116,9 +121,16 @@ def expect(actual, expected: Tensor, what: str, wrong: dict[str, Tensor] | None 
     check_tensor(actual, expected, what, hint)
     if same(actual, expected, atol):
         return
+    wrong = wrong or {}
+    not_finite = ~torch.isfinite(actual.detach()) & torch.isfinite(expected.detach())
+    if not_finite.any():
+        found = "NaN" if actual.detach()[not_finite].isnan().any() else "inf"
+        raise Mismatch(f"{what}: {found} where the expected values are finite (at "
+                       f"{int(not_finite.sum())} of {not_finite.numel()} values)",
+                       diagnose(actual, wrong, atol) or hint)
     gap = (actual.double() - expected.double()).abs().nan_to_num(float("inf")).max().item()
     raise Mismatch(f"{what}: off from the expected values by up to {gap:.3g}",
-                   diagnose(actual, wrong or {}, atol) or hint)
+                   diagnose(actual, wrong, atol) or hint)
 
 
 def leaf(*shape: int, seed: int = 0) -> Tensor:
@@ -158,12 +170,48 @@ class Grade:
 
 
 def learner_frame(err: BaseException) -> str:
-    """Where in the learner's code an error was raised (the last frame outside minitfm and
-    torch), as `file:line`; "" when none is."""
-    frames = [f for f in traceback.extract_tb(err.__traceback__)
+    """Where in the learner's code an error was raised (the innermost frame outside minitfm and
+    torch), as `file:line: ` with the path as minitfm prints paths; "" when none is. An error
+    a check turned into a `Mismatch` (a shape error read as a lost keepdim) is placed where the
+    error it came from was raised."""
+    cause = (err.__cause__ or err.__context__) if isinstance(err, Mismatch) else err
+    if cause is None:
+        return ""
+    frames = [f for f in traceback.extract_tb(cause.__traceback__)
               if not Path(f.filename).resolve().is_relative_to(PACKAGE)
               and "site-packages" not in f.filename and not f.filename.startswith("<frozen")]
-    return f"{frames[-1].filename}:{frames[-1].lineno}: " if frames else ""
+    if not frames:
+        return ""
+    where = frames[-1].filename
+    return f"{shown_path(where) if os.path.isabs(where) else where}:{frames[-1].lineno}: "
+
+
+class TookTooLong(BaseException):
+    """Raised in the learner's code when an exercise's checks run past `TIME_LIMIT_S` (a
+    BaseException, so that an `except Exception` in the learner's loop does not swallow it)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise `TookTooLong` wherever the code is after `seconds`: an alarm signal, set and
+    cleared around the checks, so a check that returns in time waits for nothing. Only where
+    Python takes signals (the main thread, on Unix) and no other alarm is set; else no limit."""
+    usable = (hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+              and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise TookTooLong
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def error_hint(err: BaseException) -> str:
@@ -187,21 +235,40 @@ def error_hint(err: BaseException) -> str:
 
 
 def grade(subject: Subject, checks: tuple[Callable[[Subject], None], ...]) -> Grade:
-    """Run `checks` in order; the first that fails decides."""
+    """Run `checks` in order; the first that fails decides (or running past `TIME_LIMIT_S`)."""
     exercise = subject.exercise
-    for check in checks:
-        what = (check.__doc__ or check.__name__).strip().splitlines()[0]
-        try:
-            with torch.random.fork_rng():
-                torch.manual_seed(0)
-                check(subject)
-        except NotImplementedError:
-            return Grade(exercise, "not started")
-        except Mismatch as err:
-            return Grade(exercise, "failed", what, err.message, err.hint)
-        except BaseException as err:  # the learner's code: anything can happen
-            if from_signal(err):  # Ctrl-C stops the check; a KeyboardInterrupt raised fails it
-                raise
-            message = f"{learner_frame(err)}{error_text(err)}"
-            return Grade(exercise, "failed", what, message, error_hint(err))
+    what = ""
+    try:
+        with time_limit(TIME_LIMIT_S):
+            for check in checks:
+                what = (check.__doc__ or check.__name__).strip().splitlines()[0]
+                failed = run_check(subject, check, what)
+                if failed is not None:
+                    return failed
+    except TookTooLong as err:
+        return Grade(exercise, "failed", what, f"{learner_frame(err)}{exercise.name} did not "
+                     f"return within {TIME_LIMIT_S:g} s: an endless loop?",
+                     "look for a loop whose condition never turns false (a while loop, or a "
+                     "for loop over something that grows as it goes)")
     return Grade(exercise, "passed")
+
+
+def run_check(subject: Subject, check: Callable[[Subject], None], what: str) -> Grade | None:
+    """One check of `subject` (`what`: its first line): the failed grade, or None if it passed."""
+    exercise = subject.exercise
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            check(subject)
+    except NotImplementedError:
+        return Grade(exercise, "not started")
+    except Mismatch as err:
+        return Grade(exercise, "failed", what, f"{learner_frame(err)}{err.message}", err.hint)
+    except TookTooLong:
+        raise  # the time limit: `grade` says so
+    except BaseException as err:  # the learner's code: anything can happen
+        if from_signal(err):  # Ctrl-C stops the check; a KeyboardInterrupt raised fails it
+            raise
+        message = f"{learner_frame(err)}{error_text(err)}"
+        return Grade(exercise, "failed", what, message, error_hint(err))
+    return None

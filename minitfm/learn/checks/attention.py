@@ -14,7 +14,7 @@ from torch import nn
 from minitfm.book.attention import AttentionScope, KVCache, MultiHeadAttention
 from minitfm.book.layers import Dropout
 from minitfm.book.positions import ALiBiPositions, RotaryPositions
-from minitfm.learn.checks import DTYPE, Mismatch, Subject, expect, gradients, leaf
+from minitfm.learn.checks import DTYPE, Mismatch, Subject, expect, gradients, leaf, same
 
 SCALING = "scores too large by about √d_k: the scaling by 1/sqrt(d_k) is missing"
 AXIS = ("rows do not sum to one: the softmax runs over the queries; take it over the keys "
@@ -160,6 +160,33 @@ def paired_attention(s: Subject, d_model: int = 8, heads: int = 2):
 
 HEADS = ("check the split into heads: view (B, T, H, K), then transpose to (B, H, T, K); and "
          "back: transpose to (B, T, H, K), reshape to (B, T, D), then out_proj")
+SPLIT_NO_TRANSPOSE = ("the split into heads has no transpose: q_proj(query) is (B, T, D); view "
+                      "it as (B, T, H, K), then transpose(1, 2) to (B, H, T, K) (split_heads "
+                      "does both); a view straight to (B, H, T, K) mixes positions and heads")
+JOIN_NO_TRANSPOSE = ("the heads are joined without the transpose: the head outputs are (B, H, "
+                     "T, K); transpose(1, 2) to (B, T, H, K) before the reshape to (B, T, D), "
+                     "else positions and heads are mixed up")
+NO_OUT_PROJ = ("the output projection is missing: the heads, concatenated to (B, T, D), go "
+               "through self.out_proj (W^O, §3.2.2) before they are returned")
+
+
+def mha_wrong(ours, x, mask) -> dict[str, torch.Tensor]:
+    """The outputs of the usual mistakes of multi-head self-attention over x (B, T, D), each
+    named by its hint, with the learner's weights."""
+    B, T, D = x.shape
+    H, K = ours.n_heads, ours.d_head
+    with torch.no_grad():
+        def heads(proj, transposed=True):
+            projected = proj(x)  # (B, T, D)
+            return projected.view(B, T, H, K).transpose(1, 2) if transposed \
+                else projected.view(B, H, T, K)  # (B, H, T, K)
+
+        k, v = heads(ours.k_proj), heads(ours.v_proj)
+        out = weighted(right(heads(ours.q_proj), k), v, mask)  # (B, H, T, K)
+        split = weighted(right(heads(ours.q_proj, False), k), v, mask)  # (B, H, T, K)
+        return {NO_OUT_PROJ: out.transpose(1, 2).reshape(B, T, D),
+                JOIN_NO_TRANSPOSE: ours.out_proj(out.reshape(B, T, D)),
+                SPLIT_NO_TRANSPOSE: ours.out_proj(split.transpose(1, 2).reshape(B, T, D))}
 
 
 def mha_matches_torch(s: Subject) -> None:
@@ -169,7 +196,7 @@ def mha_matches_torch(s: Subject) -> None:
     causal = torch.ones(5, 5, dtype=torch.bool).tril()
     out, weights = pair(ours(x, x, x, AttentionScope(causal)), "MultiHeadAttention (causal)")
     ref_out, ref_weights = ref(x, x, x, attn_mask=~causal, average_attn_weights=False)
-    expect(out, ref_out, "the self-attention output", hint=HEADS)
+    expect(out, ref_out, "the self-attention output", mha_wrong(ours, x, causal), hint=HEADS)
     expect(weights, ref_weights, "the weights (B, H, T_q, T_k)", hint=HEADS)
     keep = torch.arange(7)[None, :] < torch.tensor([7, 4])[:, None]  # (B, S)
     out, _ = pair(ours(x, memory, memory, AttentionScope(keep[:, None, None, :])), "cross")
@@ -235,21 +262,54 @@ def mha_drops_attention_weights(s: Subject) -> None:
 
 # --- the KV cache ---
 
+APPEND = ("copy the new keys after the cached ones, and return every key so far (the filled "
+          "part of the buffer, [:, :, :end])")
+ONE_SHORT = ("one position short: return the filled part up to end, [:, :, :end], this step's "
+             "keys included (end is the length before this step plus the new keys)")
+STALE = ("the keys cached before this step are returned: add this step's keys first, then "
+         "return everything so far, this step's included")
+LOST_ON_GROWTH = ("the cached keys are lost when the buffers grow: copy what is cached into "
+                  "the new buffers (new[:, :, :start] = old) before adding this step's keys")
+
+
+def cache_fault(got, expected: torch.Tensor, start: int) -> str:
+    """What the keys an append returned say is wrong, `start` keys having been cached before
+    this step ("" when nothing recognisable)."""
+    if got is None and start == 0:  # the cache as it was before the first step: empty
+        return STALE
+    if not isinstance(got, torch.Tensor) or got.dim() != 4 or got.shape[:2] != expected.shape[:2]:
+        return ""
+    end = expected.size(2)
+    if got.size(2) == end - 1:
+        return ONE_SHORT
+    if got.size(2) == start:
+        return STALE
+    if got.shape != expected.shape:
+        return ""
+    cached_ok = same(got[:, :, :start], expected[:, :, :start])
+    return LOST_ON_GROWTH if same(got[:, :, start:], expected[:, :, start:]) and not cached_ok \
+        else ""
+
+
 def cache_appends(s: Subject) -> None:
     """appending returns every key and value so far, past the buffers' first room too"""
     cache = s.owner()(grow=True)
     keys, values = [], []
     for t in range(40):  # more than the 16 a buffer starts with: it must grow
-        k, v = leaf(2, 3, 1 + t % 2, 4, seed=t), leaf(2, 3, 1 + t % 2, 4, seed=100 + t)
+        start = sum(k.size(2) for k in keys)
+        k, v = leaf(2, 3, 2 - t % 2, 4, seed=t), leaf(2, 3, 2 - t % 2, 4, seed=100 + t)
         keys.append(k.detach())
         values.append(v.detach())
         got = cache.append(k.detach(), v.detach())
         if not isinstance(got, tuple) or len(got) != 2:
             raise Mismatch("append returned no (keys, values) pair", "return all of them so far")
-        expect(got[0], torch.cat(keys, 2), f"the keys after {t + 1} appends",
-               hint="copy the new keys after the cached ones, and return every key so far "
-                    "(the filled part of the buffer, [:, :, :end])")
-        expect(got[1], torch.cat(values, 2), f"the values after {t + 1} appends")
+        for what, returned, so_far in (("keys", got[0], keys), ("values", got[1], values)):
+            expected = torch.cat(so_far, 2)  # (B, H, end, K)
+            hint = cache_fault(returned, expected, start)
+            if returned is None and hint:
+                raise Mismatch(f"the {what} after {t + 1} appends: None, the cache as it was "
+                               f"before this step", hint)
+            expect(returned, expected, f"the {what} after {t + 1} appends", hint=hint or APPEND)
     if cache.length != sum(k.size(2) for k in keys):
         raise Mismatch(f"cache.length is {cache.length} after {sum(k.size(2) for k in keys)} keys",
                        "set self.k and self.v to what you return: length reads self.k")

@@ -75,6 +75,11 @@ NORM_FIRST = ("norm_first is not followed: pre-LN (norm_first) normalises each s
               "sum, norm(x + dropout(sublayer(x)))")
 NORMED_RESIDUAL = ("the residual adds norm(x): in pre-LN the sum is x + "
                    "dropout(sublayer(norm(x))), with x itself")
+POST_LN_INSIDE = ("post-LN normalises the residual sum, not the sub-layer's output: norm(x + "
+                  "dropout(sublayer(x))), not x + norm(sublayer(x))")
+POST_LN_BEFORE = ("post-LN normalises after the residual sum, not before: norm(x + "
+                  "dropout(sublayer(x))); normalising x first and adding the normalised x back "
+                  "is neither post-LN nor pre-LN")
 NO_PADDING = "the padding mask is not applied: pass scope to self_attn"
 NO_CAUSAL = ("the causal mask is not applied: pass self_scope to self_attn (a position must not "
              "see later ones)")
@@ -167,11 +172,16 @@ def keeping(lengths: tuple[int, ...], S: int) -> Tensor:
 
 
 def residual(x: Tensor, sublayer, norm, norm_first: bool, how: str = "") -> Tensor:
-    """One residual sub-layer, pre-LN or post-LN, or with the mistake `how`."""
-    h = norm(x) if norm_first else x
+    """One residual sub-layer, pre-LN or post-LN, or with the mistake `how`: no residual, the
+    normalised x added back ("normed"), post-LN's norm on the sub-layer's output ("inside") or
+    on x before it ("before")."""
+    if how == "inside":
+        return x + norm(sublayer(x))
+    pre = norm_first or how == "before"
+    h = norm(x) if pre else x
     out = sublayer(h)
-    total = out if how == "no residual" else (h if how == "normed" else x) + out
-    return total if norm_first else norm(total)
+    total = out if how == "no residual" else (h if how in ("normed", "before") else x) + out
+    return total if pre else norm(total)
 
 
 def usual_mistakes(run, names: tuple[str, ...], norm_first: bool, rule: str) -> dict:
@@ -187,6 +197,9 @@ def usual_mistakes(run, names: tuple[str, ...], norm_first: bool, rule: str) -> 
             wrong[mixed(order, rule)] = run(order=order)
     if norm_first:
         wrong[NORMED_RESIDUAL] = run(hows=("normed",) * n)
+    else:
+        wrong[POST_LN_INSIDE] = run(hows=("inside",) * n)
+        wrong[POST_LN_BEFORE] = run(hows=("before",) * n)
     return wrong
 
 

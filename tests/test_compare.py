@@ -343,3 +343,86 @@ def test_a_side_whose_runs_differ_in_more_than_the_seed_is_noted(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "note: the runs of A differ in train.lr: compare pools them" in result.stderr
     assert "runs of B" not in result.stderr
+
+
+# --- a summary.json with numbers no run writes (M7) ---
+
+BAD_NUMBERS = {
+    "wall_nan": ("wall_s", "NaN", "wall_s (nan) is not a finite number"),
+    "wall_infinity": ("wall_s", "Infinity", "wall_s (inf) is not a finite number"),
+    "wall_minus_infinity": ("wall_s", "-Infinity", "wall_s (-inf) is not a finite number"),
+    "wall_huge": ("wall_s", "1e308", "wall_s (1e+308) is not a finite number from 0 to"),
+    "wall_negative": ("wall_s", "-5", "wall_s (-5) is not a finite number from 0 to"),
+    "step_huge": ("step", "1" + "0" * 400, "step (1000"),
+    "step_negative": ("step", "-3", "step (-3) is not an integer from 0 to"),
+    "steps_zero": ("steps", "0", "steps (0) is not an integer from 1 to"),
+    "best_nan": ("best_exact_match", "NaN", "best_exact_match (nan) is not a fraction"),
+    "exact_two": ("exact_match", "2.0", "exact_match (2.0) is not a fraction"),
+}
+
+
+def plant(summary_path: Path, key: str, text: str) -> None:
+    """`summary.json` with `key` set to the JSON text `text` (NaN, Infinity, a long int)."""
+    summary = json.loads(summary_path.read_text())
+    summary[key] = "@@"
+    summary_path.write_text(json.dumps(summary).replace('"@@"', text))
+
+
+@pytest.mark.parametrize("name", BAD_NUMBERS)
+def test_a_summary_with_numbers_no_run_writes_is_unreadable_and_compare_leaves_it_out(
+        tmp_path, name):
+    from minitfm.lab.many.seeds import run_outcome
+    from minitfm.run.rundir import run_status
+
+    key, text, needle = BAD_NUMBERS[name]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3],
+                                         "rope": [(s, 150 + s, 0.98) for s in range(3)]})
+    bad = sweep / "positional=rope,seed=1"
+    plant(bad / "summary.json", key, text)
+    assert run_status(bad) == "unreadable"
+    assert needle in run_outcome(bad)["note"]
+    result = compare(sweep, "1", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["b"]["n"] == 2 and not report["paired"]
+    (left,) = report["b"]["left_out"]
+    assert left.startswith("positional=rope,seed=1 (unreadable: summary.json: ") and needle in left
+    assert "note: B leaves out 1 run(s) that did not end: positional=rope,seed=1 (unreadable" \
+        in result.stderr
+
+
+def test_the_sweep_table_leaves_out_a_run_whose_summary_holds_nan(tmp_path):
+    from minitfm.app.tables import sweep_table
+
+    runs = [(0, 100, 0.99), (1, 120, 0.99), (2, 140, 0.99)]
+    fake_run(tmp_path, "seed=1", 1, 120, 0.99)
+    plant(tmp_path / "seed=1" / "summary.json", "wall_s", "NaN")
+    plant(tmp_path / "seed=1" / "summary.json", "step", "1" + "0" * 400)
+    rows = sweep_rows(tmp_path, runs[:1]) + sweep_rows(tmp_path / "x", runs[2:])
+    cfg = load_config(None, [*TINY, "seed=1", f"train.steps={BUDGET}"])
+    rows.append(result_row(RunSpec("seed=1", {"seed": "1"}, [], cfg, tmp_path / "seed=1"), []))
+    for row in rows:
+        row["configuration"] = "all"
+    assert rows[-1]["status"] == "unreadable" and rows[-1]["steps"] is None
+    table = sweep_table(rows, ["seed"], "sweep x")
+    cells = [next(iter(column.cells)) for column in table.columns]
+    assert cells[1] == "2 of 3" and cells[4].startswith("120 ± ")
+
+
+def test_a_run_folder_missing_from_a_sweep_is_called_missing_not_failed(tmp_path):
+    import shutil
+
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    shutil.rmtree(sweep / "positional=rope,seed=1")
+    result = compare(sweep, "1", "2")
+    assert result.exit_code == 0, result.stderr
+    assert "leaves out 1 run(s) that did not end: positional=rope,seed=1 (missing)" \
+        in result.stderr
+
+
+def test_an_empty_results_file_says_so_in_one_line(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"rope": SAME[:2]})
+    (sweep / "results.jsonl").write_text("")
+    result = compare(sweep, "1", "2")
+    assert_clean_error(result, 2, "results.jsonl holds no run", "run the sweep command again")
+    assert "(1..0)" not in result.stderr

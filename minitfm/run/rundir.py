@@ -397,7 +397,30 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
         value = summary.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {what}")
+    for key, check, what in SUMMARY_NUMBERS:  # NaN, Infinity, 1e308 and a 400-digit step:
+        if key in summary and not check(summary[key]):  # JSON reads them, the maths cannot
+            raise CheckpointError(f"{SUMMARY}: {key} ({quote(summary[key])}) is not {what}")
     return summary
+
+
+def within(value: Any, low: float, high: float, kind: type | tuple = (int, float)) -> bool:
+    """A number of `kind` (no bool) from `low` to `high`: never NaN or infinite, which fail
+    the comparison (math.isfinite would overflow on a 400-digit int)."""
+    return isinstance(value, kind) and not isinstance(value, bool) and low <= value <= high
+
+
+MAX_STEPS = 10**9  # train.steps' bound in config.py
+MAX_WALL_S = 1e9  # 31 years: larger is no run's time, and squares of it stay finite
+# summary.json's numbers as training writes them: what compare and sweep compute with.
+SUMMARY_NUMBERS = (
+    ("step", lambda v: within(v, 0, MAX_STEPS, int), f"an integer from 0 to {MAX_STEPS:,}"),
+    ("steps", lambda v: within(v, 1, MAX_STEPS, int), f"an integer from 1 to {MAX_STEPS:,}"),
+    ("wall_s", lambda v: within(v, 0, MAX_WALL_S), f"a finite number from 0 to {MAX_WALL_S:,.0f}"),
+    ("best_exact_match", lambda v: v is None or v == -1 or within(v, 0, 1),
+     "a fraction from 0 to 1 (or -1: not evaluated)"),
+    *((key, lambda v: v is None or within(v, 0, 1), "a fraction from 0 to 1 or null")
+      for key in ("exact_match", "token_accuracy")),
+)
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any] | None:

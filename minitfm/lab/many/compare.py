@@ -71,7 +71,8 @@ def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
     """The side's runs read (`seeds.run_outcome`); those that did not end are left out, named."""
     outcomes = [run_outcome(run_dir) for run_dir in run_dirs]
     done = ended(outcomes)
-    left = [f"{r['run']} ({r['status']})" for r in outcomes if r["status"] not in DONE]
+    left = [f"{r['run']} ({r['status']}{': ' + r['note'] if 'note' in r else ''})"
+            for r in outcomes if r["status"] not in DONE]
     if not done:
         raise MinitfmError(f"{name} ({label}) has no run that ended (finished or stopped at "
                            f"target): {', '.join(left) or 'no run'}; finish or resume its runs")
@@ -108,6 +109,9 @@ def sweep_rows(folder: Path) -> list[dict[str, Any]]:
             raise MinitfmError(f"{shown}: line {number} of results.jsonl is no row minitfm "
                                f"writes; run the sweep command again to write it anew")
         rows.append(row)
+    if not rows:
+        raise MinitfmError(f"{shown}: results.jsonl holds no run; run the sweep command again "
+                           f"to write it anew")
     return rows
 
 

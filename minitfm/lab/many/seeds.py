@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -28,6 +29,8 @@ from minitfm.lab.many.stats import Interval, mean_interval, rate_interval
 from minitfm.lab.pictures import LINE_COLOURS, save_png
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.rundir import DONE, UNREADABLE, load_summary, read_run_config, run_status
+
+MISSING = "missing"  # a run a sweep's results.jsonl names, whose folder is not there
 
 CAPTION = ("n: runs that ended (of those run). mean ± the half-width of its 95% Student's t "
            "interval over the seeds (a value alone: one run). at target: the runs that reached "
@@ -50,8 +53,11 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     seconds (`summary.json`), whether it reached its target, the budget and target
     (`config.yaml`), held-out exact match on the trained lengths: the sweep's evaluation
     (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`);
-    and its config, flat."""
+    and its config, flat. A run that cannot be read is `unreadable` (`note` says why), a
+    folder that is not there `missing`."""
     row: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir)}
+    if not os.path.exists(run_dir):  # a sweep's row whose run is gone (or a dangling link)
+        return {**row, "status": MISSING}
     try:
         config, summary = read_run_config(run_dir) or {}, load_summary(run_dir) or {}
     except CheckpointError as err:

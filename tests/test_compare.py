@@ -426,3 +426,39 @@ def test_an_empty_results_file_says_so_in_one_line(tmp_path):
     result = compare(sweep, "1", "2")
     assert_clean_error(result, 2, "results.jsonl holds no run", "run the sweep command again")
     assert "(1..0)" not in result.stderr
+
+
+# --- a run is itself however its path is spelled (M8) ---
+
+@pytest.mark.parametrize("spelling", ["absolute", "link", "dots"])
+def test_a_configuration_against_itself_is_refused_however_spelled(tmp_path, spelling,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    (tmp_path / "swlink").symlink_to(tmp_path / "sw")
+    other = {"absolute": str(tmp_path / "sw"), "link": "swlink", "dots": "sw/../sw"}[spelling]
+    assert_clean_error(compare("sw", "1", other, "1"), 2, "is on both sides")
+    assert_clean_error(compare("--a", "sw", "--b", other), 2, "is on both sides")
+
+
+def test_a_run_given_twice_on_one_side_counts_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for seed, steps, exact in SAME[:3]:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps + 50, exact)
+    (tmp_path / "alink").symlink_to(tmp_path / "a")
+    result = compare("--a", "a/r0", "--a", "a/../a/r0", "--a", tmp_path / "a" / "r0",
+                     "--a", "alink/r0", "--b", "b", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["a"]["n"] == 1
+    result = compare("--a", "a", "--a", "alink", "--b", "b", "--json")
+    assert json.loads(result.stdout)["a"]["n"] == 3
+
+
+def test_a_results_file_that_lists_a_run_twice_is_damaged(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    lines = (sweep / "results.jsonl").read_text()
+    (sweep / "results.jsonl").write_text(lines + lines)
+    assert_clean_error(compare(sweep, "1", "2", "--json"), 2,
+                       "line 7 of results.jsonl repeats the run 'positional=sinusoidal,seed=0'",
+                       "run the sweep command again")

@@ -15,6 +15,7 @@ one, or `--effect`). The maths is `stats.py`'s. No torch here.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,8 +69,12 @@ class Side:
 
 
 def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
-    """The side's runs read (`seeds.run_outcome`); those that did not end are left out, named."""
-    outcomes = [run_outcome(run_dir) for run_dir in run_dirs]
+    """The side's runs read (`seeds.run_outcome`), each once however its path is spelled;
+    those that did not end are left out, named."""
+    once: dict[Any, Path] = {}
+    for run_dir in run_dirs:
+        once.setdefault(identity(run_dir), run_dir)
+    outcomes = [run_outcome(run_dir) for run_dir in once.values()]
     done = ended(outcomes)
     left = [f"{r['run']} ({r['status']}{': ' + r['note'] if 'note' in r else ''})"
             for r in outcomes if r["status"] not in DONE]
@@ -81,6 +86,16 @@ def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
              if key not in (*HIDDEN_KEYS, "seed")
              and len({repr(config.get(key)) for config in configs}) > 1]
     return Side(name, label, done, left, mixed)
+
+
+def identity(run_dir: Path | str) -> Any:
+    """A run as itself, however its path is spelled (absolute, through a link, with `..`): its
+    device and inode, else (no such folder) its resolved path."""
+    try:
+        found = os.stat(run_dir)
+    except OSError:
+        return str(Path(run_dir).resolve())
+    return found.st_dev, found.st_ino
 
 
 def sweep_rows(folder: Path) -> list[dict[str, Any]]:
@@ -97,7 +112,7 @@ def sweep_rows(folder: Path) -> list[dict[str, Any]]:
                            f"same command resumes it)") from None
     except OSError as err:
         raise MinitfmError(f"{shown}: {unreadable('results.jsonl', err)}") from None
-    rows = []
+    rows, seen = [], {}
     for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
@@ -108,6 +123,11 @@ def sweep_rows(folder: Path) -> list[dict[str, Any]]:
                 and re.fullmatch(r"[^/\0]+", row["run"]) and row["run"] not in (".", "..")):
             raise MinitfmError(f"{shown}: line {number} of results.jsonl is no row minitfm "
                                f"writes; run the sweep command again to write it anew")
+        if row["run"] in seen:  # counted twice, it would weigh double
+            raise MinitfmError(f"{shown}: line {number} of results.jsonl repeats the run "
+                               f"{quote(row['run'])} (line {seen[row['run']]}); run the sweep "
+                               f"command again to write it anew")
+        seen[row["run"]] = number
         rows.append(row)
     if not rows:
         raise MinitfmError(f"{shown}: results.jsonl holds no run; run the sweep command again "
@@ -142,7 +162,7 @@ def runs_side(name: str, folders: list[Path]) -> Side:
     """Run directories given by `--a`/`--b`: each a run, or a folder of runs (a sweep folder:
     all of its runs)."""
     try:
-        run_dirs = list(dict.fromkeys(run for folder in folders for run in find_runs(folder)))
+        run_dirs = [run for folder in folders for run in find_runs(folder)]  # once: make_side
     except MinitfmError as err:
         raise MinitfmError(f"--{name.lower()}: {err}") from None
     if not run_dirs:
@@ -169,10 +189,11 @@ def choose_sides(args: list[str], a: list[Path], b: list[Path]) -> tuple[Side, S
     else:
         raise MinitfmError(f"compare takes SWEEP A B, SWEEP_A A SWEEP_B B, or --a DIR --b DIR "
                            f"(got {len(args)} argument{'s' if len(args) != 1 else ''})")
-    both = {r["run_dir"] for r in sides[0].runs} & {r["run_dir"] for r in sides[1].runs}
+    on_b = {identity(r["run_dir"]) for r in sides[1].runs}
+    both = [r["run_dir"] for r in sides[0].runs if identity(r["run_dir"]) in on_b]
     if both:
-        raise MinitfmError(f"the run {quote(shown_path(sorted(both)[0]))} is on both sides: "
-                           f"give two different sets of runs")
+        raise MinitfmError(f"the run {quote(shown_path(both[0]))} is on both sides: give two "
+                           f"different sets of runs")
     return sides
 
 

@@ -22,11 +22,11 @@ POSITIONAL = "model.positional"
 
 
 def fake_run(folder: Path, name: str, seed: int, steps: int | None, exact: float,
-             wall_s: float | None = None) -> Path:
+             wall_s: float | None = None, overrides: tuple = ()) -> Path:
     """A run as a sweep's job leaves it: `steps` None is a miss (finished at the budget)."""
     run_dir = folder / name
     run_dir.mkdir(parents=True)
-    cfg = load_config(None, [*TINY, f"seed={seed}", f"train.steps={BUDGET}"])
+    cfg = load_config(None, [*TINY, f"seed={seed}", f"train.steps={BUDGET}", *overrides])
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     reached = steps is not None
     summary = {"status": "stopped at target" if reached else "finished",
@@ -462,3 +462,35 @@ def test_a_results_file_that_lists_a_run_twice_is_damaged(tmp_path):
     assert_clean_error(compare(sweep, "1", "2", "--json"), 2,
                        "line 7 of results.jsonl repeats the run 'positional=sinusoidal,seed=0'",
                        "run the sweep command again")
+
+
+# --- what the figures depend on, said when the sides differ in it (L13) ---
+
+def test_sides_measured_against_other_targets_and_tasks_are_noted(tmp_path):
+    other = ("train.target_exact_match=0.05", "task.max_len=2")
+    for seed, steps, exact in SAME[:3]:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps, exact, overrides=other)
+    result = compare("--a", tmp_path / "a", "--b", tmp_path / "b")
+    assert result.exit_code == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "settings their figures depend" in x]
+    assert "train.target_exact_match (0.99 vs 0.05)" in line and "task.max_len (6 vs 2)" in line
+    assert "train.steps" not in line and "seconds to target were measured" not in result.stderr
+    report = json.loads(compare("--a", tmp_path / "a", "--b", tmp_path / "b", "--json").stdout)
+    assert report["notes"] == [line.removeprefix("note: ")]
+
+
+def test_two_configurations_of_one_sweep_get_no_such_note(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    result = compare(sweep, "1", "2")
+    assert result.exit_code == 0 and "note:" not in result.stderr, result.stderr
+
+
+def test_a_sweeps_seconds_against_a_lone_run_are_said_to_be_no_timing(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"rope": SAME[:3]})
+    fake_run(tmp_path / "alone", "r0", 0, 100, 0.99, overrides=("threads=2",))
+    result = compare("--a", sweep, "--b", tmp_path / "alone")
+    assert result.exit_code == 0, result.stderr
+    assert ("seconds to target were measured under different conditions (A: jobs side by side "
+            "in the sweep ") in result.stderr
+    assert "B: a run alone, threads=2): their difference is no timing" in result.stderr

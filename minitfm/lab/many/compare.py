@@ -50,6 +50,8 @@ from minitfm.run.rundir import DONE
 
 FIGURES = {"exact_match": "held-out exact match", "steps": "steps to target",
            "seconds": "seconds to target", "success": "success rate"}
+# Besides task.*: what the steps, seconds and success rate count to and how exact match is found.
+MEASURED_BY = ("train.target_exact_match", "train.steps", "train.eval_samples")
 MAX_RESULTS_BYTES = 200_000_000  # results.jsonl of the largest grid, per-length figures and all
 
 
@@ -62,13 +64,14 @@ class Side:
     runs: list[dict[str, Any]]
     left_out: list[str] = field(default_factory=list)
     mixed: list[str] = field(default_factory=list)  # config keys in which its runs differ
+    swept: tuple[str, ...] = ()  # the keys its configuration of a sweep is named by
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "n": len(self.runs), "runs": [r["run"] for r in self.runs],
                 "left_out": self.left_out, "differ_in": self.mixed}
 
 
-def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
+def make_side(name: str, label: str, run_dirs: list[Path], swept: tuple[str, ...] = ()) -> Side:
     """The side's runs read (`seeds.run_outcome`), each once however its path is spelled;
     those that did not end are left out, named."""
     once: dict[Any, Path] = {}
@@ -85,7 +88,7 @@ def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
     mixed = [key for key in dict.fromkeys(k for config in configs for k in config)
              if key not in (*HIDDEN_KEYS, "seed")
              and len({repr(config.get(key)) for config in configs}) > 1]
-    return Side(name, label, done, left, mixed)
+    return Side(name, label, done, left, mixed, swept)
 
 
 def identity(run_dir: Path | str) -> Any:
@@ -150,7 +153,8 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
                            f"{quote(shown_path(folder))}: give its # in the sweep's table "
                            f"(1..{len(labels)}) or its label: {known}")
     label = f"#{labels.index(chosen) + 1} {named(chosen)}"
-    return make_side(name, label, [folder / row["run"] for row in groups[chosen]])
+    swept = tuple(part.partition("=")[0] for part in chosen.split(", ") if "=" in part)
+    return make_side(name, label, [folder / row["run"] for row in groups[chosen]], swept)
 
 
 def values_of(label: str) -> str:
@@ -238,7 +242,54 @@ def compare_sides(a: Side, b: Side, effects: dict[str, float]) -> dict[str, Any]
     figures = [compare_figure(figure, a, b, seeds, effects.get(figure)) for figure in FIGURES]
     return {"a": a.as_dict(), "b": b.as_dict(), "paired": seeds is not None,
             "seeds": seeds, "alpha": ALPHA, "power": POWER,
-            "figures": [f for f in figures if f is not None]}
+            "figures": [f for f in figures if f is not None],
+            "notes": [n for n in (settings_note(a, b), timing_note(a, b)) if n]}
+
+
+def settings_note(a: Side, b: Side) -> str | None:
+    """The settings the figures depend on (`MEASURED_BY`, the evaluation) in which A and B
+    differ, each side's values; None when they agree. Keys the two configurations of a sweep
+    are named by are what the comparison is about: not noted."""
+    keys = dict.fromkeys(key for side in (a, b) for run in side.runs for key in run["config"]
+                         if key.startswith("task.") or key in MEASURED_BY)
+    differ = []
+    for key in [*keys, "evaluation"]:
+        if key in a.swept and key in b.swept:
+            continue
+        shown = [side_values(side, key) for side in (a, b)]
+        if shown[0] != shown[1]:
+            differ.append(f"{key} ({shown[0]} vs {shown[1]})")
+    if not differ:
+        return None
+    return (f"A and B differ in settings their figures depend on: {'; '.join(differ)}; a "
+            f"difference may come from these, not only from what A and B compare")
+
+
+def side_values(side: Side, key: str) -> str:
+    """A side's values of a config key (or its runs' `evaluation`), in order, once each."""
+    found = [run.get(key) if key == "evaluation" else run["config"].get(key)
+             for run in side.runs]
+    return ", ".join(dict.fromkeys(str(value) for value in found))
+
+
+def timing_note(a: Side, b: Side) -> str | None:
+    """The conditions each side's seconds were measured under (a sweep's jobs side by side,
+    the threads); None when the sides' conditions are the same."""
+    shown = [", ".join(dict.fromkeys(conditions(run) for run in side.runs)) for side in (a, b)]
+    if shown[0] == shown[1]:
+        return None
+    return (f"seconds to target were measured under different conditions (A: {shown[0]}; "
+            f"B: {shown[1]}): their difference is no timing of A against B; compare steps, "
+            f"or time runs alone")
+
+
+def conditions(run: dict[str, Any]) -> str:
+    """How a run's seconds were measured: beside other jobs of a sweep, or alone; threads."""
+    folder = Path(run["run_dir"]).parent
+    threads = run["config"].get("threads")
+    where = (f"jobs side by side in the sweep {shown_path(folder)}"
+             if (folder / SWEEP_FILE).is_file() else "a run alone")
+    return f"{where}, threads={threads}"
 
 
 def compare_figure(figure: str, a: Side, b: Side, seeds: list[int] | None,

@@ -52,8 +52,8 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     """A run directory's figures as `minitfm compare` reads them: seed, status, steps and
     seconds (`summary.json`), whether it reached its target, the budget and target
     (`config.yaml`), held-out exact match on the trained lengths: the sweep's evaluation
-    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`);
-    and its config, flat. A run that cannot be read is `unreadable` (`note` says why), a
+    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`),
+    and which (`evaluation`); and its config, flat. A run that cannot be read is `unreadable` (`note` says why), a
     folder that is not there `missing`."""
     row: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir)}
     if not os.path.exists(run_dir):  # a sweep's row whose run is gone (or a dangling link)
@@ -69,13 +69,16 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     report = read_eval(run_dir / f"eval-{span[0]}-{span[1]}.json") if all(
         isinstance(n, int) for n in span) else None
     exact = report["exact_match"] if report else summary.get("exact_match")
+    samples = report.get("samples") if report else train.get("eval_samples")
+    evaluation = ("minitfm eval" if report else "the training's last evaluation") + (
+        f" of {samples:,} sequences" if type(samples) is int else "")
     status = run_status(run_dir)
     seed = config.get("seed")
     return {**row, "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
             "status": status, "steps": summary.get("step"), "wall_s": summary.get("wall_s"),
             "reached": reached(summary, target) if status in DONE else None,
             "budget": summary.get("steps", train.get("steps")), "target": target,
-            "exact_match": exact if is_fraction(exact) else None,
+            "exact_match": exact if is_fraction(exact) else None, "evaluation": evaluation,
             "config": flatten(config)}
 
 

@@ -53,8 +53,8 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     seconds (`summary.json`), whether it reached its target, the budget and target
     (`config.yaml`), held-out exact match on the trained lengths: the sweep's evaluation
     (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`),
-    and which (`evaluation`); and its config, flat. A run that cannot be read is `unreadable` (`note` says why), a
-    folder that is not there `missing`."""
+    and which (`evaluation`); and its config, flat. A run that cannot be read is
+    `unreadable` (`note` says why), a folder that is not there `missing`."""
     row: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir)}
     if not os.path.exists(run_dir):  # a sweep's row whose run is gone (or a dangling link)
         return {**row, "status": MISSING}

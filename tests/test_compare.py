@@ -239,8 +239,9 @@ def test_too_few_seeds_say_no_test_could_detect_anything(tmp_path):
     result = compare(sweep, "1", "2")
     out = " ".join(result.stdout.split())
     assert result.exit_code == 0
-    assert ("steps to target: no difference detectable with n = 3: the test's smallest p-value "
-            "there is 0.25, above 0.05; it needs at least 6 seeds a side") in out
+    assert ("steps to target: the test cannot decide with n = 3: its smallest possible "
+            "p-value, 0.25, is above 0.05 (these runs reach it), so it needs at least 6 seeds "
+            "a side") in out
 
 
 def test_effect_sizes_the_seeds_a_difference_needs(tmp_path):
@@ -494,3 +495,46 @@ def test_a_sweeps_seconds_against_a_lone_run_are_said_to_be_no_timing(tmp_path):
     assert ("seconds to target were measured under different conditions (A: jobs side by side "
             "in the sweep ") in result.stderr
     assert "B: a run alone, threads=2): their difference is no timing" in result.stderr
+
+
+# --- one answer: the verdict, the interval and the seeds needed agree (newcomer #1) ---
+
+def test_four_seeds_that_all_differ_one_way_get_one_consistent_answer(tmp_path):
+    """The newcomer's case: 4 paired seeds, every one better on A (exact match +5.7%, 4/4 at
+    the target against 0/4). The test cannot reach p < 0.05 with 4 seeds, the t interval
+    excludes 0: the verdict says both, and the seeds line asks for the seeds the test needs,
+    never fewer."""
+    a = [(seed, 150 + 10 * seed, 0.99 + 0.002 * seed) for seed in range(4)]
+    b = [(seed, None, 0.935 + 0.004 * (seed % 2)) for seed in range(4)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": a, "rope": b})
+    result = compare(sweep, "1", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    figures = {f["figure"]: f for f in json.loads(result.stdout)["figures"]}
+    for name in ("exact_match", "steps", "success"):
+        found = figures[name]
+        assert found["p_value"] == 2 / 16 and found["smallest_p"] == 2 / 16
+        assert found["hi"] < 0 or found["lo"] > 0, found  # the interval excludes 0
+        assert "no difference" not in found["verdict"], found["verdict"]
+        assert found["verdict"].startswith(
+            "the test cannot decide with n = 4: its smallest possible p-value, 0.12, is above "
+            "0.05 (these runs reach it), so it needs at least 6 seeds a side; the 95% interval ")
+        assert "excludes 0, but it " in found["verdict"]
+        assert found["seeds_needed"] == 6 and found["seeds_needed_power"] < 6
+        assert found["seeds_line"].startswith(f"a difference of ")
+        assert "needs 6 seeds a side" in found["seeds_line"]
+        assert "the test needs at least 6 to reach p < 0.05 at all" in found["seeds_line"]
+    assert figures["exact_match"]["verdict"].endswith(
+        "excludes 0, but it assumes normally distributed figures, which 4 seeds cannot show")
+    assert figures["success"]["verdict"].endswith(
+        "excludes 0, but it is a large-sample approximation, rough at 4 seeds")
+
+
+def test_an_interval_within_the_test_s_reach_is_not_questioned_when_it_spans_0(tmp_path):
+    noisy = [(seed, 100 + (17 * seed) % 40, 0.99) for seed in range(8)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": noisy, "rope": SAME})
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    steps = {f["figure"]: f for f in report["figures"]}["steps"]
+    assert steps["lo"] < 0 < steps["hi"] and steps["p_value"] >= 0.05
+    assert steps["verdict"].startswith("no difference detectable with n = 8 (smallest")
+    assert "excludes 0" not in steps["verdict"]
+    assert steps["seeds_needed"] == steps["seeds_needed_power"] >= 6

@@ -352,11 +352,13 @@ def sizes(figure: str, xa: list[float], xb: list[float], paired: bool, effect: f
         smallest = detectable(sd, na, nb) if sd is not None else None
         size = effect if effect is not None else abs(difference.mean)
         needed = seeds_needed(sd, size) if sd is not None and size > 0 else None
+    floor = seeds_for_any_test(paired)  # fewer, and the test can never reach ALPHA
     return {"smallest_detectable": smallest, "pooled_sd": sd, "effect_size": size,
             "effect_from": "--effect" if effect is not None else "observed",
-            "seeds_needed": needed,
+            "seeds_needed": None if needed is None else max(needed, floor),
+            "seeds_needed_power": needed,
             "smallest_p": smallest_p(na, None if paired else nb),
-            "seeds_for_any_test": seeds_for_any_test(paired)}
+            "seeds_for_any_test": floor}
 
 
 def amount(figure: str, number: float, sign: bool = False, unit: bool = True) -> str:
@@ -377,7 +379,9 @@ def ends(figure: str, lo: float | None, hi: float | None) -> str:
 
 
 def verdict(found: dict[str, Any]) -> str:
-    """What the data supports about one figure, in one sentence."""
+    """What the data supports about one figure, in one sentence: the test's answer (or that it
+    cannot give one with these n), and an interval that excludes 0 when the test does not
+    confirm it."""
     figure, (na, nb) = found["figure"], found["n"]
     n = f"n = {na}" if na == nb else f"n = {na} and {nb}"
     if found["p_value"] < ALPHA:
@@ -385,9 +389,11 @@ def verdict(found: dict[str, Any]) -> str:
         return (f"a difference: A - B = {amount(figure, found['difference'], True)}"
                 f"{' ' + interval if interval else ''}, p = {found['p_value']:.2g}")
     if found["smallest_p"] > ALPHA:
-        return (f"no difference detectable with {n}: the test's smallest p-value there is "
-                f"{found['smallest_p']:.2g}, above {ALPHA}; it needs at least "
-                f"{found['seeds_for_any_test']} seeds a side")
+        reached = " (these runs reach it)" \
+            if found["p_value"] <= found["smallest_p"] * (1 + 1e-9) else ""
+        return (f"the test cannot decide with {n}: its smallest possible p-value, "
+                f"{found['smallest_p']:.2g}, is above {ALPHA}{reached}, so it needs at least "
+                f"{found['seeds_for_any_test']} seeds a side{unconfirmed(found)}")
     smallest = found["smallest_detectable"]
     if smallest is None:
         what = "not known: " + ("a rate this close to 0 or 1 needs more seeds" if figure ==
@@ -396,7 +402,21 @@ def verdict(found: dict[str, Any]) -> str:
         what = "any difference, as the runs do not vary"
     else:
         what = amount(figure, smallest)
-    return f"no difference detectable with {n} (smallest detectable: {what})"
+    return f"no difference detectable with {n} (smallest detectable: {what}){unconfirmed(found)}"
+
+
+def unconfirmed(found: dict[str, Any]) -> str:
+    """`; the 95% interval ... excludes 0, but ...` when the interval of A - B excludes 0 and
+    the test does not confirm it (empty otherwise): the interval rests on what the permutation
+    test does not assume."""
+    lo, hi, (na, nb) = found["lo"], found["hi"], found["n"]
+    if lo is None or lo <= 0 <= hi:
+        return ""
+    runs = f"{na} seeds" if "paired by seed" in found["test"] else \
+        f"{na} runs a side" if na == nb else f"{na} and {nb} runs"
+    rests = (f"it is a large-sample approximation, rough at {runs}" if found["figure"] ==
+             "success" else f"it assumes normally distributed figures, which {runs} cannot show")
+    return f"; the 95% interval {ends(found['figure'], lo, hi)} excludes 0, but {rests}"
 
 
 def seeds_line(found: dict[str, Any]) -> str:
@@ -411,5 +431,8 @@ def seeds_line(found: dict[str, Any]) -> str:
                 + (f": it needs more than {MAX_SEEDS:,} seeds a side"
                    if found.get("pooled_sd") is not None or figure == "success"
                    else ": each side needs 2 runs to show its spread"))
+    floor, power = found["seeds_for_any_test"], found.get("seeds_needed_power")
+    why = (f" (the test needs at least {floor} to reach p < {ALPHA} at all; the power estimate "
+           f"alone says {power})" if power is not None and power < floor else "")
     return (f"a difference of {amount(figure, size)} ({which}) needs {needed} seeds a side to "
-            f"be found {POWER:.0%} of the time at alpha {ALPHA}")
+            f"be found {POWER:.0%} of the time at alpha {ALPHA}{why}")

@@ -520,7 +520,7 @@ def test_four_seeds_that_all_differ_one_way_get_one_consistent_answer(tmp_path):
             "0.05 (these runs reach it), so it needs at least 6 seeds a side; the 95% interval ")
         assert "excludes 0, but it " in found["verdict"]
         assert found["seeds_needed"] == 6 and found["seeds_needed_power"] < 6
-        assert found["seeds_line"].startswith(f"a difference of ")
+        assert found["seeds_line"].startswith("a difference of ")
         assert "needs 6 seeds a side" in found["seeds_line"]
         assert "the test needs at least 6 to reach p < 0.05 at all" in found["seeds_line"]
     assert figures["exact_match"]["verdict"].endswith(

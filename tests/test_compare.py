@@ -100,6 +100,19 @@ def test_bad_seed_ranges_are_one_line(tmp_path, seeds, needle):
     assert_clean_error(result, 2, needle)
 
 
+@pytest.mark.parametrize("args, needles", [
+    (["seed=5", "--seeds", "0..1"], ["seed=5 and --seeds 0..1 both set the seed",
+                                     "give the seeds once"]),
+    (["seed=0,1", "--seeds", "2,3"], ["seed=0,1 and --seeds 2,3 both set the seed"]),
+    (["--seeds", "0,1", "--seeds", "2,3"], ["--seeds is given 2 times ('0,1', '2,3')",
+                                            "--seeds 0,1,2,3"]),
+])
+def test_seeds_given_twice_are_refused_not_dropped(tmp_path, args, needles):
+    result = run_cli("sweep", *TINY, *args, "--out", tmp_path / "sw", "--dry-run")
+    assert_clean_error(result, 2, *needles)
+    assert not (tmp_path / "sw").exists()
+
+
 def test_runs_that_miss_the_target_count_as_misses_and_at_the_budget(tmp_path):
     rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 120, 0.99), (2, 140, 0.99),
                                  (3, None, 0.60)])

@@ -362,16 +362,16 @@ def test_a_side_whose_runs_differ_in_more_than_the_seed_is_noted(tmp_path):
 # --- a summary.json with numbers no run writes (M7) ---
 
 BAD_NUMBERS = {
-    "wall_nan": ("wall_s", "NaN", "wall_s (nan) is not a finite number"),
-    "wall_infinity": ("wall_s", "Infinity", "wall_s (inf) is not a finite number"),
-    "wall_minus_infinity": ("wall_s", "-Infinity", "wall_s (-inf) is not a finite number"),
-    "wall_huge": ("wall_s", "1e308", "wall_s (1e+308) is not a finite number from 0 to"),
-    "wall_negative": ("wall_s", "-5", "wall_s (-5) is not a finite number from 0 to"),
+    "wall_nan": ("wall_s", "NaN", "wall_s (nan) is not a number from 0 to 1,000,000,000"),
+    "wall_infinity": ("wall_s", "Infinity", "wall_s (inf) is not a number from 0 to"),
+    "wall_minus_infinity": ("wall_s", "-Infinity", "wall_s (-inf) is not a number from 0"),
+    "wall_huge": ("wall_s", "1e308", "wall_s (1e+308) is not a number from 0 to"),
+    "wall_negative": ("wall_s", "-5", "wall_s (-5) is not a number from 0 to"),
     "step_huge": ("step", "1" + "0" * 400, "step (1000"),
-    "step_negative": ("step", "-3", "step (-3) is not an integer from 0 to"),
+    "step_negative": ("step", "-3", "step (-3) is not an integer from 0 to 1,000,000,000"),
     "steps_zero": ("steps", "0", "steps (0) is not an integer from 1 to"),
-    "best_nan": ("best_exact_match", "NaN", "best_exact_match (nan) is not a fraction"),
-    "exact_two": ("exact_match", "2.0", "exact_match (2.0) is not a fraction"),
+    "best_nan": ("best_exact_match", "NaN", "best_exact_match (nan) is not a number from -1 to 1"),
+    "exact_two": ("exact_match", "2.0", "exact_match (2.0) is not a number from 0 to 1"),
 }
 
 

@@ -513,3 +513,16 @@ def test_the_api_resume_of_a_finished_run_returns_it_untouched(run):
     loaded = minitfm.train(resume=run, progress=False)
     assert loaded.checkpoint.parent.parent.resolve() == run.resolve()
     assert snapshot(run) == before
+
+
+def test_the_progress_after_a_resume_shows_the_last_evaluation_not_a_dash(run):
+    """Between evaluations the train line shows the latest exact match: after a resume, the
+    one metrics.jsonl holds, until the next evaluation."""
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["split"] == "eval"][-1]
+    result = run_cli("train", "--resume", run, "train.steps=6", "log.log_every=1",
+                     "train.eval_every=0")
+    assert result.exit_code == 0, result.stderr
+    lines = [x for x in result.stdout.splitlines() if x.startswith("step ")]
+    assert lines and lines[0].startswith("step      5 ")
+    assert f"exact {last['exact_match']:.1%} (step {last['step']})" in lines[0], lines[0]

@@ -376,7 +376,8 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def load_summary(run_dir: Path) -> dict[str, Any] | None:
     """The run's `summary.json` (None when it has none), checked as minitfm writes it: an
-    object whose `status` is one of STATUSES, `step` an integer, `wall_s` a number."""
+    object whose `status` is one of STATUSES, its numbers (`SUMMARY_NUMBERS`) of their kind
+    and range: no NaN, infinity or 400-digit step."""
     text = read_small(Path(run_dir) / SUMMARY, MAX_SUMMARY_BYTES)
     if text is None:
         return None
@@ -393,34 +394,24 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
         found = quote(summary["status"]) if "status" in summary else "missing"
         raise CheckpointError(f"{SUMMARY} has no status minitfm writes ({found}; one of "
                               f"{', '.join(STATUSES)})")
-    for key, kinds, what in (("step", int, "an integer"), ("wall_s", (int, float), "a number")):
-        value = summary.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {what}")
-    for key, check, what in SUMMARY_NUMBERS:  # NaN, Infinity, 1e308 and a 400-digit step:
-        if key in summary and not check(summary[key]):  # JSON reads them, the maths cannot
-            raise CheckpointError(f"{SUMMARY}: {key} ({quote(summary[key])}) is not {what}")
+    for key, (kind, low, high) in SUMMARY_NUMBERS.items():  # NaN, Infinity, 1e308, a step
+        value = summary.get(key)  # of 400 digits: JSON reads them, the maths cannot
+        if key not in summary or (value is None and key not in ("step", "wall_s")):
+            continue
+        # NaN and the infinities fail the comparison (math.isfinite overflows on a long int)
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            number = "an integer" if kind is int else "a number"
+            raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {number} from "
+                                  f"{low:,} to {high:,}")
     return summary
 
 
-def within(value: Any, low: float, high: float, kind: type | tuple = (int, float)) -> bool:
-    """A number of `kind` (no bool) from `low` to `high`: never NaN or infinite, which fail
-    the comparison (math.isfinite would overflow on a 400-digit int)."""
-    return isinstance(value, kind) and not isinstance(value, bool) and low <= value <= high
-
-
-MAX_STEPS = 10**9  # train.steps' bound in config.py
-MAX_WALL_S = 1e9  # 31 years: larger is no run's time, and squares of it stay finite
-# summary.json's numbers as training writes them: what compare and sweep compute with.
-SUMMARY_NUMBERS = (
-    ("step", lambda v: within(v, 0, MAX_STEPS, int), f"an integer from 0 to {MAX_STEPS:,}"),
-    ("steps", lambda v: within(v, 1, MAX_STEPS, int), f"an integer from 1 to {MAX_STEPS:,}"),
-    ("wall_s", lambda v: within(v, 0, MAX_WALL_S), f"a finite number from 0 to {MAX_WALL_S:,.0f}"),
-    ("best_exact_match", lambda v: v is None or v == -1 or within(v, 0, 1),
-     "a fraction from 0 to 1 (or -1: not evaluated)"),
-    *((key, lambda v: v is None or within(v, 0, 1), "a fraction from 0 to 1 or null")
-      for key in ("exact_match", "token_accuracy")),
-)
+# summary.json's numbers as training writes them (kind, lowest, highest): what `runs`, `sweep`
+# and `compare` compute with. A step at most train.steps' bound; 10**9 s is 31 years.
+SUMMARY_NUMBERS = {"step": (int, 0, 10**9), "steps": (int, 1, 10**9),
+                   "wall_s": ((int, float), 0, 10**9),
+                   "best_exact_match": ((int, float), -1, 1),  # -1: not evaluated yet
+                   "exact_match": ((int, float), 0, 1), "token_accuracy": ((int, float), 0, 1)}
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any] | None:

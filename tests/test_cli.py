@@ -53,6 +53,20 @@ def test_usage_mistakes_are_one_line():
     assert_clean_error(run_cli("nosuch"), 2, "No such command 'nosuch'", "(see 'minitfm --help')")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--steps", "100"], "no option --steps: set it as train.steps=100"),
+    (["train", "--steps=100"], "no option --steps: set it as train.steps=100"),
+    (["train", "--warmup-steps", "5"], "no option --warmup-steps: set it as "
+                                       "train.warmup_steps=5"),
+    (["train", "--seed", "3"], "no option --seed: set it as seed=3"),
+    (["train", "--max-len"], "no option --max-len: set it as task.max_len=VALUE or "
+                             "model.max_len=VALUE"),
+    (["sweep", "--lr", "1e-3,3e-3"], "no option --lr: set it as train.lr=1e-3,3e-3"),
+])
+def test_an_option_that_is_a_config_key_points_to_key_value(args, needle):
+    assert_clean_error(run_cli(*args), 2, needle, f"(see 'minitfm {args[0]} --help')")
+
+
 def test_help_loads_no_torch_and_no_private_module():
     code = ("import sys\nfrom minitfm.app.cli import app\ntry:\n    app(['--help'])\n"
             "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)")

@@ -47,6 +47,7 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
 # that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
 # given (a million failed in libgomp's allocator, after a long wait on 2 cores).
 MAX_THREADS = 1024
+CODE_NAMES = ("fast", "book")  # model.code's own values: any other names a workbook folder
 # Where the positional schemes come from: "sinusoidal: Vaswani et al. 2017; rope: ...".
 ORIGINS = "; ".join(f"{spec.name}: {spec.origin}" for spec in POSITIONALS.values() if spec.origin)
 
@@ -331,7 +332,7 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
         if isinstance(task, dict) and isinstance(task.get(key), str) and task[key]:
             task[key] = str((base / Path(task[key]).expanduser()).resolve())
     code = model.get("code") if isinstance(model, dict) else None
-    if isinstance(code, str) and code and code not in ("fast", "book"):  # a workbook folder
+    if isinstance(code, str) and code and code not in CODE_NAMES:  # a workbook folder
         model["code"] = str((base / Path(code).expanduser()).resolve())
 
 

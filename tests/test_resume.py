@@ -34,13 +34,18 @@ SHORT = [*TINY, "train.steps=4", "train.eval_every=2", "train.eval_samples=50",
          "log.tensorboard=false", "log.attention_every=eval"]
 
 
+def trained(tmp_path_factory, name, settings):
+    """A run of `settings` trained in a fresh folder `name`."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    result = run_cli("train", *settings, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    return run_dir
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A finished four-step run; tests continue copies of it."""
-    run_dir = tmp_path_factory.mktemp("base") / "run"
-    result = run_cli("train", *SHORT, "--run-dir", run_dir)
-    assert result.exit_code == 0, result.stderr
-    return run_dir
+    return trained(tmp_path_factory, "base", SHORT)
 
 
 @pytest.fixture
@@ -455,7 +460,7 @@ def test_a_solved_run_trained_on_as_told_keeps_what_it_learned(tmp_path):
 
 # --- L10, newcomer #11: a resume with no steps left, or steps behind the run ---
 
-# QUICK stops at its 5% target at step 30 of 50 (exact match 24%), in about a second.
+# Stops at its 5% target at step 30 of 50 (exact match 24%), in about a second.
 TARGETED = [*SHORT, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01",
             "train.eval_every=10", "train.target_exact_match=0.05", "train.checkpoint_every=0",
             "log.tensorboard=true", "threads=1"]
@@ -464,9 +469,7 @@ TARGETED = [*SHORT, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01",
 @pytest.fixture(scope="module")
 def targeted(tmp_path_factory):
     """A run stopped at its target before its last step, with TensorBoard on."""
-    run_dir = tmp_path_factory.mktemp("targeted") / "run"
-    result = run_cli("train", *TARGETED, "--run-dir", run_dir)
-    assert result.exit_code == 0, result.stderr
+    run_dir = trained(tmp_path_factory, "targeted", TARGETED)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "stopped at target" and summary["step"] < 50, summary
     return run_dir

@@ -408,7 +408,7 @@ def set_path(data: dict[str, Any], key: str, value: Any) -> None:
             where = ".".join(parts[:depth + 1])
             prefix = ".".join(parts[:depth])
             names = [f"{prefix}.{name}" if prefix else name for name in fields]
-            raise ConfigError(f"unknown config key '{where}'{_did_you_mean(where, names)}")
+            raise ConfigError(f"unknown config key '{where}'{key_hint(where, names)}")
         annotation = fields[part].annotation
         is_section = isinstance(annotation, type) and issubclass(annotation, Section)
         last = depth == len(parts) - 1
@@ -445,7 +445,7 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> str:
                 model = model.model_fields[str(part)].annotation
             prefix = ".".join(str(p) for p in section)
             names = [f"{prefix}.{n}" if prefix else n for n in model.model_fields]
-            messages.append(f"unknown config key '{loc}'{_did_you_mean(loc, names)}")
+            messages.append(f"unknown config key '{loc}'{key_hint(loc, names)}")
         elif e["type"] == "value_error":
             messages.append(str(e["ctx"]["error"]))
         elif e["type"] == "model_type":
@@ -463,6 +463,38 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> str:
 def _did_you_mean(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def config_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Every setting's dotted key: `name`, `seed`, ..., `task.name`, ..., `log.dir`."""
+    keys = []
+    for name, info in (model or Config).model_fields.items():
+        kind = info.annotation
+        is_section = isinstance(kind, type) and issubclass(kind, Section)
+        keys += config_keys(kind, f"{prefix}{name}.") if is_section else [f"{prefix}{name}"]
+    return keys
+
+
+def keys_named(name: str) -> list[str]:
+    """The dotted keys whose last part is `name`: `steps` -> train.steps; `max_len` -> two."""
+    return [key for key in config_keys() if key.rpartition(".")[2] == name]
+
+
+def key_hint(where: str, names: list[str]) -> str:
+    """` (did you mean ...?)` for an unknown key: a name close to it beside it (`names`); for a
+    bare name, first the keys of that name in any section (`steps` -> `train.steps`), then
+    those of a name close to it (`step`)."""
+    beside = _did_you_mean(where, names)
+    if "." in where:
+        return beside
+    found = keys_named(where)
+    if not found and beside:
+        return beside
+    if not found:
+        leaves = list(dict.fromkeys(key.rpartition(".")[2] for key in config_keys()))
+        close = difflib.get_close_matches(where, leaves, n=1, cutoff=0.6)
+        found = keys_named(close[0]) if close else []
+    return f" (did you mean {' or '.join(repr(key) for key in found)}?)" if found else ""
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -495,7 +527,7 @@ def stack_differences(a: Config, b: Config) -> list[str]:
 def stack_key(cfg: Config) -> str | None:
     """Equal for runs that may share a stack (`stack_differences` empty); None for a run that
     trains a workbook's code, which only runs alone."""
-    if cfg.model.code not in ("fast", "book"):
+    if cfg.model.code not in BUILT_IN_CODES:
         return None
     flat = flatten(cfg.model_dump(mode="json"))
     return json.dumps({k: v for k, v in flat.items()

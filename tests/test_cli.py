@@ -61,6 +61,20 @@ def test_a_subcommands_usage_mistake_points_at_its_whole_command():
     assert_clean_error(run_cli("learn", "nosuch"), 2, "(see 'minitfm learn --help')")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["train", "--steps", "100"], "no option --steps: set it as train.steps=100"),
+    (["train", "--steps=100"], "no option --steps: set it as train.steps=100"),
+    (["train", "--warmup-steps", "5"], "no option --warmup-steps: set it as "
+                                       "train.warmup_steps=5"),
+    (["train", "--seed", "3"], "no option --seed: set it as seed=3"),
+    (["train", "--max-len"], "no option --max-len: set it as task.max_len=VALUE or "
+                             "model.max_len=VALUE"),
+    (["sweep", "--lr", "1e-3,3e-3"], "no option --lr: set it as train.lr=1e-3,3e-3"),
+])
+def test_an_option_that_is_a_config_key_points_to_key_value(args, needle):
+    assert_clean_error(run_cli(*args), 2, needle, f"(see 'minitfm {args[0]} --help')")
+
+
 def test_help_loads_no_torch_and_no_private_module():
     code = ("import sys\nfrom minitfm.app.cli import app\ntry:\n    app(['--help'])\n"
             "except SystemExit as exit:\n    print(exit.code, 'torch' in sys.modules)")
@@ -168,3 +182,53 @@ def test_every_shipped_config_trains_evaluates_and_visualizes(tmp_path, config):
     result = run_cli("visualize-attention", run_dir, "--no-terminal", "--out", png)
     assert result.exit_code == 0, result.stderr
     assert png.stat().st_size > 0
+
+
+# --- the default RUN: named with its score, a learner's run only when there is no other ---
+
+@pytest.fixture(scope="module")
+def trained_runs(tmp_path_factory):
+    """runs/plain, a tiny trained run, and runs/zoo, the same with model.code a folder (as a
+    workbook's or bug zoo's run says), its checkpoints newer."""
+    import os
+    import shutil
+
+    from tests.helpers import TINY
+
+    root = tmp_path_factory.mktemp("cwd")
+    plain = root / "runs" / "plain"
+    result = run_cli("train", *TINY, "train.steps=4", "train.eval_every=2",
+                     "train.eval_samples=20", "log.tensorboard=false", "threads=1",
+                     "--run-dir", plain)
+    assert result.exit_code == 0, result.stderr
+    zoo = shutil.copytree(plain, root / "runs" / "zoo")
+    config = zoo / "config.yaml"
+    config.write_text(config.read_text().replace("code: fast", f"code: {root / 'bugs'}"))
+    newer = (plain / "checkpoints").stat().st_mtime + 60
+    os.utime(zoo / "checkpoints", (newer, newer))
+    return root
+
+
+def test_a_left_out_run_is_named_with_its_score_and_skips_a_learners_run(trained_runs,
+                                                                          monkeypatch):
+    monkeypatch.chdir(trained_runs)
+    for args in (["predict", "1 2 3"], ["eval", "--samples", "5"], ["plot"]):
+        result = run_cli(*args)
+        assert result.exit_code == 0, result.stderr
+        assert re.search(r"note: no RUN given: using runs/plain \(best exact match \d+\.\d%\), "
+                         r"the most recent run not trained by a workbook or bug zoo \(1 newer "
+                         r"is: give one as RUN to use it\)", result.stderr), (args, result.stderr)
+    given = run_cli("predict", "runs/zoo", "1 2 3")
+    assert given.exit_code == 0 and "no RUN given" not in given.stderr
+
+
+def test_a_learners_run_is_the_default_only_when_there_is_no_other(trained_runs, tmp_path,
+                                                                  monkeypatch):
+    import shutil
+
+    shutil.copytree(trained_runs / "runs" / "zoo", tmp_path / "runs" / "zoo")
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("predict", "1 2 3")
+    assert result.exit_code == 0, result.stderr
+    assert re.search(r"note: no RUN given: using runs/zoo \(best exact match \d+\.\d%\), a "
+                     r"workbook's or bug zoo's run, as there is no other", result.stderr)

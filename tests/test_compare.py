@@ -22,11 +22,11 @@ POSITIONAL = "model.positional"
 
 
 def fake_run(folder: Path, name: str, seed: int, steps: int | None, exact: float,
-             wall_s: float | None = None) -> Path:
+             wall_s: float | None = None, overrides: tuple = ()) -> Path:
     """A run as a sweep's job leaves it: `steps` None is a miss (finished at the budget)."""
     run_dir = folder / name
     run_dir.mkdir(parents=True)
-    cfg = load_config(None, [*TINY, f"seed={seed}", f"train.steps={BUDGET}"])
+    cfg = load_config(None, [*TINY, f"seed={seed}", f"train.steps={BUDGET}", *overrides])
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     reached = steps is not None
     summary = {"status": "stopped at target" if reached else "finished",
@@ -98,6 +98,19 @@ def test_a_range_of_seeds_makes_a_run_per_seed_and_configuration(tmp_path):
 def test_bad_seed_ranges_are_one_line(tmp_path, seeds, needle):
     result = run_cli("sweep", *TINY, "--seeds", seeds, "--out", tmp_path / "sw", "--dry-run")
     assert_clean_error(result, 2, needle)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["seed=5", "--seeds", "0..1"], ["seed=5 and --seeds 0..1 both set the seed",
+                                     "give the seeds once"]),
+    (["seed=0,1", "--seeds", "2,3"], ["seed=0,1 and --seeds 2,3 both set the seed"]),
+    (["--seeds", "0,1", "--seeds", "2,3"], ["--seeds is given 2 times ('0,1', '2,3')",
+                                            "--seeds 0,1,2,3"]),
+])
+def test_seeds_given_twice_are_refused_not_dropped(tmp_path, args, needles):
+    result = run_cli("sweep", *TINY, *args, "--out", tmp_path / "sw", "--dry-run")
+    assert_clean_error(result, 2, *needles)
+    assert not (tmp_path / "sw").exists()
 
 
 def test_runs_that_miss_the_target_count_as_misses_and_at_the_budget(tmp_path):
@@ -239,8 +252,9 @@ def test_too_few_seeds_say_no_test_could_detect_anything(tmp_path):
     result = compare(sweep, "1", "2")
     out = " ".join(result.stdout.split())
     assert result.exit_code == 0
-    assert ("steps to target: no difference detectable with n = 3: the test's smallest p-value "
-            "there is 0.25, above 0.05; it needs at least 6 seeds a side") in out
+    assert ("steps to target: the test cannot decide with n = 3: its smallest possible "
+            "p-value, 0.25, is above 0.05 (these runs reach it), so it needs at least 6 seeds "
+            "a side") in out
 
 
 def test_effect_sizes_the_seeds_a_difference_needs(tmp_path):
@@ -343,3 +357,197 @@ def test_a_side_whose_runs_differ_in_more_than_the_seed_is_noted(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "note: the runs of A differ in train.lr: compare pools them" in result.stderr
     assert "runs of B" not in result.stderr
+
+
+# --- a summary.json with numbers no run writes (M7) ---
+
+BAD_NUMBERS = {
+    "wall_nan": ("wall_s", "NaN", "wall_s (nan) is not a number from 0 to 1,000,000,000"),
+    "wall_infinity": ("wall_s", "Infinity", "wall_s (inf) is not a number from 0 to"),
+    "wall_minus_infinity": ("wall_s", "-Infinity", "wall_s (-inf) is not a number from 0"),
+    "wall_huge": ("wall_s", "1e308", "wall_s (1e+308) is not a number from 0 to"),
+    "wall_negative": ("wall_s", "-5", "wall_s (-5) is not a number from 0 to"),
+    "step_huge": ("step", "1" + "0" * 400, "step (1000"),
+    "step_negative": ("step", "-3", "step (-3) is not an integer from 0 to 1,000,000,000"),
+    "steps_zero": ("steps", "0", "steps (0) is not an integer from 1 to"),
+    "best_nan": ("best_exact_match", "NaN", "best_exact_match (nan) is not a number from -1 to 1"),
+    "exact_two": ("exact_match", "2.0", "exact_match (2.0) is not a number from 0 to 1"),
+}
+
+
+def plant(summary_path: Path, key: str, text: str) -> None:
+    """`summary.json` with `key` set to the JSON text `text` (NaN, Infinity, a long int)."""
+    summary = json.loads(summary_path.read_text())
+    summary[key] = "@@"
+    summary_path.write_text(json.dumps(summary).replace('"@@"', text))
+
+
+@pytest.mark.parametrize("name", BAD_NUMBERS)
+def test_a_summary_with_numbers_no_run_writes_is_unreadable_and_compare_leaves_it_out(
+        tmp_path, name):
+    from minitfm.lab.many.seeds import run_outcome
+    from minitfm.run.rundir import run_status
+
+    key, text, needle = BAD_NUMBERS[name]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3],
+                                         "rope": [(s, 150 + s, 0.98) for s in range(3)]})
+    bad = sweep / "positional=rope,seed=1"
+    plant(bad / "summary.json", key, text)
+    assert run_status(bad) == "unreadable"
+    assert needle in run_outcome(bad)["note"]
+    result = compare(sweep, "1", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["b"]["n"] == 2 and not report["paired"]
+    (left,) = report["b"]["left_out"]
+    assert left.startswith("positional=rope,seed=1 (unreadable: summary.json: ") and needle in left
+    assert "note: B leaves out 1 run(s) that did not end: positional=rope,seed=1 (unreadable" \
+        in result.stderr
+
+
+def test_the_sweep_table_leaves_out_a_run_whose_summary_holds_nan(tmp_path):
+    from minitfm.app.tables import sweep_table
+
+    runs = [(0, 100, 0.99), (1, 120, 0.99), (2, 140, 0.99)]
+    fake_run(tmp_path, "seed=1", 1, 120, 0.99)
+    plant(tmp_path / "seed=1" / "summary.json", "wall_s", "NaN")
+    plant(tmp_path / "seed=1" / "summary.json", "step", "1" + "0" * 400)
+    rows = sweep_rows(tmp_path, runs[:1]) + sweep_rows(tmp_path / "x", runs[2:])
+    cfg = load_config(None, [*TINY, "seed=1", f"train.steps={BUDGET}"])
+    rows.append(result_row(RunSpec("seed=1", {"seed": "1"}, [], cfg, tmp_path / "seed=1"), []))
+    for row in rows:
+        row["configuration"] = "all"
+    assert rows[-1]["status"] == "unreadable" and rows[-1]["steps"] is None
+    table = sweep_table(rows, ["seed"], "sweep x")
+    cells = [next(iter(column.cells)) for column in table.columns]
+    assert cells[1] == "2 of 3" and cells[4].startswith("120 ± ")
+
+
+def test_a_run_folder_missing_from_a_sweep_is_called_missing_not_failed(tmp_path):
+    import shutil
+
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    shutil.rmtree(sweep / "positional=rope,seed=1")
+    result = compare(sweep, "1", "2")
+    assert result.exit_code == 0, result.stderr
+    assert "leaves out 1 run(s) that did not end: positional=rope,seed=1 (missing)" \
+        in result.stderr
+
+
+def test_an_empty_results_file_says_so_in_one_line(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"rope": SAME[:2]})
+    (sweep / "results.jsonl").write_text("")
+    result = compare(sweep, "1", "2")
+    assert_clean_error(result, 2, "results.jsonl holds no run", "run the sweep command again")
+    assert "(1..0)" not in result.stderr
+
+
+# --- a run is itself however its path is spelled (M8) ---
+
+@pytest.mark.parametrize("spelling", ["absolute", "link", "dots"])
+def test_a_configuration_against_itself_is_refused_however_spelled(tmp_path, spelling,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    (tmp_path / "swlink").symlink_to(tmp_path / "sw")
+    other = {"absolute": str(tmp_path / "sw"), "link": "swlink", "dots": "sw/../sw"}[spelling]
+    assert_clean_error(compare("sw", "1", other, "1"), 2, "is on both sides")
+    assert_clean_error(compare("--a", "sw", "--b", other), 2, "is on both sides")
+
+
+def test_a_run_given_twice_on_one_side_counts_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for seed, steps, exact in SAME[:3]:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps + 50, exact)
+    (tmp_path / "alink").symlink_to(tmp_path / "a")
+    result = compare("--a", "a/r0", "--a", "a/../a/r0", "--a", tmp_path / "a" / "r0",
+                     "--a", "alink/r0", "--b", "b", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["a"]["n"] == 1
+    result = compare("--a", "a", "--a", "alink", "--b", "b", "--json")
+    assert json.loads(result.stdout)["a"]["n"] == 3
+
+
+def test_a_results_file_that_lists_a_run_twice_is_damaged(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    lines = (sweep / "results.jsonl").read_text()
+    (sweep / "results.jsonl").write_text(lines + lines)
+    assert_clean_error(compare(sweep, "1", "2", "--json"), 2,
+                       "line 7 of results.jsonl repeats the run 'positional=sinusoidal,seed=0'",
+                       "run the sweep command again")
+
+
+# --- what the figures depend on, said when the sides differ in it (L13) ---
+
+def test_sides_measured_against_other_targets_and_tasks_are_noted(tmp_path):
+    other = ("train.target_exact_match=0.05", "task.max_len=2")
+    for seed, steps, exact in SAME[:3]:
+        fake_run(tmp_path / "a", f"r{seed}", seed, steps, exact)
+        fake_run(tmp_path / "b", f"r{seed}", seed, steps, exact, overrides=other)
+    result = compare("--a", tmp_path / "a", "--b", tmp_path / "b")
+    assert result.exit_code == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "settings their figures depend" in x]
+    assert "train.target_exact_match (0.99 vs 0.05)" in line and "task.max_len (6 vs 2)" in line
+    assert "train.steps" not in line and "seconds to target were measured" not in result.stderr
+    report = json.loads(compare("--a", tmp_path / "a", "--b", tmp_path / "b", "--json").stdout)
+    assert report["notes"] == [line.removeprefix("note: ")]
+
+
+def test_two_configurations_of_one_sweep_get_no_such_note(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3], "rope": SAME[:3]})
+    result = compare(sweep, "1", "2")
+    assert result.exit_code == 0 and "note:" not in result.stderr, result.stderr
+
+
+def test_a_sweeps_seconds_against_a_lone_run_are_said_to_be_no_timing(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"rope": SAME[:3]})
+    fake_run(tmp_path / "alone", "r0", 0, 100, 0.99, overrides=("threads=2",))
+    result = compare("--a", sweep, "--b", tmp_path / "alone")
+    assert result.exit_code == 0, result.stderr
+    assert ("seconds to target were measured under different conditions (A: jobs side by side "
+            "in the sweep ") in result.stderr
+    assert "B: a run alone, threads=2): their difference is no timing" in result.stderr
+
+
+# --- one answer: the verdict, the interval and the seeds needed agree (newcomer #1) ---
+
+def test_four_seeds_that_all_differ_one_way_get_one_consistent_answer(tmp_path):
+    """The newcomer's case: 4 paired seeds, every one better on A (exact match +5.7%, 4/4 at
+    the target against 0/4). The test cannot reach p < 0.05 with 4 seeds, the t interval
+    excludes 0: the verdict says both, and the seeds line asks for the seeds the test needs,
+    never fewer."""
+    a = [(seed, 150 + 10 * seed, 0.99 + 0.002 * seed) for seed in range(4)]
+    b = [(seed, None, 0.935 + 0.004 * (seed % 2)) for seed in range(4)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": a, "rope": b})
+    result = compare(sweep, "1", "2", "--json")
+    assert result.exit_code == 0, result.stderr
+    figures = {f["figure"]: f for f in json.loads(result.stdout)["figures"]}
+    for name in ("exact_match", "steps", "success"):
+        found = figures[name]
+        assert found["p_value"] == 2 / 16 and found["smallest_p"] == 2 / 16
+        assert found["hi"] < 0 or found["lo"] > 0, found  # the interval excludes 0
+        assert "no difference" not in found["verdict"], found["verdict"]
+        assert found["verdict"].startswith(
+            "the test cannot decide with n = 4: its smallest possible p-value, 0.12, is above "
+            "0.05 (these runs reach it), so it needs at least 6 seeds a side; the 95% interval ")
+        assert "excludes 0, but it " in found["verdict"]
+        assert found["seeds_needed"] == 6 and found["seeds_needed_power"] < 6
+        assert found["seeds_line"].startswith("a difference of ")
+        assert "needs 6 seeds a side" in found["seeds_line"]
+        assert "the test needs at least 6 to reach p < 0.05 at all" in found["seeds_line"]
+    assert figures["exact_match"]["verdict"].endswith(
+        "excludes 0, but it assumes normally distributed figures, which 4 seeds cannot show")
+    assert figures["success"]["verdict"].endswith(
+        "excludes 0, but it is a large-sample approximation, rough at 4 seeds")
+
+
+def test_an_interval_within_the_test_s_reach_is_not_questioned_when_it_spans_0(tmp_path):
+    noisy = [(seed, 100 + (17 * seed) % 40, 0.99) for seed in range(8)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": noisy, "rope": SAME})
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    steps = {f["figure"]: f for f in report["figures"]}["steps"]
+    assert steps["lo"] < 0 < steps["hi"] and steps["p_value"] >= 0.05
+    assert steps["verdict"].startswith("no difference detectable with n = 8 (smallest")
+    assert "excludes 0" not in steps["verdict"]
+    assert steps["seeds_needed"] == steps["seeds_needed_power"] >= 6

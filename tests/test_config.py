@@ -109,6 +109,10 @@ BAD_OVERRIDES = [
     (["train.steps"], "must look like key=value"),
     (["train.steps.x=1"], "'train.steps' is a key"),
     (["model.d_model=[1, 2]"], "single value"),
+    (["steps=100"], "unknown config key 'steps' (did you mean 'train.steps'?)"),
+    (["step=100"], "(did you mean 'train.steps'?)"),
+    (["d_model=64"], "(did you mean 'model.d_model'?)"),
+    (["max_len=8"], "(did you mean 'task.max_len' or 'model.max_len'?)"),
 ]
 
 
@@ -127,6 +131,7 @@ BAD_FILES = [
     ("model: 3\n", "'model' must be a mapping"),
     ("trian:\n  steps: 3\n", "did you mean 'train'"),
     ("train:\n  stpes: 3\n", "did you mean 'train.steps'"),
+    ("steps: 3\n", "unknown config key 'steps' (did you mean 'train.steps'?)"),
     ("task:\n  name: !!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
 ]
 

@@ -196,8 +196,8 @@ def test_readme_says_how_long_the_book_is():
 
 
 def test_readme_line_counts_of_the_floors_are_current():
-    """The code map's line count of each floor (its wings included), to the hundred, stays
-    within 10% of the files."""
+    """The code map's line count of each floor (its wings included) is the files' count to the
+    hundred, as it says: within 50 lines of it (a stated 800 for 875 lines is stale)."""
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     counts = re.search(r"\(lines, to the hundred: kernel ([\d,]+), (.*?)\)", text)
     assert counts, "README's code map no longer gives the floors' line counts"
@@ -207,8 +207,7 @@ def test_readme_line_counts_of_the_floors_are_current():
     actual = {floor: lines_of(f"{floor}/**/*.py") for floor in stated if floor != "kernel"}
     actual["kernel"] = lines_of("*.py") - lines_of("__init__.py", "__main__.py")
     for floor, n in stated.items():
-        assert n % 100 == 0 and abs(n - actual[floor]) <= 0.1 * actual[floor], \
-            (floor, n, actual[floor])
+        assert n % 100 == 0 and abs(n - actual[floor]) <= 50, (floor, n, actual[floor])
     assert set(stated) == {"kernel", "tasks", "book", "fast", "learn", "run", "lab", "app"}, stated
 
 

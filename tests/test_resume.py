@@ -34,13 +34,18 @@ SHORT = [*TINY, "train.steps=4", "train.eval_every=2", "train.eval_samples=50",
          "log.tensorboard=false", "log.attention_every=eval"]
 
 
+def trained(tmp_path_factory, name, settings):
+    """A run of `settings` trained in a fresh folder `name`."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    result = run_cli("train", *settings, "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    return run_dir
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A finished four-step run; tests continue copies of it."""
-    run_dir = tmp_path_factory.mktemp("base") / "run"
-    result = run_cli("train", *SHORT, "--run-dir", run_dir)
-    assert result.exit_code == 0, result.stderr
-    return run_dir
+    return trained(tmp_path_factory, "base", SHORT)
 
 
 @pytest.fixture
@@ -451,3 +456,76 @@ def test_a_solved_run_trained_on_as_told_keeps_what_it_learned(tmp_path):
     for record in after:
         assert record["exact_match"] >= best - 0.01, (record, best)
         best = max(best, record["exact_match"])
+
+
+# --- L10, newcomer #11: a resume with no steps left, or steps behind the run ---
+
+# Stops at its 5% target at step 30 of 50 (exact match 24%), in about a second.
+TARGETED = [*SHORT, "train.steps=50", "train.warmup_steps=10", "train.lr=0.01",
+            "train.eval_every=10", "train.target_exact_match=0.05", "train.checkpoint_every=0",
+            "log.tensorboard=true", "threads=1"]
+
+
+@pytest.fixture(scope="module")
+def targeted(tmp_path_factory):
+    """A run stopped at its target before its last step, with TensorBoard on."""
+    run_dir = trained(tmp_path_factory, "targeted", TARGETED)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "stopped at target" and summary["step"] < 50, summary
+    return run_dir
+
+
+@pytest.mark.parametrize("which", ["finished", "stopped at target"])
+def test_steps_behind_the_run_are_refused_and_nothing_written(run, targeted, tmp_path, which):
+    run_dir = run if which == "finished" else shutil.copytree(targeted, tmp_path / "t")
+    step = last_step(run_dir)
+    before = snapshot(run_dir)
+    result = run_cli("train", "--resume", run_dir, f"train.steps={step - 1}")
+    assert_clean_error(result, 2, f"is at step {step}: train.steps={step - 1} is behind it")
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("which, overrides, needle", [
+    ("finished", [], "nothing to do: this run has finished (all 4 steps)"),
+    ("finished", ["train.steps=4", "log.log_every=1"], "(all 4 steps)"),
+    ("stopped at target", [], "nothing to do: this run has finished (it reached its 5% target "
+                              "at step 30)"),
+])
+def test_a_run_with_nothing_left_to_do_says_so_and_writes_nothing(run, targeted, tmp_path,
+                                                                 which, overrides, needle):
+    run_dir = run if which == "finished" else shutil.copytree(targeted, tmp_path / "t")
+    before = snapshot(run_dir)
+    result = run_cli("train", "--resume", run_dir, *overrides)
+    assert result.exit_code == 0, result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("nothing to do")]
+    assert needle in line
+    assert snapshot(run_dir) == before  # no eval line, events file, summary or config change
+
+
+def test_a_run_stopped_at_its_target_goes_on_once_the_target_is_lifted(targeted, tmp_path):
+    run_dir = shutil.copytree(targeted, tmp_path / "t")
+    result = run_cli("train", "--resume", run_dir, "train.target_exact_match=null")
+    assert result.exit_code == 0, result.stderr
+    assert "nothing to do" not in result.stdout and last_step(run_dir) == 50
+
+
+def test_the_api_resume_of_a_finished_run_returns_it_untouched(run):
+    import minitfm
+
+    before = snapshot(run)
+    loaded = minitfm.train(resume=run, progress=False)
+    assert loaded.checkpoint.parent.parent.resolve() == run.resolve()
+    assert snapshot(run) == before
+
+
+def test_the_progress_after_a_resume_shows_the_last_evaluation_not_a_dash(run):
+    """Between evaluations the train line shows the latest exact match: after a resume, the
+    one metrics.jsonl holds, until the next evaluation."""
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r["split"] == "eval"][-1]
+    result = run_cli("train", "--resume", run, "train.steps=6", "log.log_every=1",
+                     "train.eval_every=0")
+    assert result.exit_code == 0, result.stderr
+    lines = [x for x in result.stdout.splitlines() if x.startswith("step ")]
+    assert lines and lines[0].startswith("step      5 ")
+    assert f"exact {last['exact_match']:.1%} (step {last['step']})" in lines[0], lines[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import shutil
 import subprocess
 import unicodedata
@@ -107,15 +108,18 @@ def test_eval_json_of_a_nan_model_is_strict_json_with_null(base, tmp_path):
     assert report["loss"] is None
 
 
-def test_runs_json_of_an_infinite_wall_time_is_strict_json_with_null(base, tmp_path):
-    """RU_json_inf: a hand-edited summary.json."""
+def test_runs_json_of_an_infinite_wall_time_is_strict_json_and_the_run_unreadable(base,
+                                                                                  tmp_path):
+    """RU_json_inf: a hand-edited summary.json. An infinite wall_s is no time a run writes: the
+    run is unreadable, saying why (round 5, M7), its wall time the metrics' (finite)."""
     run_dir = Path(shutil.copytree(base, tmp_path / "runs" / "inf"))
     summary = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").write_text(json.dumps({**summary, "wall_s": float("inf")}))
     result = run_cli("runs", tmp_path / "runs", "--json")
     assert result.exit_code == 0, result.stderr
     [row] = strict_json(result.stdout)
-    assert row["wall_s"] is None
+    assert row["status"] == "unreadable" and "wall_s (inf) is not a number" in row["note"]
+    assert row["wall_s"] is None or math.isfinite(row["wall_s"])
 
 
 # --- M4: predict prints one line per input ---

@@ -55,7 +55,7 @@ from minitfm.app.tables import (
     sweep_table,
     tasks_table,
 )
-from minitfm.errors import MinitfmError, shown_path
+from minitfm.errors import ConfigError, MinitfmError, quote, shown_path
 from minitfm.lab.options import (
     AblateOptions,
     EvalOptions,
@@ -125,7 +125,7 @@ def train_command(
     if book is not None:  # a path as it is, not read as YAML
         overrides = [*overrides, ("model.code", str(book.resolve()))]
     if resume is not None:
-        from minitfm.run.rundir import resolve_checkpoint
+        from minitfm.run.argument import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint
@@ -435,7 +435,7 @@ def sweep(
         ..., metavar="CONFIG [KEY=V1,V2,...]...",
         help="A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in every run "
              "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64)."),
-    seeds: str | None = option(SweepOptions, "seeds"),
+    seeds: list[str] | None = option(SweepOptions, "seeds"),
     jobs: int | None = option(SweepOptions, "jobs"),
     threads: int | None = option(SweepOptions, "threads"),
     eval_lengths: list[str] | None = option(SweepOptions, "eval_lengths"),
@@ -453,8 +453,12 @@ def sweep(
     from minitfm.lab.many.sweep import dry_run_lines, prepare, run_sweep
 
     config, items = split_config_args(args, allow_config=True)
-    options = SweepOptions(seeds, jobs, threads, eval_lengths, eval_samples, name, out,
-                           on, ray_address, stack, skip_invalid)
+    if seeds and len(seeds) > 1:  # Click would keep the last one alone
+        raise ConfigError(f"--seeds is given {len(seeds)} times "
+                          f"({', '.join(map(quote, seeds))}): give every seed in one, e.g. "
+                          f"--seeds {','.join(seeds)}")
+    options = SweepOptions(seeds[0] if seeds else None, jobs, threads, eval_lengths,
+                           eval_samples, name, out, on, ray_address, stack, skip_invalid)
     plan = prepare(config, items, options)
     if dry_run:
         if plan.note:  # stdout stays the shell lines alone

@@ -52,6 +52,8 @@ def compare(
         if side.mixed:
             note(f"the runs of {side.name} differ in {', '.join(side.mixed[:5])}: compare pools "
                  f"them as one configuration")
+    for line in report["notes"]:
+        note(line)
     if as_json:
         print(to_json(report))
         return

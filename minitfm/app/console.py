@@ -136,8 +136,9 @@ class OneLineErrors(PlainHelp, TyperGroup):
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.TyperException as err:
             command = " ".join(["minitfm", *subcommands(getattr(err, "ctx", None)), "--help"])
-            err_console.print(f"error: {printable(err.format_message())} (see '{command}')",
-                              markup=False)
+            message = key_for_option(err, sys.argv[1:] if args is None else list(args)) \
+                or err.format_message()
+            err_console.print(f"error: {printable(message)} (see '{command}')", markup=False)
             code = err.exit_code
         except typer.Abort:  # Click's KeyboardInterrupt before a command took over
             err_console.print(f"interrupted: {starting_message(signal.SIGINT)}", markup=False)
@@ -154,6 +155,23 @@ def subcommands(ctx) -> list[str]:
         words.insert(0, ctx.info_name)
         ctx = ctx.parent
     return words
+
+
+def key_for_option(err: typer.TyperException, args: list[str]) -> str | None:
+    """`no option --steps: set it as train.steps=100`: an unknown option of `train` or `sweep`
+    (which take KEY=VALUE) named like a config key; None for any other mistake."""
+    name, ctx = getattr(err, "option_name", None), getattr(err, "ctx", None)
+    if not name or ctx is None or ctx.info_name not in ("train", "sweep"):
+        return None
+    from minitfm.config import keys_named
+
+    keys = keys_named(name.lstrip("-").replace("-", "_"))
+    value = next((arg.partition("=")[2] for arg in args if arg.startswith(f"{name}=")), None)
+    if value is None and name in args[:-1]:
+        after = args[args.index(name) + 1]
+        value = None if after.startswith("--") else after
+    shown = " or ".join(f"{key}={value or 'VALUE'}" for key in keys)
+    return f"no option {name}: set it as {shown}" if keys else None
 
 
 # --- options ---

@@ -139,6 +139,8 @@ class ConsoleReporter(Instrument):
         """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg, device = run.cfg, run.device
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
+        if run.step:  # a resume: the latest evaluation so far, until the next one
+            self.exact_match = latest_exact_match(run.run_dir, run.step)
         self.book = cfg.model.code if run.code.startswith(("workbook ", "bug zoo ")) else None
         self._print(f"run directory: {printable(shown_path(run.run_dir))}", markup=False,
                     highlight=False)
@@ -159,8 +161,8 @@ class ConsoleReporter(Instrument):
                                      console=self.console)
             self.progress.start()
             self.task_id = self.progress.add_task(
-                "train", total=cfg.train.steps, completed=run.step, loss="-", exact="-",
-                lr="-", speed="", end="")
+                "train", total=cfg.train.steps, completed=run.step, loss="-",
+                exact=self.exact_match, lr="-", speed="", end="")
 
     def on_step(self, stepped: Stepped) -> None:
         """After every step: the bar moves (its figures change at each train line)."""
@@ -206,6 +208,17 @@ class ConsoleReporter(Instrument):
         self._print("next:", highlight=False)
         for command in next_commands(summary, self.tensorboard, self.book):  # to paste whole
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
+
+
+def latest_exact_match(run_dir: Path, step: int) -> str:
+    """`99.4% (step 230)`: the run's latest evaluation up to `step` in its metrics.jsonl, as
+    the progress shows one; `-` when it has none."""
+    from minitfm.lab.curves import read_metrics
+
+    evals = [r for r in read_metrics(run_dir) if r["split"] == "eval" and r["step"] <= step]
+    if not evals:
+        return "-"
+    return f"{evals[-1]['exact_match']:.1%} (step {evals[-1]['step']})"
 
 
 def ending(summary: dict, target: float | None) -> str:

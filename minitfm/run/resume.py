@@ -30,11 +30,11 @@ from minitfm.config import (
     set_path,
     validate,
 )
-from minitfm.errors import CheckpointError, ConfigError, MinitfmError, option
+from minitfm.errors import CheckpointError, ConfigError, MinitfmError, option, shown_path
 from minitfm.learn.code import is_workbook
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch
 from minitfm.run.limits import check_fits, training_parts
-from minitfm.run.rundir import find_run_dir
+from minitfm.run.rundir import DONE, find_run_dir, read_summary
 from minitfm.run.state import RunState
 from minitfm.yamlfile import read_yaml
 
@@ -52,6 +52,7 @@ class Resumed:
     edits: list[tuple[str, Any, Any]]
     code_note: str | None = None  # a workbook's run going on with the book's code: why
     schedule_note: str | None = None  # the learning rate rises on this resume: by how much
+    nothing_left: str | None = None  # a run that ended with no step left to train: why
 
 
 def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
@@ -72,6 +73,7 @@ def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
     for item in overrides:
         set_path(data, *(item if isinstance(item, tuple) else parse_override(item)))
     cfg = validate(data)
+    check_ahead(checkpoint["step"], cfg.train.steps, path)
     check_fits(training_parts(cfg), "training")  # before anything is allocated or written
     for section in FIXED_SECTIONS:
         before, after = saved.get(section) or {}, getattr(cfg, section).model_dump()
@@ -87,9 +89,42 @@ def resume_config(checkpoint: dict[str, Any], overrides: Sequence = (),
         code_note = (f"this run trained the code of the workbook {cfg.model.code}: it goes on "
                      f"with the book's code (give --book {cfg.model.code} to go on with yours)")
         cfg.model.code = "book"
-    schedule_note = schedule_jump(checkpoint, validate(saved).train, cfg.train, path)
+    before = validate(saved).train
+    done = nothing_left(checkpoint, before, cfg.train, path)
+    schedule_note = None if done else schedule_jump(checkpoint, before, cfg.train, path)
     return Resumed(checkpoint, cfg, [edit for edit in edits if edit[0] not in given], code_note,
-                   schedule_note)
+                   schedule_note, done)
+
+
+def check_ahead(step: int, steps: int, path: Path | None) -> None:
+    """train.steps may not fall behind the step the run has reached: its schedule and summary
+    would say it finished steps it went past."""
+    if steps < step:
+        where = find_run_dir(path) or path if path is not None else "this run"
+        raise MinitfmError(f"'{where}' is at step {step}: train.steps={steps} is behind it; give "
+                           f"train.steps above {step} to train it on, or leave it out")
+
+
+def nothing_left(checkpoint: dict[str, Any], before: TrainConfig, train: TrainConfig,
+                 path: Path | None) -> str | None:
+    """Why a run that ended (its summary.json says finished or stopped at target) has nothing
+    left to train under `train`: no step left, or the target it reached still set and no step
+    added to `before`, the checkpoint's (more steps on a solved run: `schedule_jump` says
+    how); None when it has (or did not end: a resume then evaluates and writes its summary)."""
+    run_dir = find_run_dir(path) if path is not None else None
+    summary = read_summary(run_dir) if run_dir is not None else None
+    if summary is None or summary["status"] not in DONE:
+        return None
+    step, best, target = checkpoint["step"], checkpoint.get("best_exact_match", -1.0), \
+        train.target_exact_match
+    reached = target is not None and best >= target
+    if step < train.steps and not (reached and train.steps <= before.steps):
+        return None
+    why = (f"it reached its {target:.0%} target at step {step}" if reached
+           else f"all {train.steps} steps")
+    more = ("give a larger train.steps to train it on" if step >= train.steps
+            else f"give train.target_exact_match=null to train it on to step {train.steps}")
+    return f"nothing to do: this run has finished ({why}): {shown_path(run_dir)}; {more}"
 
 
 def schedule_jump(checkpoint: dict[str, Any], before: TrainConfig, after: TrainConfig,

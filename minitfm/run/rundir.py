@@ -1,4 +1,5 @@
-"""Run directories: where a run goes, how it is found, locked, prepared, and how it ended.
+"""Run directories: where a run goes, how it is told apart, locked, prepared, and how it ended
+(what a RUN argument means is `argument.py`'s).
 
 A run directory `runs/<name>-<YYYYmmdd-HHMMSS>/` holds `config.yaml` (resolved),
 `metrics.jsonl`, `checkpoints/last.pt`, `checkpoints/best.pt`, TensorBoard event files and,
@@ -100,47 +101,6 @@ def has_config_yaml(path: Path) -> bool:
         return path.is_dir()
 
 
-def latest_run(log_dir: str | Path = "runs", which: str = "best") -> Path:
-    """The most recent run under `log_dir` that has `which`.pt (for "best": or last.pt)."""
-    root = Path(log_dir)
-    names = ("best.pt", "last.pt") if which == "best" else (f"{which}.pt",)
-    runs = [p.parent for p in root.glob("*/checkpoints") if p.is_dir()
-            and any((p / name).is_file() for name in names)] if root.is_dir() else []
-    if not runs:
-        raise CheckpointError(f"no runs with a {' or '.join(names)} checkpoint under '{root}/': "
-                              f"train one first (minitfm train) or give a run directory")
-    return max(runs, key=lambda p: (p / "checkpoints").stat().st_mtime)
-
-
-def pick_checkpoint(run: str | Path | None, which: str = "best") -> tuple[Path, str | None]:
-    """The checkpoint meant by a RUN argument (run directory, .pt file or None), and a note
-    when "best" falls back to last.pt because the run has not been evaluated yet."""
-    if which not in CHECKPOINTS:
-        raise CheckpointError(f"--checkpoint ({which!r}) must be one of {', '.join(CHECKPOINTS)}")
-    path = latest_run(which=which) if run is None else Path(run)
-    if path.is_file():
-        return path, None
-    if not path.exists():
-        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
-    if not path.is_dir():
-        raise CheckpointError(f"'{path}' is not a file: give a run directory or a .pt file")
-    ckpt, last = path / "checkpoints" / f"{which}.pt", path / "checkpoints" / "last.pt"
-    if which == "best" and not ckpt.exists() and last.is_file():
-        return last, f"run '{path}' has no best.pt yet (not evaluated so far): using last.pt"
-    if ckpt.exists() and not ckpt.is_file():
-        raise CheckpointError(f"'{ckpt}' is not a file")
-    if not ckpt.is_file():
-        other = [p.name for p in (path / "checkpoints").glob("*.pt")]
-        hint = f" (it has {', '.join(sorted(other))})" if other else " (it has no checkpoints yet)"
-        raise CheckpointError(f"run '{path}' has no {which} checkpoint{hint}")
-    return ckpt, None
-
-
-def resolve_checkpoint(run: str | Path | None, which: str = "best") -> Path:
-    """The checkpoint file meant by a RUN argument (see `pick_checkpoint`), without the note."""
-    return pick_checkpoint(run, which)[0]
-
-
 def find_run_dir(checkpoint: Path) -> Path | None:
     """The run directory holding `checkpoint` in its checkpoints/; None for a loose file."""
     parent = checkpoint.resolve().parent
@@ -148,28 +108,6 @@ def find_run_dir(checkpoint: Path) -> Path | None:
         return parent.parent
     return None
 
-
-
-def run_directory(run: str | Path | None,
-                  reads: str = "plot reads a run's metrics.jsonl") -> Path:
-    """The run directory a RUN argument means: the directory, the run of a checkpoint, or (None)
-    the most recent run under ./runs (`reads` says, for a checkpoint outside any run, why one
-    is needed). `pick_checkpoint` is its twin for the commands that read a checkpoint."""
-    if run is None:
-        return latest_run()
-    path = Path(run)
-    if not path.exists():
-        raise CheckpointError(f"run '{path}' not found: give a run directory or a .pt file")
-    if path.is_file():
-        run_dir = find_run_dir(path)
-        if run_dir is None:
-            raise CheckpointError(f"checkpoint '{path}' is not inside a minitfm run "
-                                  f"(<run>/checkpoints/): {reads}")
-        return run_dir
-    if not is_run_dir(path):
-        raise CheckpointError(f"'{path}' is not a minitfm run directory (no config.yaml or "
-                              f"metrics.jsonl written by minitfm)")
-    return path
 
 # --- one training process at a time, and a prepared directory ---
 
@@ -222,10 +160,7 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
     """Pick, check, lock (until `held` closes) and prepare the run directory."""
     try:
         if resume is not None:
-            if overwrite:
-                raise MinitfmError(f"{option('overwrite')} cannot be combined with "
-                                   f"{option('resume')}: a resumed run keeps its files")
-            run_dir = resume_run_dir(resume, run_dir)
+            run_dir = resume_run_dir(resume, run_dir, overwrite)
         else:
             run_dir = run_dir or new_run_dir(cfg.log.dir, cfg.name)
             check_fresh(run_dir, overwrite)
@@ -288,8 +223,12 @@ def check_tensorboard_path(cfg: Config, run_dir: Path) -> None:
                                f"log.tensorboard=false") from None
 
 
-def resume_run_dir(checkpoint: Path, run_dir: Path | None) -> Path:
-    """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file."""
+def resume_run_dir(checkpoint: Path, run_dir: Path | None, overwrite: bool = False) -> Path:
+    """Where a resumed run goes on: the checkpoint's own run, or `run_dir` for a loose file
+    (checked, nothing written); `overwrite` is refused."""
+    if overwrite:
+        raise MinitfmError(f"{option('overwrite')} cannot be combined with "
+                           f"{option('resume')}: a resumed run keeps its files")
     own = find_run_dir(checkpoint)
     if own is not None:
         if run_dir is not None and run_dir.resolve() != own:
@@ -376,7 +315,8 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 
 def load_summary(run_dir: Path) -> dict[str, Any] | None:
     """The run's `summary.json` (None when it has none), checked as minitfm writes it: an
-    object whose `status` is one of STATUSES, `step` an integer, `wall_s` a number."""
+    object whose `status` is one of STATUSES, its numbers (`SUMMARY_NUMBERS`) of their kind
+    and range: no NaN, infinity or 400-digit step."""
     text = read_small(Path(run_dir) / SUMMARY, MAX_SUMMARY_BYTES)
     if text is None:
         return None
@@ -393,11 +333,24 @@ def load_summary(run_dir: Path) -> dict[str, Any] | None:
         found = quote(summary["status"]) if "status" in summary else "missing"
         raise CheckpointError(f"{SUMMARY} has no status minitfm writes ({found}; one of "
                               f"{', '.join(STATUSES)})")
-    for key, kinds, what in (("step", int, "an integer"), ("wall_s", (int, float), "a number")):
-        value = summary.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {what}")
+    for key, (kind, low, high) in SUMMARY_NUMBERS.items():  # NaN, Infinity, 1e308, a step
+        value = summary.get(key)  # of 400 digits: JSON reads them, the maths cannot
+        if key not in summary or (value is None and key not in ("step", "wall_s")):
+            continue
+        # NaN and the infinities fail the comparison (math.isfinite overflows on a long int)
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            number = "an integer" if kind is int else "a number"
+            raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {number} from "
+                                  f"{low:,} to {high:,}")
     return summary
+
+
+# summary.json's numbers as training writes them (kind, lowest, highest): what `runs`, `sweep`
+# and `compare` compute with. A step at most train.steps' bound; 10**9 s is 31 years.
+SUMMARY_NUMBERS = {"step": (int, 0, 10**9), "steps": (int, 1, 10**9),
+                   "wall_s": ((int, float), 0, 10**9),
+                   "best_exact_match": ((int, float), -1, 1),  # -1: not evaluated yet
+                   "exact_match": ((int, float), 0, 1), "token_accuracy": ((int, float), 0, 1)}
 
 
 def read_run_config(run_dir: Path) -> dict[str, Any] | None:

@@ -55,7 +55,13 @@ from minitfm.run.instruments import (
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.resume import Resumed, edits_note, restore, resume_config
-from minitfm.run.rundir import open_run_dir, write_failure, write_summary
+from minitfm.run.rundir import (
+    open_run_dir,
+    read_summary,
+    resume_run_dir,
+    write_failure,
+    write_summary,
+)
 from minitfm.run.schedule import (
     LossMeter,
     attention_every,
@@ -107,6 +113,10 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
     if options.resume is not None:
         checkpoint = load_checkpoint(options.resume, resume=True)
         resumed = resume_config(checkpoint, options.overrides, options.resume)
+        if resumed.nothing_left:  # said, and nothing written: no evaluation, file or event
+            run_dir = resume_run_dir(options.resume, options.run_dir, options.overwrite)
+            tell(instruments, Note(resumed.nothing_left))
+            return {**(read_summary(run_dir) or {}), "run_dir": str(run_dir)}
         cfg = resumed.cfg
     else:
         check_fits(training_parts(cfg), "training")  # before anything is allocated or written

@@ -36,7 +36,8 @@ from minitfm.lab.pictures import (
     wrap_to_width,
     write_picture,
 )
-from minitfm.run.rundir import read_run_config, run_directory
+from minitfm.run.argument import run_directory
+from minitfm.run.rundir import read_run_config
 
 MAX_COLUMNS = 12  # a strip of more recorded steps shows this many, evenly spread
 GIF_FRAME_MS, GIF_LAST_MS = 700, 2500  # the last frame, the trained model, stays longer
@@ -51,14 +52,15 @@ class OverTrainingReport:
     why: str
     png: Path
     gif: Path | None
-    note: str | None = None  # symbols the strip labels by code point (`Lettering.note`)
+    note: str | None = None  # the default run taken; symbols labelled by code point
 
 
 def over_training(run: Path | None, layer: int | None = None, out: Path | None = None,
                   gif: Path | None = None, force: bool = False) -> OverTrainingReport:
     """Draw a run's recorded cross-attention as one PNG strip (and, with `gif`, a GIF). An
     existing file is replaced if minitfm wrote it, or with `force` (`pictures.check_output`)."""
-    run_dir = run_directory(run, "--over-training reads the run's attention.jsonl")
+    notes: list[str] = []  # the run taken when RUN is left out
+    run_dir = run_directory(run, "--over-training reads the run's attention.jsonl", notes)
     timeline = read_timeline(run_dir)
     layer, why = pick_layer(timeline, layer)
     png = out if out is not None else run_dir / "attention" / f"over-training-layer{layer}.png"
@@ -71,7 +73,8 @@ def over_training(run: Path | None, layer: int | None = None, out: Path | None =
         save_png(strip_figure(timeline, layer, why, letters), png, "--out", force)
     if gif is not None:
         write_gif(timeline, gif, force)
-    return OverTrainingReport(timeline, layer, why, png, gif, letters.note())
+    return OverTrainingReport(timeline, layer, why, png, gif,
+                              "; ".join(filter(None, [*notes, letters.note()])) or None)
 
 
 def pick_layer(timeline: Timeline, layer: int | None) -> tuple[int, str]:

@@ -15,6 +15,7 @@ one, or `--effect`). The maths is `stats.py`'s. No torch here.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,8 @@ from minitfm.run.rundir import DONE
 
 FIGURES = {"exact_match": "held-out exact match", "steps": "steps to target",
            "seconds": "seconds to target", "success": "success rate"}
+# Besides task.*: what the steps, seconds and success rate count to and how exact match is found.
+MEASURED_BY = ("train.target_exact_match", "train.steps", "train.eval_samples")
 MAX_RESULTS_BYTES = 200_000_000  # results.jsonl of the largest grid, per-length figures and all
 
 
@@ -61,17 +64,23 @@ class Side:
     runs: list[dict[str, Any]]
     left_out: list[str] = field(default_factory=list)
     mixed: list[str] = field(default_factory=list)  # config keys in which its runs differ
+    swept: tuple[str, ...] = ()  # the keys its configuration of a sweep is named by
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "n": len(self.runs), "runs": [r["run"] for r in self.runs],
                 "left_out": self.left_out, "differ_in": self.mixed}
 
 
-def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
-    """The side's runs read (`seeds.run_outcome`); those that did not end are left out, named."""
-    outcomes = [run_outcome(run_dir) for run_dir in run_dirs]
+def make_side(name: str, label: str, run_dirs: list[Path], swept: tuple[str, ...] = ()) -> Side:
+    """The side's runs read (`seeds.run_outcome`), each once however its path is spelled;
+    those that did not end are left out, named."""
+    once: dict[Any, Path] = {}
+    for run_dir in run_dirs:
+        once.setdefault(identity(run_dir), run_dir)
+    outcomes = [run_outcome(run_dir) for run_dir in once.values()]
     done = ended(outcomes)
-    left = [f"{r['run']} ({r['status']})" for r in outcomes if r["status"] not in DONE]
+    left = [f"{r['run']} ({r['status']}{': ' + r['note'] if 'note' in r else ''})"
+            for r in outcomes if r["status"] not in DONE]
     if not done:
         raise MinitfmError(f"{name} ({label}) has no run that ended (finished or stopped at "
                            f"target): {', '.join(left) or 'no run'}; finish or resume its runs")
@@ -79,7 +88,17 @@ def make_side(name: str, label: str, run_dirs: list[Path]) -> Side:
     mixed = [key for key in dict.fromkeys(k for config in configs for k in config)
              if key not in (*HIDDEN_KEYS, "seed")
              and len({repr(config.get(key)) for config in configs}) > 1]
-    return Side(name, label, done, left, mixed)
+    return Side(name, label, done, left, mixed, swept)
+
+
+def identity(run_dir: Path | str) -> Any:
+    """A run as itself, however its path is spelled (absolute, through a link, with `..`): its
+    device and inode, else (no such folder) its resolved path."""
+    try:
+        found = os.stat(run_dir)
+    except OSError:
+        return str(Path(run_dir).resolve())
+    return found.st_dev, found.st_ino
 
 
 def sweep_rows(folder: Path) -> list[dict[str, Any]]:
@@ -96,7 +115,7 @@ def sweep_rows(folder: Path) -> list[dict[str, Any]]:
                            f"same command resumes it)") from None
     except OSError as err:
         raise MinitfmError(f"{shown}: {unreadable('results.jsonl', err)}") from None
-    rows = []
+    rows, seen = [], {}
     for number, line in enumerate(lines, 1):
         try:
             row = json.loads(line)
@@ -107,7 +126,15 @@ def sweep_rows(folder: Path) -> list[dict[str, Any]]:
                 and re.fullmatch(r"[^/\0]+", row["run"]) and row["run"] not in (".", "..")):
             raise MinitfmError(f"{shown}: line {number} of results.jsonl is no row minitfm "
                                f"writes; run the sweep command again to write it anew")
+        if row["run"] in seen:  # counted twice, it would weigh double
+            raise MinitfmError(f"{shown}: line {number} of results.jsonl repeats the run "
+                               f"{quote(row['run'])} (line {seen[row['run']]}); run the sweep "
+                               f"command again to write it anew")
+        seen[row["run"]] = number
         rows.append(row)
+    if not rows:
+        raise MinitfmError(f"{shown}: results.jsonl holds no run; run the sweep command again "
+                           f"to write it anew")
     return rows
 
 
@@ -126,7 +153,8 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
                            f"{quote(shown_path(folder))}: give its # in the sweep's table "
                            f"(1..{len(labels)}) or its label: {known}")
     label = f"#{labels.index(chosen) + 1} {named(chosen)}"
-    return make_side(name, label, [folder / row["run"] for row in groups[chosen]])
+    swept = tuple(part.partition("=")[0] for part in chosen.split(", ") if "=" in part)
+    return make_side(name, label, [folder / row["run"] for row in groups[chosen]], swept)
 
 
 def values_of(label: str) -> str:
@@ -138,7 +166,7 @@ def runs_side(name: str, folders: list[Path]) -> Side:
     """Run directories given by `--a`/`--b`: each a run, or a folder of runs (a sweep folder:
     all of its runs)."""
     try:
-        run_dirs = list(dict.fromkeys(run for folder in folders for run in find_runs(folder)))
+        run_dirs = [run for folder in folders for run in find_runs(folder)]  # once: make_side
     except MinitfmError as err:
         raise MinitfmError(f"--{name.lower()}: {err}") from None
     if not run_dirs:
@@ -165,10 +193,11 @@ def choose_sides(args: list[str], a: list[Path], b: list[Path]) -> tuple[Side, S
     else:
         raise MinitfmError(f"compare takes SWEEP A B, SWEEP_A A SWEEP_B B, or --a DIR --b DIR "
                            f"(got {len(args)} argument{'s' if len(args) != 1 else ''})")
-    both = {r["run_dir"] for r in sides[0].runs} & {r["run_dir"] for r in sides[1].runs}
+    on_b = {identity(r["run_dir"]) for r in sides[1].runs}
+    both = [r["run_dir"] for r in sides[0].runs if identity(r["run_dir"]) in on_b]
     if both:
-        raise MinitfmError(f"the run {quote(shown_path(sorted(both)[0]))} is on both sides: "
-                           f"give two different sets of runs")
+        raise MinitfmError(f"the run {quote(shown_path(both[0]))} is on both sides: give two "
+                           f"different sets of runs")
     return sides
 
 
@@ -213,7 +242,54 @@ def compare_sides(a: Side, b: Side, effects: dict[str, float]) -> dict[str, Any]
     figures = [compare_figure(figure, a, b, seeds, effects.get(figure)) for figure in FIGURES]
     return {"a": a.as_dict(), "b": b.as_dict(), "paired": seeds is not None,
             "seeds": seeds, "alpha": ALPHA, "power": POWER,
-            "figures": [f for f in figures if f is not None]}
+            "figures": [f for f in figures if f is not None],
+            "notes": [n for n in (settings_note(a, b), timing_note(a, b)) if n]}
+
+
+def settings_note(a: Side, b: Side) -> str | None:
+    """The settings the figures depend on (`MEASURED_BY`, the evaluation) in which A and B
+    differ, each side's values; None when they agree. Keys the two configurations of a sweep
+    are named by are what the comparison is about: not noted."""
+    keys = dict.fromkeys(key for side in (a, b) for run in side.runs for key in run["config"]
+                         if key.startswith("task.") or key in MEASURED_BY)
+    differ = []
+    for key in [*keys, "evaluation"]:
+        if key in a.swept and key in b.swept:
+            continue
+        shown = [side_values(side, key) for side in (a, b)]
+        if shown[0] != shown[1]:
+            differ.append(f"{key} ({shown[0]} vs {shown[1]})")
+    if not differ:
+        return None
+    return (f"A and B differ in settings their figures depend on: {'; '.join(differ)}; a "
+            f"difference may come from these, not only from what A and B compare")
+
+
+def side_values(side: Side, key: str) -> str:
+    """A side's values of a config key (or its runs' `evaluation`), in order, once each."""
+    found = [run.get(key) if key == "evaluation" else run["config"].get(key)
+             for run in side.runs]
+    return ", ".join(dict.fromkeys(str(value) for value in found))
+
+
+def timing_note(a: Side, b: Side) -> str | None:
+    """The conditions each side's seconds were measured under (a sweep's jobs side by side,
+    the threads); None when the sides' conditions are the same."""
+    shown = [", ".join(dict.fromkeys(conditions(run) for run in side.runs)) for side in (a, b)]
+    if shown[0] == shown[1]:
+        return None
+    return (f"seconds to target were measured under different conditions (A: {shown[0]}; "
+            f"B: {shown[1]}): their difference is no timing of A against B; compare steps, "
+            f"or time runs alone")
+
+
+def conditions(run: dict[str, Any]) -> str:
+    """How a run's seconds were measured: beside other jobs of a sweep, or alone; threads."""
+    folder = Path(run["run_dir"]).parent
+    threads = run["config"].get("threads")
+    where = (f"jobs side by side in the sweep {shown_path(folder)}"
+             if (folder / SWEEP_FILE).is_file() else "a run alone")
+    return f"{where}, threads={threads}"
 
 
 def compare_figure(figure: str, a: Side, b: Side, seeds: list[int] | None,
@@ -276,11 +352,13 @@ def sizes(figure: str, xa: list[float], xb: list[float], paired: bool, effect: f
         smallest = detectable(sd, na, nb) if sd is not None else None
         size = effect if effect is not None else abs(difference.mean)
         needed = seeds_needed(sd, size) if sd is not None and size > 0 else None
+    floor = seeds_for_any_test(paired)  # fewer, and the test can never reach ALPHA
     return {"smallest_detectable": smallest, "pooled_sd": sd, "effect_size": size,
             "effect_from": "--effect" if effect is not None else "observed",
-            "seeds_needed": needed,
+            "seeds_needed": None if needed is None else max(needed, floor),
+            "seeds_needed_power": needed,
             "smallest_p": smallest_p(na, None if paired else nb),
-            "seeds_for_any_test": seeds_for_any_test(paired)}
+            "seeds_for_any_test": floor}
 
 
 def amount(figure: str, number: float, sign: bool = False, unit: bool = True) -> str:
@@ -301,7 +379,9 @@ def ends(figure: str, lo: float | None, hi: float | None) -> str:
 
 
 def verdict(found: dict[str, Any]) -> str:
-    """What the data supports about one figure, in one sentence."""
+    """What the data supports about one figure, in one sentence: the test's answer (or that it
+    cannot give one with these n), and an interval that excludes 0 when the test does not
+    confirm it."""
     figure, (na, nb) = found["figure"], found["n"]
     n = f"n = {na}" if na == nb else f"n = {na} and {nb}"
     if found["p_value"] < ALPHA:
@@ -309,9 +389,11 @@ def verdict(found: dict[str, Any]) -> str:
         return (f"a difference: A - B = {amount(figure, found['difference'], True)}"
                 f"{' ' + interval if interval else ''}, p = {found['p_value']:.2g}")
     if found["smallest_p"] > ALPHA:
-        return (f"no difference detectable with {n}: the test's smallest p-value there is "
-                f"{found['smallest_p']:.2g}, above {ALPHA}; it needs at least "
-                f"{found['seeds_for_any_test']} seeds a side")
+        reached = " (these runs reach it)" \
+            if found["p_value"] <= found["smallest_p"] * (1 + 1e-9) else ""
+        return (f"the test cannot decide with {n}: its smallest possible p-value, "
+                f"{found['smallest_p']:.2g}, is above {ALPHA}{reached}, so it needs at least "
+                f"{found['seeds_for_any_test']} seeds a side{unconfirmed(found)}")
     smallest = found["smallest_detectable"]
     if smallest is None:
         what = "not known: " + ("a rate this close to 0 or 1 needs more seeds" if figure ==
@@ -320,7 +402,21 @@ def verdict(found: dict[str, Any]) -> str:
         what = "any difference, as the runs do not vary"
     else:
         what = amount(figure, smallest)
-    return f"no difference detectable with {n} (smallest detectable: {what})"
+    return f"no difference detectable with {n} (smallest detectable: {what}){unconfirmed(found)}"
+
+
+def unconfirmed(found: dict[str, Any]) -> str:
+    """`; the 95% interval ... excludes 0, but ...` when the interval of A - B excludes 0 and
+    the test does not confirm it (empty otherwise): the interval rests on what the permutation
+    test does not assume."""
+    lo, hi, (na, nb) = found["lo"], found["hi"], found["n"]
+    if lo is None or lo <= 0 <= hi:
+        return ""
+    runs = f"{na} seeds" if "paired by seed" in found["test"] else \
+        f"{na} runs a side" if na == nb else f"{na} and {nb} runs"
+    rests = (f"it is a large-sample approximation, rough at {runs}" if found["figure"] ==
+             "success" else f"it assumes normally distributed figures, which {runs} cannot show")
+    return f"; the 95% interval {ends(found['figure'], lo, hi)} excludes 0, but {rests}"
 
 
 def seeds_line(found: dict[str, Any]) -> str:
@@ -335,5 +431,8 @@ def seeds_line(found: dict[str, Any]) -> str:
                 + (f": it needs more than {MAX_SEEDS:,} seeds a side"
                    if found.get("pooled_sd") is not None or figure == "success"
                    else ": each side needs 2 runs to show its spread"))
+    floor, power = found["seeds_for_any_test"], found.get("seeds_needed_power")
+    why = (f" (the test needs at least {floor} to reach p < {ALPHA} at all; the power estimate "
+           f"alone says {power})" if power is not None and power < floor else "")
     return (f"a difference of {amount(figure, size)} ({which}) needs {needed} seeds a side to "
-            f"be found {POWER:.0%} of the time at alpha {ALPHA}")
+            f"be found {POWER:.0%} of the time at alpha {ALPHA}{why}")

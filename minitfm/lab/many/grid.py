@@ -62,6 +62,9 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     swept, fixed = [], []
     for item in [*items, *([f"seed={parse_seeds(seeds)}"] if seeds is not None else [])]:
         split = split_key_value(item)
+        if seeds is not None and split is not None and split[0] == "seed" and item in items:
+            raise ConfigError(f"{item} and --seeds {seeds} both set the seed: give the seeds "
+                              f"once, e.g. --seeds {seeds}")
         if split is None:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")

@@ -15,7 +15,8 @@ from minitfm.errors import CheckpointError
 from minitfm.lab.curves import run_curves
 from minitfm.lab.many.runs import HIDDEN_KEYS, short_label
 from minitfm.lab.pictures import check_output, line_style, save_png
-from minitfm.run.rundir import read_run_config, run_directory
+from minitfm.run.argument import run_directory
+from minitfm.run.rundir import read_run_config
 
 PLOT_NAME = "plot.png"
 
@@ -24,7 +25,7 @@ def plot_runs(runs: list[Path], out: Path | None = None, force: bool = False,
               notes: list[str] | None = None) -> Path:
     """Loss and exact match against step of `runs` (default: the latest run), as one PNG;
     `notes` gets a line per run whose metrics.jsonl has lines that were skipped."""
-    run_dirs = [run_directory(run) for run in runs] or [run_directory(None)]
+    run_dirs = [run_directory(run) for run in runs] or [run_directory(None, notes=notes)]
     out = out if out is not None else default_plot_path(run_dirs)
     check_output(out, "--out", force)  # before any drawing
     curves = [run_curves(run_dir, notes) for run_dir in run_dirs]

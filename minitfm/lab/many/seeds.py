@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -28,6 +29,8 @@ from minitfm.lab.many.stats import Interval, mean_interval, rate_interval
 from minitfm.lab.pictures import LINE_COLOURS, save_png
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.rundir import DONE, UNREADABLE, load_summary, read_run_config, run_status
+
+MISSING = "missing"  # a run a sweep's results.jsonl names, whose folder is not there
 
 CAPTION = ("n: runs that ended (of those run). mean ± the half-width of its 95% Student's t "
            "interval over the seeds (a value alone: one run). at target: the runs that reached "
@@ -49,9 +52,12 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     """A run directory's figures as `minitfm compare` reads them: seed, status, steps and
     seconds (`summary.json`), whether it reached its target, the budget and target
     (`config.yaml`), held-out exact match on the trained lengths: the sweep's evaluation
-    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`);
-    and its config, flat."""
+    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`),
+    and which (`evaluation`); and its config, flat. A run that cannot be read is
+    `unreadable` (`note` says why), a folder that is not there `missing`."""
     row: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir)}
+    if not os.path.exists(run_dir):  # a sweep's row whose run is gone (or a dangling link)
+        return {**row, "status": MISSING}
     try:
         config, summary = read_run_config(run_dir) or {}, load_summary(run_dir) or {}
     except CheckpointError as err:
@@ -63,13 +69,16 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     report = read_eval(run_dir / f"eval-{span[0]}-{span[1]}.json") if all(
         isinstance(n, int) for n in span) else None
     exact = report["exact_match"] if report else summary.get("exact_match")
+    samples = report.get("samples") if report else train.get("eval_samples")
+    evaluation = ("minitfm eval" if report else "the training's last evaluation") + (
+        f" of {samples:,} sequences" if type(samples) is int else "")
     status = run_status(run_dir)
     seed = config.get("seed")
     return {**row, "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
             "status": status, "steps": summary.get("step"), "wall_s": summary.get("wall_s"),
             "reached": reached(summary, target) if status in DONE else None,
             "budget": summary.get("steps", train.get("steps")), "target": target,
-            "exact_match": exact if is_fraction(exact) else None,
+            "exact_match": exact if is_fraction(exact) else None, "evaluation": evaluation,
             "config": flatten(config)}
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minitfm.config import EVAL_BATCH_SIZE, flatten, load_config
+from minitfm.config import BUILT_IN_CODES, EVAL_BATCH_SIZE, flatten, load_config
 from minitfm.errors import MinitfmError, quote, shown_path
 from minitfm.lab.many.grid import (
     NAME_MAX,
@@ -290,7 +290,7 @@ def check_launcher(options: SweepOptions) -> None:
 def check_no_workbook(runs: list[RunSpec]) -> None:
     """A workbook's code is a folder on this machine: its runs train here only."""
     for spec in runs:
-        if spec.cfg.model.code not in ("fast", "book"):
+        if spec.cfg.model.code not in BUILT_IN_CODES:
             raise MinitfmError(f"the run {quote(spec.id)} trains the workbook "
                                f"{quote(spec.cfg.model.code)}, a folder of this machine: train "
                                f"a workbook's runs without --on ray")

@@ -13,15 +13,18 @@ JavaScript twin (`lab/explore/model.js`), so that the explorer's page answers as
 
 The one length rule lives here too: a model needs a position for every source token and for
 BOS + every target token (`positions_needed`), and learned or randomized positions can run out
-(`position_shortfall`).
+(`position_shortfall`); and the names of where a run runs, its device and threads.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+from minitfm.errors import ConfigError, quote
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
 
@@ -118,3 +121,33 @@ def position_shortfall(model: Any, needed: int, training: bool = False) -> Short
         if needed > limit:
             return Shortfall(key, limit, needed)
     return None
+
+
+# --- where a run runs: its device and its CPU threads ---
+
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+# A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
+# that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
+# given (a million failed in libgomp's allocator, after a long wait on 2 cores).
+MAX_THREADS = 1024
+
+
+def parse_threads(value: str | int) -> str | int:
+    """`auto` or a positive integer (as given on the command line or in a config)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    digits = text.lstrip("0")  # compared by length first: int() of 5,000 digits is refused
+    if not re.fullmatch(r"[0-9]+", text) or not digits:
+        raise ValueError(f"threads ({quote(value)}) must be auto or a positive integer")
+    if len(digits) > len(str(MAX_THREADS)) or int(digits) > MAX_THREADS:
+        raise ValueError(f"threads ({quote(value)}) must be at most {MAX_THREADS:,}: use auto, or "
+                         f"a count up to this machine's cores")
+    return int(digits)
+
+
+def check_device(name: str, error=ConfigError) -> str:
+    """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
+    if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
+        raise error(f"device ({quote(name)}) must be auto, cpu, cuda or cuda:N")
+    return name

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from minitfm.catalog import POSITIONALS, TASKS
+from minitfm.catalog import POSITIONALS, TASKS, check_device, parse_threads
 from minitfm.errors import ConfigError, option, quote, shown_path
 from minitfm.yamlfile import load_yaml, read_yaml
 
@@ -44,11 +43,6 @@ SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, 
 # book, so that `--help` and `minitfm sweep` read it without torch.
 EVAL_BATCH_SIZE = 250
 FINITE = {"allow_inf_nan": False}
-DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-# A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
-# that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
-# given (a million failed in libgomp's allocator, after a long wait on 2 cores).
-MAX_THREADS = 1024
 # Where the positional schemes come from: "sinusoidal: Vaswani et al. 2017; rope: ...".
 ORIGINS = "; ".join(f"{spec.name}: {spec.origin}" for spec in POSITIONALS.values() if spec.origin)
 
@@ -288,27 +282,6 @@ class Config(Section):
         return self
 
 
-def parse_threads(value: str | int) -> str | int:
-    """`auto` or a positive integer (as given on the command line or in a config)."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    digits = text.lstrip("0")  # compared by length first: int() of 5,000 digits is refused
-    if not re.fullmatch(r"[0-9]+", text) or not digits:
-        raise ValueError(f"threads ({quote(value)}) must be auto or a positive integer")
-    if len(digits) > len(str(MAX_THREADS)) or int(digits) > MAX_THREADS:
-        raise ValueError(f"threads ({quote(value)}) must be at most {MAX_THREADS:,}: use auto, or "
-                         f"a count up to this machine's cores")
-    return int(digits)
-
-
-def check_device(name: str, error=ConfigError) -> str:
-    """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
-    if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
-        raise error(f"device ({quote(name)}) must be auto, cpu, cuda or cuda:N")
-    return name
-
-
 def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> Config:
     """Read a YAML file (or take a mapping of the same sections, or the built-in default when
     `path` is None) and apply overrides: `key=value` text, or (key, value) pairs from Python.
@@ -507,32 +480,6 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = "null" if value is None else value
     return flat
-
-
-# Besides the model (all of model.* but its code), what the runs of one stack share: the one
-# vmapped call of `run/stack.py` takes these as constants (the batch's shape, the loss's
-# smoothing, the vocabulary, where it runs).
-STACK_SHARED = ("train.batch_size", "train.label_smoothing", "task.name", "task.n_symbols",
-                "task.train_path", "task.eval_path", "device", "threads")
-
-
-def stack_differences(a: Config, b: Config) -> list[str]:
-    """The keys that keep runs of `a` and `b` out of one stack (none: they may share one)."""
-    first, second = flatten(a.model_dump(mode="json")), flatten(b.model_dump(mode="json"))
-    keys = [k for k in first if k.startswith("model.") and k != "model.code"] + \
-        list(STACK_SHARED)
-    return [k for k in keys if first.get(k) != second.get(k)]
-
-
-def stack_key(cfg: Config) -> str | None:
-    """Equal for runs that may share a stack (`stack_differences` empty); None for a run that
-    trains a workbook's code, which only runs alone."""
-    if cfg.model.code not in BUILT_IN_CODES:
-        return None
-    flat = flatten(cfg.model_dump(mode="json"))
-    return json.dumps({k: v for k, v in flat.items()
-                       if (k.startswith("model.") and k != "model.code") or k in STACK_SHARED},
-                      sort_keys=True, default=str)
 
 
 def to_yaml(cfg: Config) -> str:

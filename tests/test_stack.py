@@ -13,7 +13,7 @@ import torch
 from minitfm.book.metrics import evaluate, predict
 from minitfm.book.model import Seq2SeqTransformer, sequence_loss
 from minitfm.book.optim import AdamW
-from minitfm.config import load_config, stack_differences, stack_key
+from minitfm.config import load_config
 from minitfm.errors import Interrupted, MinitfmError
 from minitfm.fast.stack import (
     Stack,
@@ -28,6 +28,7 @@ from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.instruments import Instrument
 from minitfm.run.rundir import read_summary
 from minitfm.run.stack import StackMember, train_stack
+from minitfm.run.stackable import stack_differences, stack_key
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli, train_bare

@@ -55,13 +55,13 @@ from minitfm.app.tables import (
     sweep_table,
     tasks_table,
 )
-from minitfm.errors import ConfigError, MinitfmError, quote, shown_path
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.options import (
     AblateOptions,
     EvalOptions,
     SweepOptions,
     VisualizeOptions,
-    stack_sizes,
+    seeds_once,
 )
 from minitfm.run.files import to_json
 
@@ -398,20 +398,19 @@ def bench(
                                "scratch: wall seconds and steps to 99% exact match, against "
                                "plain nn.Transformer and x-transformers trainers."),
     compile_: bool = typer.Option(False, "--compile", help="Add torch.compile variants."),
-    stacks: str | None = typer.Option(None, "--stacks", metavar="K,K,...", help="Also time "
-                                      "whole sweeps of the default config, K seeds as one "
-                                      "stacked model each (1: one run at a time), e.g. "
-                                      "1,16,64,256 on a GPU: runs a minute."),
-    device: str = typer.Option("auto", metavar="DEVICE",
-                               help="auto, cpu, cuda or cuda:N."),
+    stacks: str | None = typer.Option(None, "--stacks", metavar="K,K,...", help="Also runs a "
+                                      "minute of whole default sweeps of K seeds stacked (1: "
+                                      "alone), e.g. 1,16,64,256 on a GPU."),
+    device: str = typer.Option("auto", metavar="DEVICE", help="auto, cpu, cuda or cuda:N."),
     threads: str = threads_option(),
 ) -> None:
     """Measure training throughput against nn.Transformer, MFU, decoding, memory, time to solve."""
     from minitfm.config import check_device
+    from minitfm.lab.options import stack_sizes
     from minitfm.run.threads import cores
 
     check_device(device)
-    sizes = stack_sizes(stacks)  # before any measuring
+    sizes = stack_sizes(stacks)  # refused before any measuring, or any warning
     load = {"load_average": os.getloadavg()[0], "cores": cores()}
     if load["load_average"] > load["cores"]:
         warn(f"load average {load['load_average']:.1f} on {load['cores']} cores: other work "
@@ -453,19 +452,12 @@ def sweep(
     from minitfm.lab.many.sweep import dry_run_lines, prepare, run_sweep
 
     config, items = split_config_args(args, allow_config=True)
-    if seeds and len(seeds) > 1:  # Click would keep the last one alone
-        raise ConfigError(f"--seeds is given {len(seeds)} times "
-                          f"({', '.join(map(quote, seeds))}): give every seed in one, e.g. "
-                          f"--seeds {','.join(seeds)}")
-    options = SweepOptions(seeds[0] if seeds else None, jobs, threads, eval_lengths,
-                           eval_samples, name, out, on, ray_address, stack, skip_invalid)
+    options = SweepOptions(seeds_once(seeds), jobs, threads, eval_lengths, eval_samples, name,
+                           out, on, ray_address, stack, skip_invalid)
     plan = prepare(config, items, options)
     if dry_run:
-        if plan.note:  # stdout stays the shell lines alone
-            note(plan.note)
-        if plan.stacks:
-            note(f"these lines train each run alone; minitfm sweep itself would stack them "
-                 f"({plan.stacking})")
+        for text in plan.notes(dry_run=True):  # stdout stays the shell lines alone
+            note(text)
         for line in dry_run_lines(plan):
             print(line)
         return

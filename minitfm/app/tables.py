@@ -329,7 +329,7 @@ def bench_tables(report: dict) -> list[Table]:
     """The tables of a bench report: training throughput, greedy decoding, end to end, and
     with --solve the time to solve against the plain reference trainers."""
     tables = [throughput_table(report), decoding_table(report), end_to_end_table(report)]
-    tables += [stacks_table(report)] * bool(report.get("stacks"))
+    tables += [stacks_table(report)] if report.get("stacks") else []
     return tables + ([solve_table(report)] if "solve_reference" in report else [])
 
 

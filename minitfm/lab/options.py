@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minitfm.config import EVAL_BATCH_SIZE, SEED_RANGE
-from minitfm.errors import MinitfmError
+from minitfm.errors import ConfigError, MinitfmError, quote
 
 MAX_SAMPLES = 100_000  # held-out sequences a command decodes, and sequences decoded at once
 MAX_LEN = 65_536  # input lengths a command may ask for (task.max_len's own bound)
@@ -169,3 +169,12 @@ def stack_sizes(text: str | None) -> list[int]:
         raise MinitfmError(f"--stacks ({text!r}) must be stack sizes from 1 to 4096, "
                            f"comma-separated, e.g. 1,16,64,256")
     return sizes
+
+
+def seeds_once(seeds: list[str] | None) -> str | None:
+    """`--seeds` as given once (Click would keep the last of several alone: refused)."""
+    if seeds and len(seeds) > 1:
+        raise ConfigError(f"--seeds is given {len(seeds)} times "
+                          f"({', '.join(map(quote, seeds))}): give every seed in one, e.g. "
+                          f"--seeds {','.join(seeds)}")
+    return seeds[0] if seeds else None

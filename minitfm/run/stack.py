@@ -23,7 +23,7 @@ import torch
 
 from minitfm.book.loop import due, next_lr, reached_target
 from minitfm.book.model import Seq2SeqTransformer
-from minitfm.config import Config, stack_differences
+from minitfm.config import Config
 from minitfm.errors import Interrupted, MinitfmError, RunFailed, quote
 from minitfm.fast.stack import (
     RowOptimizer,
@@ -43,6 +43,7 @@ from minitfm.run.rundir import open_run_dir, write_failure
 from minitfm.run.schedule import check_due, check_pairs
 from minitfm.run.session import TRAINING_LOCK, Training, warnings
 from minitfm.run.signals import StopSignal, stopped_by
+from minitfm.run.stackable import stack_differences
 from minitfm.run.state import init_state
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import make_batch

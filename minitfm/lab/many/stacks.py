@@ -16,7 +16,6 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from minitfm.config import stack_key
 from minitfm.errors import MinitfmError, quote
 from minitfm.lab.children import python_module
 from minitfm.lab.many.grid import Grid, RunSpec, plan_runs
@@ -26,6 +25,7 @@ from minitfm.lab.many.scheduler import PROCESS_BYTES
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.limits import available_bytes, check_fits, gpu_free_bytes, training_parts
 from minitfm.run.rundir import DONE, run_status
+from minitfm.run.stackable import stack_key
 
 
 def stack_command(folder: Path, specs: list[RunSpec], threads: int, samples: int,

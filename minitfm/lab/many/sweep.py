@@ -218,6 +218,13 @@ class Plan:
     on: str = "local"  # where the jobs run: local processes, or Ray tasks (onray.py)
     ray_address: str | None = None
 
+    def notes(self, dry_run: bool = False) -> list[str]:
+        """What to say besides the plan: a new folder's reason; for `--dry-run`, that its lines
+        train each run alone where the sweep would stack them."""
+        stacked = [f"these lines train each run alone; minitfm sweep itself would stack them "
+                   f"({self.stacking})"] if dry_run and self.stacks else []
+        return [*([self.note] if self.note else []), *stacked]
+
     def record(self) -> dict[str, Any]:
         """What `sweep.json` holds: the grid and the base config."""
         return {"grid": self.grid.spec(), "base": self.base}
@@ -313,8 +320,8 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
             remove_files(spec.run_dir, r"\.eval-.+\.tmp")
         jobs = plan.jobs()
         say(f"sweep folder: {shown_path(plan.folder)}")
-        if plan.note:
-            say(f"note: {plan.note}")
+        for text in plan.notes():
+            say(f"note: {text}")
         for reason in plan.skipped:
             say(f"skipped (invalid) {reason}")
         say(plan_line(plan, jobs))

@@ -49,7 +49,7 @@ def test_patching_every_position_of_a_point_gives_the_clean_run_and_none_the_cor
     clean_logits, _, stream = recorded(model, src, tgt)
     with torch.no_grad():
         corrupt_logits = model(bad, tgt)
-        last = ("decoder", len(model.decoder_layers))
+        last = ("decoder", len(model.decoder_layers) - 1)  # the output of the last layer
         for key, values in stream.items():
             edits = {key: lambda x, v=values: v}  # every position at once
             with residual_edits(model, edits):
@@ -233,3 +233,98 @@ def test_the_role_cards_claims_hold_when_tested(tmp_path, task):
     named = {c.pattern.pattern for c in report.cards if c.pattern.kind == "cross"
              and c.effect == "essential"}
     assert named & {"mirror" if task == "reverse" else "same", "unclear"}, named
+
+
+# --- what `patch` prints and draws: labels, names and order (#51 part 5, newcomer #16) ---
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    """`minitfm patch` of one input of a quick run with two decoder layers (whose order of
+    kinds differs from the model's order of passes): its report (API), the CLI's tables and
+    JSON of the same command, and the picture's axes."""
+    from minitfm import load_run
+    from minitfm.lab.look.cards import patch_figure
+
+    run_dir = tmp_path_factory.mktemp("patch") / "run"
+    result = run_cli("train", *QUICK, "model.n_decoder_layers=2", "train.steps=30",
+                     "log.tensorboard=false", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    out = run_dir / "patch.png"
+    report = load_run(run_dir).patch("1 2 3 4", out=out)
+    args = ("patch", str(run_dir), "--clean", " ".join(report.clean), "--corrupt",
+            " ".join(report.corrupt), "--out", out)
+    table, as_json = run_cli(*args), run_cli(*args, "--json")
+    assert table.exit_code == 0 and as_json.exit_code == 0, table.stderr + as_json.stderr
+    return report, table.stdout, json.loads(as_json.stdout), patch_figure(report)
+
+
+def table_rows(stdout: str, title: str) -> list[list[str]]:
+    """The rows of the table `title` starts, header first, as cells."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith(("┏", "┡", "┗")) or line.startswith("└"):
+            if line.startswith("└"):
+                break
+            continue
+        rows.append([cell.strip() for cell in line.strip("┃│").replace("┃", "│").split("│")])
+    return rows
+
+
+def test_patch_labels_decoder_positions_by_the_token_each_writes(patched):
+    """The encoder side is labelled by source position and token, the decoder side by output
+    position as the explorer writes it: `i: read→written`, the written token `clean/corrupted`
+    where the two answers differ (the scored positions)."""
+    from tests.test_viz import texts_outside
+
+    report, stdout, _, fig = patched
+    clean, corrupt = report.clean, report.corrupt
+    written = [*report.clean_answer, "<eos>"]
+    theirs = [*report.corrupt_answer, "<eos>"]
+    reads = ["<bos>", *report.clean_answer]
+    expected = [f"{i}: {r}→{w}" + (f"/{theirs[i]}" if i < len(theirs) and theirs[i] != w else "")
+                for i, (r, w) in enumerate(zip(reads, written))]
+    assert any("/" in label for label in expected)  # the answers differ somewhere
+    source = [f"{i}: {c}" if c == k else f"{i}: {c}/{k}" for i, (c, k) in
+              enumerate(zip(clean, corrupt))]
+    encoder = table_rows(stdout, "residual stream, encoder side")
+    decoder = table_rows(stdout, "residual stream, decoder side")
+    assert encoder[0][1:] == source and [row[0] for row in encoder[1:]] == [
+        "encoder in L0", "memory"]
+    assert decoder[0][1:] == expected and [row[0] for row in decoder[1:]] == [
+        "decoder out L0", "decoder out L1"]
+    labels = {ax.get_title(): [t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes
+              if ax.get_xticklabels()}
+    assert labels["residual stream, encoder side: source positions"] == source
+    assert labels["residual stream, decoder side: output positions (read→written)"] == expected
+    assert texts_outside(fig) == []
+
+
+def test_patch_json_names_every_point_as_the_tables_do(patched):
+    """One naming: a residual row's `point` is the table's row name, and its `layer` the
+    number in that name (the input of encoder layer L, the output of decoder layer L)."""
+    report, stdout, printed, _ = patched
+    names = {row[0] for title in ("residual stream, encoder side", "residual stream, decoder "
+                                  "side") for row in table_rows(stdout, title)[1:]}
+    assert {row["point"] for row in printed["residual"]} == names
+    for row in printed["residual"]:
+        if row["point"] != "memory":
+            assert row["point"] == f"{row['stream']} {'in' if row['stream'] == 'encoder' else 'out'}" \
+                                   f" L{row['layer']}", row
+    decoder = [row for row in printed["residual"] if row["stream"] == "decoder"]
+    assert {row["layer"] for row in decoder} == {0, 1}  # two decoder layers: L0 and L1
+
+
+def test_patch_orders_the_heads_alike_everywhere(patched):
+    """Kinds in the model's order (encoder, decoder, cross), then layers, then heads: in the
+    table, the picture, the JSON and the report."""
+    report, stdout, printed, fig = patched
+    rows = [row[0] for row in table_rows(stdout, "heads: restored share")[1:]]
+    assert rows == ["encoder L0", "decoder L0", "decoder L1", "cross L0", "cross L1"]
+    picture = next(ax for ax in fig.axes if ax.get_title().startswith("heads"))
+    assert [t.get_text() for t in picture.get_yticklabels()] == rows
+    order = [(row["kind"], row["layer"], row["head"]) for row in printed["heads"]]
+    assert order == sorted(order, key=lambda key: (("encoder", "decoder", "cross").index(key[0]),
+                                                   key[1], key[2]))
+    assert order == [(row["kind"], row["layer"], row["head"]) for row in report.heads]

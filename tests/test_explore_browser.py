@@ -368,6 +368,13 @@ def test_role_cards_patching_and_the_logit_lens_show_pythons_figures(pages, brow
     assert len(shown) == len(ordered)  # each head's share, to 2 decimals, in the model's order
     assert all(abs(cell - r["restored"]) <= 0.005 + 1e-9 for cell, r in zip(shown, ordered))
     assert "scored at output position(s)" in page.inner_text("#patch-status")
+    # the decoder side by output position, read→written as `minitfm patch` labels it
+    from minitfm import load_run
+
+    report = load_run(run_dir, "last").patch(text, task.format(result["corrupt"]),
+                                             out=run_dir / "patch-of-the-page.png")
+    header = tables.nth(2).locator("tr").first.locator("th").all_inner_texts()
+    assert header[1:] == report.output_labels() and any("/" in c for c in header), header
     page.fill("#patch-corrupt", "1 2")
     page.click("#patch-run")
     assert "same length" in page.inner_text("#patch-error")

@@ -49,8 +49,9 @@ def cards_figure(report, maps: dict):
 
 
 def patch_figure(report):
-    """Heatmaps of the restored share: the heads (a row per kind and layer) and the residual
-    stream (a row per point, a column per position)."""
+    """Heatmaps of the restored share: the heads (a row per kind and layer), then the residual
+    stream, a row per point: the encoder side by source position, the decoder side by output
+    position (labelled read→written, as the explorer's page does)."""
     from matplotlib.figure import Figure
 
     heads = report.heads
@@ -60,21 +61,24 @@ def patch_figure(report):
     head_grid = np.zeros((len(keys), n_heads))
     for r in heads:
         head_grid[keys.index((r["kind"], r["layer"])), r["head"]] = r["restored"]
-    fig = Figure(figsize=(9, 2.2 + 0.35 * (len(keys) + len(report.streams()))), dpi=100,
-                 layout="constrained")
+    sides = {side: report.streams(side) for side in ("encoder", "decoder")}
+    heights = [len(keys) + 1, *(len(points) + 1.5 for points in sides.values())]
+    fig = Figure(figsize=(9, 2.6 + 0.35 * sum(heights)), dpi=100, layout="constrained")
     fig.suptitle(wrap_to_width(report.title(), 8.6, 9), fontsize=9)
-    top, bottom = fig.subplots(2, 1, height_ratios=[len(keys) + 1, len(report.streams()) + 1])
-    draw_grid(top, head_grid, [f"head {h}" for h in range(n_heads)],
-              [f"{kind} L{layer}" for kind, layer in keys], "heads (output before W^O)")
-    streams = report.streams()
-    width = max(len(positions) for _, positions, _ in streams)
-    grid = np.full((len(streams), width), np.nan)
-    for i, (_, _, values) in enumerate(streams):
-        grid[i, :len(values)] = values
-    image = draw_grid(bottom, grid, report.position_labels(width),
-                      [name for name, _, _ in streams], "residual stream at each position")
-    fig.colorbar(image, ax=[top, bottom], label="restored share (0: corrupted, 1: clean)",
-                 shrink=0.8)
+    top, encoder, decoder = fig.subplots(3, 1, height_ratios=heights)
+    image = draw_grid(top, head_grid, [f"head {h}" for h in range(n_heads)],
+                      [f"{kind} L{layer}" for kind, layer in keys], "heads (output before W^O)")
+    for ax, side, labels, title in (
+            (encoder, "encoder", report.source_labels(),
+             "residual stream, encoder side: source positions"),
+            (decoder, "decoder", report.output_labels(),
+             "residual stream, decoder side: output positions (read→written)")):
+        grid = np.array([values for _, values in sides[side]])  # (points, positions)
+        draw_grid(ax, grid, labels, [name for name, _ in sides[side]], title)
+    for label in decoder.get_xticklabels():  # `14: 2→2/0` is wider than a cell
+        label.set(rotation=45, ha="right", rotation_mode="anchor")
+    fig.colorbar(image, ax=[top, encoder, decoder], label="restored share (0: corrupted, "
+                                                          "1: clean)", shrink=0.8)
     return fig
 
 

@@ -50,18 +50,27 @@ from minitfm.lab.measure.evaluate import input_limit, length_warning
 from minitfm.tasks.base import Task
 
 Edit = Callable[[Tensor], Tensor]  # an activation in, the activation to go on with out
+_, BOS, EOS = SPECIAL_TOKENS  # the tokens every vocabulary starts with
 
 
 # --- where the residual stream is read: hooks before or after a module ---
 
 def residual_points(model) -> dict[tuple[str, int], tuple[nn.Module, bool]]:
-    """(stream, layer) -> (module, before): the input of encoder layer i is ("encoder", i),
-    the memory ("encoder", n_encoder_layers), the output of decoder layer i ("decoder", i + 1)."""
+    """(stream, layer) -> (module, before), named as `point_name` says: the input of encoder
+    layer i is ("encoder", i), the memory ("encoder", n_encoder_layers), the output of decoder
+    layer i ("decoder", i)."""
     points = {("encoder", i): (layer, True) for i, layer in enumerate(model.encoder_layers)}
     points[("encoder", len(model.encoder_layers))] = (model.encoder_norm, False)
-    points.update({("decoder", i + 1): (layer, False)
-                   for i, layer in enumerate(model.decoder_layers)})
+    points.update({("decoder", i): (layer, False) for i, layer in enumerate(model.decoder_layers)})
     return points
+
+
+def point_name(stream: str, layer: int, n_encoder_layers: int) -> str:
+    """A residual point as every view names it: "encoder in L0" ... "memory", "decoder out L0"
+    ... (the explorer's page too)."""
+    if stream == "decoder":
+        return f"decoder out L{layer}"
+    return "memory" if layer == n_encoder_layers else f"encoder in L{layer}"
 
 
 def first(value):
@@ -149,7 +158,9 @@ def recorded(model, src: Tensor, tgt: Tensor):
     residual = {key: keep(stream, key) for key in residual_points(model)}
     with edited_heads(model, head_edits), residual_edits(model, residual):
         logits = model(src, tgt)
-    return logits, heads, stream
+    # in the order of kinds (encoder, decoder, cross), as every view lists them, not in the
+    # order the passes reach them (decoder L0, cross L0, decoder L1, ...)
+    return logits, {key: heads[key] for key in head_edits}, stream
 
 
 def all_layers(model) -> list[tuple[str, int]]:
@@ -182,8 +193,8 @@ class Patching:
 
     clean_diff: float
     corrupt_diff: float
-    heads: list[dict]  # {"kind", "layer", "head", "restored"}
-    residual: list[dict]  # {"stream", "layer", "position", "restored"}
+    heads: list[dict]  # {"kind", "layer", "head", "restored"}: kinds, layers, heads in order
+    residual: list[dict]  # {"point", "stream", "layer", "position", "restored"}
 
 
 @torch.no_grad()
@@ -208,11 +219,12 @@ def patch_activations(model, batch: Contrast, residual: bool = True) -> Patching
                                   "restored": (diff - corrupt_diff) / span if span else 0.0})
         stream_rows = []
         for (name, layer), clean in stream.items() if residual else ():
+            point = point_name(name, layer, len(model.encoder_layers))
             for position in range(clean.size(1)):
                 with residual_edits(model, {(name, layer): position_patch(clean, position)}):
                     share = restored(model(batch.corrupt, batch.decoder_input))
-                stream_rows.append({"stream": name, "layer": layer, "position": position,
-                                    "restored": share})
+                stream_rows.append({"point": point, "stream": name, "layer": layer,
+                                    "position": position, "restored": share})
     return Patching(clean_diff, corrupt_diff, head_rows, stream_rows)
 
 
@@ -265,19 +277,29 @@ class PatchReport:
     def heads(self) -> list[dict]:
         return self.patching.heads
 
-    def streams(self) -> list[tuple[str, list[int], list[float]]]:
-        """Each residual point's name, positions and restored shares, in the model's order."""
-        rows: dict[tuple[str, int], list[dict]] = {}
+    def streams(self, side: str) -> list[tuple[str, list[float]]]:
+        """Each residual point of one side ("encoder": source positions, "decoder": output
+        positions), its name and its restored share at each position, in the model's order."""
+        rows: dict[str, list[float]] = {}
         for row in self.patching.residual:
-            rows.setdefault((row["stream"], row["layer"]), []).append(row)
-        return [(stream_name(stream, layer, rows), [r["position"] for r in group],
-                 [r["restored"] for r in group]) for (stream, layer), group in rows.items()]
+            if row["stream"] == side:
+                rows.setdefault(row["point"], []).append(row["restored"])
+        return list(rows.items())
 
-    def position_labels(self, width: int) -> list[str]:
-        """Column labels: the source token (corrupted one after a slash) or the output."""
-        labels = [c if c == k else f"{c}/{k}" for c, k in zip(self.clean, self.corrupt,
-                                                              strict=True)]
-        return [f"{i}: {labels[i]}" if i < len(labels) else str(i) for i in range(width)]
+    def source_labels(self) -> list[str]:
+        """The encoder side's columns: position and source token, `clean/corrupted` where the
+        inputs differ."""
+        return [f"{i}: {either(c, k)}" for i, (c, k) in enumerate(zip(self.clean, self.corrupt,
+                                                                       strict=True))]
+
+    def output_labels(self) -> list[str]:
+        """The decoder side's columns, as the explorer writes them: output position i reads the
+        clean answer's token before it and writes its own (`3: 5→2`), `clean/corrupted` where
+        the corrupted input's answer writes another token there."""
+        written, theirs = [*self.clean_answer, EOS], [*self.corrupt_answer, EOS]
+        reads = [BOS, *self.clean_answer]  # the decoder input of both runs
+        return [f"{i}: {read}→{either(ours, theirs[i]) if i < len(theirs) else ours}"
+                for i, (read, ours) in enumerate(zip(reads, written, strict=True))]
 
     def title(self) -> str:
         return (f"activation patching · {self.task} · {self.checkpoint.name} · step {self.step}"
@@ -298,12 +320,9 @@ class PatchReport:
                 "residual": self.patching.residual}
 
 
-def stream_name(stream: str, layer: int, rows: dict) -> str:
-    """"encoder in L0" ... "memory" for the encoder, "decoder out L0" ... for the decoder."""
-    if stream == "decoder":
-        return f"decoder out L{layer - 1}"
-    last = max(key[1] for key in rows if key[0] == "encoder")
-    return "memory" if layer == last else f"encoder in L{layer}"
+def either(clean: str, corrupt: str) -> str:
+    """One token of both runs: `3` where they agree, `3/0` where the corrupted run's differs."""
+    return clean if clean == corrupt else f"{clean}/{corrupt}"
 
 
 def patch(loaded, options) -> PatchReport:

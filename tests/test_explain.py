@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from minitfm.config import Config
+from minitfm.errors import shown_path
 from minitfm.fast.model import build_model
 from minitfm.lab.look.explain import Drop
 from minitfm.lab.look.patching import (
@@ -328,3 +330,25 @@ def test_patch_orders_the_heads_alike_everywhere(patched):
     assert order == sorted(order, key=lambda key: (("encoder", "decoder", "cross").index(key[0]),
                                                    key[1], key[2]))
     assert order == [(row["kind"], row["layer"], row["head"]) for row in report.heads]
+
+
+def test_each_patched_pair_has_its_own_picture_and_a_rerun_replaces_its_own(quick):
+    """The default picture is named after what was patched (checkpoint, step, and a digest of
+    both inputs): another pair does not overwrite it, the same command replaces its own file,
+    and a file of the user's there is replaced only with --force (lab/pictures.py's rule)."""
+    folder = quick / "patch"
+    shutil.rmtree(folder, ignore_errors=True)
+    first = run_cli("patch", quick, "--clean", "1 2 3 4")
+    assert first.exit_code == 0, first.stderr
+    [png] = folder.glob("*.png")
+    assert png.name.startswith("best-step") and f"wrote {shown_path(png)}" in first.stdout
+    drawn = png.read_bytes()
+    other = run_cli("patch", quick, "--clean", "2 3 4 1")
+    assert other.exit_code == 0, other.stderr
+    assert len(list(folder.glob("*.png"))) == 2 and png.read_bytes() == drawn
+    again = run_cli("patch", quick, "--clean", "1 2 3 4")
+    assert again.exit_code == 0 and f"wrote {shown_path(png)}" in again.stdout, again.stderr
+    assert len(list(folder.glob("*.png"))) == 2
+    png.write_bytes(b"mine")
+    assert_clean_error(run_cli("patch", quick, "--clean", "1 2 3 4"), 2, "--force")
+    assert png.read_bytes() == b"mine"

@@ -98,8 +98,9 @@ class PatchOptions:
                                  "(default: the first one-token change of it that changes "
                                  "the answer).", metavar="TEXT")
     out: Path | None = option(None, "PNG path (default: a file in <run>/patch/ named after the "
-                              "checkpoint and step; for a .pt outside any run, a file beside "
-                              "it).", metavar="FILE")
+                              "checkpoint, step and the pair of inputs, 8 hex digits of their "
+                              "digest: each pair its own file; for a .pt outside any run, a "
+                              "file beside it).", metavar="FILE")
     force: bool = option(False, "Replace --out even if it is not a picture minitfm wrote.",
                          flags=("--force",))
 

@@ -32,6 +32,8 @@ Shapes: B batch, S source len, T decoder len, D d_model, H n_heads, K d_head, V 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -330,11 +332,13 @@ def patch(loaded, options) -> PatchReport:
     corrupted input from its clean run; write the heatmap PNG (see `PatchOptions`)."""
     from minitfm.lab.look.cards import patch_figure
     from minitfm.lab.look.probe import pick_probe
-    from minitfm.lab.pictures import check_output, save_png
+    from minitfm.lab.pictures import check_output, check_picture_path, save_png
 
-    png = options.out if options.out is not None else \
-        loaded.picture_path("patch", f"step{loaded.step}.png")
-    check_output(png, "--out", options.force)
+    named = loaded.picture_path("patch", f"step{loaded.step}.png")  # where the default goes
+    if options.out is not None:  # checked before anything is decoded
+        check_output(options.out, "--out", options.force)
+    else:  # its folder: the name needs the inputs
+        check_picture_path(named, "--out")
     model, task, cfg = loaded.model, loaded.task, loaded.config
     limit = input_limit(cfg, task)  # what the model has positions for
     clean = task.parse(options.clean, limit) if options.clean is not None else \
@@ -344,6 +348,9 @@ def patch(loaded, options) -> PatchReport:
     if len(corrupt) != len(clean):
         raise MinitfmError(f"--corrupt has {len(corrupt)} tokens and --clean {len(clean)}: "
                            f"patching compares inputs of the same length")
+    png = options.out if options.out is not None else \
+        named.with_name(f"{named.stem}-{inputs_digest(task, clean, corrupt)}.png")
+    check_output(png, "--out", options.force)
     batch = contrast(model, task, [clean], [corrupt])
     answers = predict(model, task, [clean, corrupt], loaded.device)
     tokens = [[task.vocab.token(i) for i in ids] for ids in (clean, corrupt, *answers)]
@@ -353,3 +360,10 @@ def patch(loaded, options) -> PatchReport:
                          length_warning(cfg, task, [clean, corrupt], "input"))
     save_png(patch_figure(report), png, "--out", options.force)
     return report
+
+
+def inputs_digest(task: Task, clean: list[int], corrupt: list[int]) -> str:
+    """8 hex digits naming a pair of inputs (the sha256 of both as the task writes them): the
+    default picture of each pair gets a file of its own, and the same pair the same file."""
+    text = json.dumps([task.format(clean), task.format(corrupt)], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]

@@ -168,6 +168,16 @@ def test_explain_writes_its_report_as_json_beside_the_png_for_the_page(quick, tm
     assert json.loads(path.read_text())["generator"] == "minitfm explain"
 
 
+def test_explain_out_names_its_files_as_in_the_runs_own_folder(quick, tmp_path):
+    """--out DIR holds `<checkpoint>-step<N>.png` and its JSON, the names of <run>/explain/
+    (where `minitfm explore` looks for them), not a name of its own."""
+    result = run_cli("explain", str(quick), "--samples", "50", "--json", "--out", tmp_path)
+    assert result.exit_code == 0, result.stderr
+    step = json.loads(result.stdout)["step"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"best-step{step}.json",
+                                                          f"best-step{step}.png"]
+
+
 def test_patch_picks_a_corruption_that_changes_the_answer(quick):
     result = run_cli("patch", str(quick), "--clean", "1 2 3 4", "--json", "--force")
     assert result.exit_code == 0, result.stderr

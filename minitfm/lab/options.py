@@ -82,8 +82,10 @@ class ExplainOptions:
 
     samples: int = option(1000, "Held-out sequences to decode per head switched off.", 1,
                           MAX_SAMPLES)
-    out: Path | None = option(None, "Folder for the role cards' PNG (default: <run>/explain/; "
-                              "for a .pt outside any run, a file beside it).", metavar="DIR")
+    out: Path | None = option(None, "Folder for the role cards' PNG and its JSON, named "
+                              "<checkpoint>-step<N>.png as in the default folder, "
+                              "<run>/explain/ (for a .pt outside any run, a file beside it).",
+                              metavar="DIR")
     force: bool = option(False, "Replace the PNG even if it is not a picture minitfm wrote.",
                          flags=("--force",))
 

@@ -232,8 +232,9 @@ def patching_shares(loaded: Loaded, pairs: list[Pair]) -> dict[tuple[str, int, i
 def explain(loaded: Loaded, options: ExplainOptions = ExplainOptions()) -> ExplainReport:
     """`minitfm explain`: a role card for every head of a loaded run; write the PNG and,
     beside it, the JSON the explorer's page embeds."""
-    png = options.out / f"{loaded.checkpoint.stem}-step{loaded.step}-roles.png" \
-        if options.out is not None else loaded.picture_path("explain", f"step{loaded.step}.png")
+    name = f"step{loaded.step}.png"  # <checkpoint>-step<N>.png, in --out as in <run>/explain/
+    png = options.out / f"{loaded.checkpoint.stem}-{name}" if options.out is not None else \
+        loaded.picture_path("explain", name)
     check_output(png, "--out", options.force)
     check_cards_json(png.with_suffix(".json"), options.force)
     pairs = loaded.ablation_pairs(options.samples)

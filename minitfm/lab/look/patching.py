@@ -46,7 +46,7 @@ from minitfm.book.metrics import predict
 from minitfm.book.model import eval_mode
 from minitfm.catalog import SPECIAL_TOKENS
 from minitfm.errors import MinitfmError
-from minitfm.lab.look.ablate import edited_heads, layer_counts
+from minitfm.lab.look.ablate import edited_heads, layer_counts, this_threads
 from minitfm.lab.look.probe import KINDS
 from minitfm.lab.measure.evaluate import input_limit, length_warning
 from minitfm.tasks.base import Task
@@ -87,18 +87,19 @@ def with_first(value, x: Tensor):
 
 @contextmanager
 def residual_edits(model, edits: dict[tuple[str, int], Edit]) -> Iterator[None]:
-    """Each edit applied to the residual stream at its (stream, layer) for the block; every
-    hook removed after, even if the block raises."""
+    """Each edit applied to the residual stream at its (stream, layer) for the block, in this
+    thread's passes only (as `ablate.edited_heads`); every hook removed after, even if the
+    block raises."""
     handles = []
     try:
         for key, edit in edits.items():
             module, before = residual_points(model)[key]
             if before:
                 hook = (lambda e: lambda _m, args: (e(args[0]), *args[1:]))(edit)
-                handles.append(module.register_forward_pre_hook(hook))
+                handles.append(module.register_forward_pre_hook(this_threads(hook)))
             else:
                 hook = (lambda e: lambda _m, _args, out: with_first(out, e(first(out))))(edit)
-                handles.append(module.register_forward_hook(hook))
+                handles.append(module.register_forward_hook(this_threads(hook)))
         yield
     finally:
         for handle in handles:

@@ -322,8 +322,8 @@ def test_patch_json_names_every_point_as_the_tables_do(patched):
     assert {row["point"] for row in printed["residual"]} == names
     for row in printed["residual"]:
         if row["point"] != "memory":
-            assert row["point"] == f"{row['stream']} {'in' if row['stream'] == 'encoder' else 'out'}" \
-                                   f" L{row['layer']}", row
+            side = "in" if row["stream"] == "encoder" else "out"
+            assert row["point"] == f"{row['stream']} {side} L{row['layer']}", row
     decoder = [row for row in printed["residual"] if row["stream"] == "decoder"]
     assert {row["layer"] for row in decoder} == {0, 1}  # two decoder layers: L0 and L1
 

@@ -18,8 +18,9 @@ visualize-attention` draws, and `train` is `minitfm train`. Mistakes raise
 named as this API's argument (`max_len`, not `--max-len`).
 
 Threads: a `Run` may be shared by threads (`predict` with heads switched off, `patch` and
-`explain` hook the model for their own thread's passes only); `train` calls run one at a time in a process, each as it would alone (torch's
-random numbers and thread count are the process's).
+`explain` hook the model for their own thread's passes only); `train` calls run one at a time
+in a process, each as it would alone (torch's random numbers and thread count are the
+process's).
 
 Shapes: H n_heads, S source length, T decoder input length (<bos> + the output; the query at
 row t writes output token t, and the last row writes EOS).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -119,10 +120,7 @@ def test_typed_inputs_and_heads_off_equal_python(pages, browser):
                 run.predict(text, heads_off=[("cross", 0, 1)], mode=mode)
     # the held-out exact match with the head off: what `minitfm ablate` measures on them
     loaded = load(run_dir, "last", device="cpu")
-    # the page's own computation first: a call of exactMatch() would cancel it mid-way
-    page.wait_for_function("() => document.querySelector('#exact').textContent"
-                           ".includes('head(s) switched off')")
-    shown = page.evaluate("() => window.minitfm.exactMatch()")  # now from its cache
+    shown = page.evaluate("() => window.minitfm.exactMatch()")  # joins the page's own job
     examples = loaded.ablation_pairs()[:len(page.evaluate(
         "() => window.minitfm.data.held_out.sources"))]
     values = replacements(loaded, loaded.ablation_pairs(), "mean")[("cross", 0)]
@@ -217,6 +215,46 @@ def test_held_out_exact_match_is_shown_under_the_heads_it_was_computed_for(pages
     switch(a, b, mode="on")  # a and b computed and cached by now: two cache hits in a row
     assert shown() == f"{label}{100 * intact:.1f}% (every head on)"
     assert len({intact, python_exact([a]), python_exact([a, b])}) == 3  # the test can tell
+
+
+def test_exact_match_asked_while_the_page_computes_ends_on_a_number(pages, browser):
+    """window.minitfm.exactMatch() called while the page decodes its held-out examples: for the
+    page's own state it joins the page's job (the same number, shown under the label); for heads
+    changed through `state` (no switch touched), the page's job is cancelled and the label ends
+    on the number of the heads off now, never on "computing…"."""
+    run_dir, path = pages["copy"]
+    run = load_run(run_dir, checkpoint="last")
+    page, problems = open_page(browser, path, clock=True)
+    page.clock.pause_at(datetime.now() + timedelta(days=1))  # slices run only in run_for
+    page.clock.run_for(60_000)
+    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
+    held = page.evaluate("() => window.minitfm.data.held_out")
+    sources, targets = ([" ".join(tokens[i] for i in ids) for ids in rows]
+                        for rows in (held["sources"], held["targets"]))
+
+    def python_exact(off):
+        outputs = run.predict(sources, heads_off=off, mode="zero")
+        return sum(o == t for o, t in zip(outputs, targets, strict=True)) / len(targets)
+
+    def asked(before: str = "") -> float:
+        """exactMatch() called while the page's job waits for its first slice; its value."""
+        page.evaluate("() => window.minitfm.setHead('cross', 0, 1, 'zero')")
+        page.evaluate(f"() => {{ {before}; window.got = 'pending'; "
+                      f"window.minitfm.exactMatch().then((v) => {{ window.got = v; }}); }}")
+        page.clock.run_for(60_000)
+        return page.evaluate("() => window.got")
+
+    label = f"held-out exact match on {len(targets)} examples: "
+    one, intact = python_exact([("cross", 0, 1)]), python_exact([])
+    assert asked() == one
+    assert page.inner_text("#exact") == f"{label}{100 * one:.1f}% with 1 head(s) switched " \
+                                        f"off; intact model: {100 * intact:.1f}%"
+    page.evaluate("() => window.minitfm.setHead('cross', 0, 1, 'on')")
+    two = python_exact([("cross", 0, 1), ("cross", 0, 0)])
+    assert asked("window.minitfm.state.off['cross.0.0'] = 'zero'") == two
+    assert page.inner_text("#exact") == f"{label}{100 * two:.1f}% with 2 head(s) switched " \
+                                        f"off; intact model: {100 * intact:.1f}%"
+    assert problems == []
 
 
 def test_the_step_table_and_the_run_section_show_what_the_run_holds(pages, browser):

@@ -257,6 +257,30 @@ def test_exact_match_asked_while_the_page_computes_ends_on_a_number(pages, brows
     assert problems == []
 
 
+def test_a_wide_tables_row_keys_stay_in_view_when_it_scrolls(pages, browser):
+    """The patching and logit-lens tables are wider than a narrow window (the default run's at
+    1,300 pixels): each scrolls sideways to its last column, and the key of every row (its
+    first cell: the point, the layer) stays in view when it does."""
+    run_dir, path = pages["copy"]
+    page, problems = open_page(browser, path, viewport={"width": 420, "height": 900})
+    page.wait_for_function("() => document.querySelectorAll('#patch-result table').length === 3"
+                           " && document.querySelector('#lens-table table') !== null")
+    tables = page.evaluate("""() => [...document.querySelectorAll('.scroll')].map((wrap) => {
+        wrap.scrollLeft = wrap.scrollWidth;  // to the last column
+        const box = wrap.getBoundingClientRect(), rows = [...wrap.querySelectorAll('tr')];
+        const edge = (cell) => cell.getBoundingClientRect();
+        return { wide: wrap.scrollWidth > wrap.clientWidth + 1,
+                 keys: rows.map((tr) => edge(tr.cells[0]).left - box.left),
+                 ends: rows.map((tr) => box.right - edge(tr.cells[tr.cells.length - 1]).right) };
+    })""")
+    wide = [t for t in tables if t["wide"]]
+    assert len(wide) >= 2, tables  # the decoder side and the lens, at least
+    for table in wide:
+        assert min(table["keys"]) >= -0.5, table  # every row's key in the box
+        assert min(table["ends"]) >= -0.5, table  # the last column reached
+    assert problems == []
+
+
 def test_the_step_table_and_the_run_section_show_what_the_run_holds(pages, browser):
     """docs/explore.md 1 and 5: per step the token read, the token written, its probability
     and three runners-up; the ablation picture, the curves, exact match per length, the facts."""

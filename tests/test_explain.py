@@ -362,3 +362,36 @@ def test_each_patched_pair_has_its_own_picture_and_a_rerun_replaces_its_own(quic
     png.write_bytes(b"mine")
     assert_clean_error(run_cli("patch", quick, "--clean", "1 2 3 4"), 2, "--force")
     assert png.read_bytes() == b"mine"
+
+
+def test_the_role_cards_picture_says_what_unclear_means_and_labels_each_maps_positions(
+        quick, tmp_path):
+    """The PNG's legend gives the naming rule (why a head is "unclear"), a card names the best
+    fit it fell short with, and each map labels its rows and columns by position (thinned
+    when they would not fit); every text lies inside the figure (newcomer #19)."""
+    from minitfm import load_run
+    from minitfm.lab.look.cards import cards_figure
+    from minitfm.lab.look.patterns import FITS, WEIGHT, mean_maps
+    from tests.test_viz import texts_outside
+
+    run = load_run(quick)
+    report = run.explain(samples=60, out=tmp_path)
+    pairs = run.ablation_pairs(60)
+    maps = mean_maps(run.model, run.task, pairs)
+    long = {key: torch.full((value.size(0), 64, 64), 1 / 64) for key, value in maps.items()}
+    for drawn in (maps, long):
+        fig = cards_figure(report, drawn)
+        assert texts_outside(fig) == []
+        legend = " ".join(fig._supxlabel.get_text().split())
+        assert "unclear" in legend and f"{FITS:.0%} of its rows" in legend, legend
+        assert f"{WEIGHT:.0%} of the weight" in legend, legend
+        panels = [ax for ax in fig.axes if ax.images]
+        assert len(panels) == len(report.cards)
+        for ax, card in zip(panels, report.cards, strict=True):
+            queries, keys = drawn[(card.pattern.kind, card.pattern.layer)].shape[1:]
+            for labels, n in ((ax.get_yticklabels(), queries), (ax.get_xticklabels(), keys)):
+                every = 1 if n <= 16 else -(-n // 16)  # each position while 16 fit
+                assert [t.get_text() for t in labels] == [str(i) for i in range(0, n, every)]
+            p = card.pattern
+            if p.pattern in ("unclear", "diffuse"):
+                assert f"{p.pattern} ({p.best_fit} {p.score:.2f})" in ax.get_title()

@@ -13,6 +13,7 @@ import textwrap
 
 import numpy as np
 
+from minitfm.lab.look.patterns import FITS, WEIGHT
 from minitfm.lab.look.probe import KINDS
 from minitfm.lab.pictures import GAMMA, wrap_to_width
 
@@ -22,30 +23,57 @@ EFFECT_COLOURS = {"essential": "#D55E00", "helps": "#0072B2", "minor": "#555555"
 
 def cards_figure(report, maps: dict):
     """Every head's card of an `explain.ExplainReport`: rows kind and layer, columns heads;
-    `maps` (kind, layer) -> (H, T_q, T_k) mean maps (see `patterns.mean_maps`)."""
+    `maps` (kind, layer) -> (H, T_q, T_k) mean maps (see `patterns.mean_maps`). Each map has
+    its positions on the axes; under the cards, a legend says what they show and why a head
+    is unclear."""
     from matplotlib.colors import PowerNorm
     from matplotlib.figure import Figure
 
     rows = sorted({(c.pattern.kind, c.pattern.layer) for c in report.cards},
                   key=lambda key: (KINDS.index(key[0]), key[1]))
     n_heads = max(c.pattern.head for c in report.cards) + 1
-    fig = Figure(figsize=(2.7 * n_heads, 3.1 * len(rows) + 0.8), dpi=100, layout="constrained")
+    width = 2.7 * n_heads
+    fig = Figure(figsize=(width, 3.2 * len(rows) + 1.3), dpi=100, layout="constrained")
     title = (f"role cards · {report.task} · {report.checkpoint.name} · step {report.step} · "
              f"exact match {report.exact_match:.1%} on {report.samples} held-out sequences")
-    fig.suptitle(wrap_to_width(title, 2.7 * n_heads - 0.3, 10), fontsize=10)
+    fig.suptitle(wrap_to_width(title, width - 0.3, 10), fontsize=10)
     axes = fig.subplots(len(rows), n_heads, squeeze=False)
     for card in report.cards:
         p = card.pattern
         ax = axes[rows.index((p.kind, p.layer)), p.head]
         ax.imshow(maps[(p.kind, p.layer)][p.head].numpy(), cmap="viridis",
                   norm=PowerNorm(GAMMA, 0.0, 1.0), aspect="auto")
-        ax.set_xticks([])
-        ax.set_yticks([])
+        position_ticks(ax, *maps[(p.kind, p.layer)].shape[1:])
         drop, mode = card.drop
-        ax.set_title(f"{card.label} · {p.pattern}\n{card.effect} · {100 * drop:.0f} pts "
+        named = p.pattern if p.pattern == p.best_fit else \
+            f"{p.pattern} ({p.best_fit} {p.score:.2f})"  # the fit it fell short with
+        ax.set_title(f"{card.label} · {named}\n{card.effect} · {100 * drop:.0f} pts "
                      f"({mode})", fontsize=8, color=EFFECT_COLOURS[card.effect])
         ax.set_xlabel("\n".join(textwrap.wrap(card.sentence, 34)), fontsize=6.5)
+    fig.supxlabel(wrap_to_width(CARDS_LEGEND, width - 0.3, 7.5, prefer=()), fontsize=7.5)
     return fig
+
+
+# Under the role cards: what a map shows, and the naming rule (patterns.FITS, WEIGHT).
+CARDS_LEGEND = (
+    f"Each map: a head's attention averaged over the held-out inputs of the commonest length; "
+    f"rows are queries (encoder: source positions; decoder and cross: output positions, the "
+    f"last writing <eos>), columns keys (source positions; for the decoder its input "
+    f"positions, 0 = <bos>). A head is named after its best-fitting pattern when that "
+    f"pattern's key is the strongest in at least {FITS:.0%} of its rows and holds at least "
+    f"{WEIGHT:.0%} of the weight; otherwise it is unclear (best fit and its score in "
+    f"brackets), or diffuse where no key gets half a row.")
+MAX_TICKS = 16  # position labels an axis of a card holds at its size (every k-th beyond)
+
+
+def position_ticks(ax, queries: int, keys: int) -> None:
+    """Label a map's rows and columns by position: each one while they fit, else every k-th
+    (0 first)."""
+    for axis, n in ((ax.yaxis, queries), (ax.xaxis, keys)):
+        step = -(-n // MAX_TICKS)  # ceil: at most MAX_TICKS labels
+        positions = list(range(0, n, step))
+        axis.set_ticks(positions, [str(i) for i in positions], fontsize=5)
+    ax.tick_params(length=0, pad=1)
 
 
 def patch_figure(report):

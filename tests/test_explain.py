@@ -120,6 +120,31 @@ def test_the_pattern_family_gives_each_row_its_key(name, row, n, key):
     assert pattern_keys(name, row, n, None) == key
 
 
+def test_one_teacher_forced_pass_gives_greedy_decodings_verdicts(quick, monkeypatch):
+    """`correct` decides from one teacher-forced pass what `predict` decodes step by step: the
+    same verdict for every row, intact and with each head off in either mode; with every
+    verdict sent to decoding (SURE huge) or none (SURE 0) alike."""
+    from minitfm import load_run
+    from minitfm.book.metrics import predict
+    from minitfm.lab.look import explain
+    from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
+
+    run = load_run(quick)
+    pairs = run.ablation_pairs(300)
+    values = {mode: replacements(run, pairs, mode) for mode in ("zero", "mean")}
+    heads = [(kind, 0, head) for kind in ("encoder", "decoder", "cross") for head in range(2)]
+    cases = [{}] + [heads_edits(values[mode], [h]) for h in heads for mode in values]
+    decoded = []
+    for edits in cases:
+        with edited_heads(run.model, edits):
+            outputs = predict(run.model, run.task, [src for src, _ in pairs], run.device)
+        decoded.append([o == tgt for o, (_, tgt) in zip(outputs, pairs, strict=True)])
+    assert len({sum(d) for d in decoded}) > 2  # the heads change the verdicts
+    for sure in (explain.SURE, 0.0, 1e9):
+        monkeypatch.setattr(explain, "SURE", sure)
+        assert [explain.correct(run, pairs, edits) for edits in cases] == decoded, sure
+
+
 def test_explain_prints_a_card_per_head_and_writes_the_picture(quick):
     result = run_cli("explain", str(quick), "--samples", "100", "--json")
     assert result.exit_code == 0, result.stderr
@@ -364,11 +389,12 @@ def test_each_patched_pair_has_its_own_picture_and_a_rerun_replaces_its_own(quic
     assert png.read_bytes() == b"mine"
 
 
-def test_the_role_cards_picture_says_what_unclear_means_and_labels_each_maps_positions(
+def test_the_role_cards_picture_says_what_unclear_means_and_numbers_the_positions(
         quick, tmp_path):
     """The PNG's legend gives the naming rule (why a head is "unclear"), a card names the best
-    fit it fell short with, and each map labels its rows and columns by position (thinned
-    when they would not fit); every text lies inside the figure (newcomer #19)."""
+    fit it fell short with, and the first map of each row numbers its rows and columns by
+    position (thinned when they would not fit); every text lies inside the figure (newcomer
+    #19)."""
     from minitfm import load_run
     from minitfm.lab.look.cards import cards_figure
     from minitfm.lab.look.patterns import FITS, WEIGHT, mean_maps
@@ -391,7 +417,8 @@ def test_the_role_cards_picture_says_what_unclear_means_and_labels_each_maps_pos
             queries, keys = drawn[(card.pattern.kind, card.pattern.layer)].shape[1:]
             for labels, n in ((ax.get_yticklabels(), queries), (ax.get_xticklabels(), keys)):
                 every = 1 if n <= 16 else -(-n // 16)  # each position while 16 fit
-                assert [t.get_text() for t in labels] == [str(i) for i in range(0, n, every)]
+                numbered = [str(i) for i in range(0, n, every)] if card.pattern.head == 0 else []
+                assert [t.get_text() for t in labels] == numbered  # the first map of a row
             p = card.pattern
             if p.pattern in ("unclear", "diffuse"):
                 assert f"{p.pattern} ({p.best_fit} {p.score:.2f})" in ax.get_title()

@@ -43,7 +43,7 @@ def cards_figure(report, maps: dict):
         ax = axes[rows.index((p.kind, p.layer)), p.head]
         ax.imshow(maps[(p.kind, p.layer)][p.head].numpy(), cmap="viridis",
                   norm=PowerNorm(GAMMA, 0.0, 1.0), aspect="auto")
-        position_ticks(ax, *maps[(p.kind, p.layer)].shape[1:])
+        position_ticks(ax, *maps[(p.kind, p.layer)].shape[1:], labelled=p.head == 0)
         drop, mode = card.drop
         named = p.pattern if p.pattern == p.best_fit else \
             f"{p.pattern} ({p.best_fit} {p.score:.2f})"  # the fit it fell short with
@@ -59,19 +59,20 @@ CARDS_LEGEND = (
     f"Each map: a head's attention averaged over the held-out inputs of the commonest length; "
     f"rows are queries (encoder: source positions; decoder and cross: output positions, the "
     f"last writing <eos>), columns keys (source positions; for the decoder its input "
-    f"positions, 0 = <bos>). A head is named after its best-fitting pattern when that "
-    f"pattern's key is the strongest in at least {FITS:.0%} of its rows and holds at least "
-    f"{WEIGHT:.0%} of the weight; otherwise it is unclear (best fit and its score in "
-    f"brackets), or diffuse where no key gets half a row.")
+    f"positions, 0 = <bos>), numbered on the first map of each row. A head is named after "
+    f"its best-fitting pattern when that pattern's key is the strongest in at least "
+    f"{FITS:.0%} of its rows and holds at least {WEIGHT:.0%} of the weight; otherwise it is "
+    f"unclear (best fit and its score in brackets), or diffuse where no key gets half a row.")
 MAX_TICKS = 16  # position labels an axis of a card holds at its size (every k-th beyond)
 
 
-def position_ticks(ax, queries: int, keys: int) -> None:
-    """Label a map's rows and columns by position: each one while they fit, else every k-th
-    (0 first)."""
+def position_ticks(ax, queries: int, keys: int, labelled: bool = True) -> None:
+    """Number a map's rows and columns by position: each one while they fit, else every k-th
+    (0 first); no numbers unless `labelled` (the maps of a row share them, and each label
+    costs the layout time)."""
     for axis, n in ((ax.yaxis, queries), (ax.xaxis, keys)):
         step = -(-n // MAX_TICKS)  # ceil: at most MAX_TICKS labels
-        positions = list(range(0, n, step))
+        positions = list(range(0, n, step)) if labelled else []
         axis.set_ticks(positions, [str(i) for i in positions], fontsize=5)
     ax.tick_params(length=0, pad=1)
 

@@ -115,7 +115,7 @@ class Figures:
         self.minitfm("patch", str(run_dir), "--out", str(patched), "--force")
         self.picture(over, "over-training-reverse.png", colours=256)
         self.picture(ablate, "ablate-reverse.png")
-        self.picture(roles / "best-step*-roles.png", "explain-reverse.png", colours=256)
+        self.picture(roles / "best-step*.png", "explain-reverse.png", colours=256)
         self.picture(patched, "patch-reverse.png")
         if not self.dry_run:
             self.found["default"] = run_figures(ROOT / run_dir)

@@ -246,6 +246,65 @@ def test_heads_off_in_one_thread_leave_a_plain_predict_in_another_alone(run, mon
     assert answers == ["B ran", intact]
 
 
+def test_two_threads_patching_at_once_get_each_its_own_answer(run, monkeypatch, tmp_path):
+    """Thread B patches another pair from start to end while thread A's first patch of the
+    residual stream is on: each gets the report it gets alone."""
+    import threading
+    from contextlib import contextmanager
+
+    from minitfm.lab.look import patching
+
+    alone = {text: run.patch(text, out=tmp_path / f"{i}.png").as_dict()
+             for i, text in enumerate(("1 2 3 4", "2 3 4 1"))}
+    answers: list = []
+    attach, calls = patching.residual_edits, []
+
+    def other() -> None:
+        try:
+            answers.append(run.patch("2 3 4 1", out=tmp_path / "b.png").as_dict())
+        except Exception as err:  # noqa: BLE001 - a crash is an answer here too
+            answers.append(err)
+
+    @contextmanager
+    def midway(model, edits):
+        with attach(model, edits):
+            calls.append(threading.get_ident())
+            if len(calls) == 2:  # A recorded its clean run and patches its first position
+                answers.append("B ran")
+                thread = threading.Thread(target=other)
+                thread.start()
+                thread.join()
+            yield
+
+    monkeypatch.setattr(patching, "residual_edits", midway)
+    assert run.patch("1 2 3 4", out=tmp_path / "a.png").as_dict() == alone["1 2 3 4"]
+    assert answers == ["B ran", alone["2 3 4 1"]]
+
+
+def test_the_logit_lens_in_one_thread_is_not_fed_by_another(run, monkeypatch):
+    """Thread B decodes while thread A's logit lens has its hooks on the decoder layers: A
+    reads its own input's layers only."""
+    import threading
+    from contextlib import contextmanager
+
+    from minitfm.lab.look import lens
+
+    src = run.task.parse("1 2 3 4")
+    alone = lens.logit_lens(run.model, run.task, src)
+    plain = lens.eval_mode
+
+    @contextmanager
+    def midway(model):
+        with plain(model):
+            thread = threading.Thread(target=lambda: run.predict(["4 3 2 1 0"]))
+            thread.start()
+            thread.join()
+            yield model
+
+    monkeypatch.setattr(lens, "eval_mode", midway)
+    assert lens.logit_lens(run.model, run.task, src) == alone
+
+
 class Pause(Instrument):
     """An instrument that, after step `at`, calls `then()` once."""
 

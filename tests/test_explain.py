@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from minitfm.config import Config
+from minitfm.errors import shown_path
 from minitfm.fast.model import build_model
 from minitfm.lab.look.explain import Drop
 from minitfm.lab.look.patching import (
@@ -49,7 +51,7 @@ def test_patching_every_position_of_a_point_gives_the_clean_run_and_none_the_cor
     clean_logits, _, stream = recorded(model, src, tgt)
     with torch.no_grad():
         corrupt_logits = model(bad, tgt)
-        last = ("decoder", len(model.decoder_layers))
+        last = ("decoder", len(model.decoder_layers) - 1)  # the output of the last layer
         for key, values in stream.items():
             edits = {key: lambda x, v=values: v}  # every position at once
             with residual_edits(model, edits):
@@ -118,6 +120,31 @@ def test_the_pattern_family_gives_each_row_its_key(name, row, n, key):
     assert pattern_keys(name, row, n, None) == key
 
 
+def test_one_teacher_forced_pass_gives_greedy_decodings_verdicts(quick, monkeypatch):
+    """`correct` decides from one teacher-forced pass what `predict` decodes step by step: the
+    same verdict for every row, intact and with each head off in either mode; with every
+    verdict sent to decoding (SURE huge) or none (SURE 0) alike."""
+    from minitfm import load_run
+    from minitfm.book.metrics import predict
+    from minitfm.lab.look import explain
+    from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
+
+    run = load_run(quick)
+    pairs = run.ablation_pairs(300)
+    values = {mode: replacements(run, pairs, mode) for mode in ("zero", "mean")}
+    heads = [(kind, 0, head) for kind in ("encoder", "decoder", "cross") for head in range(2)]
+    cases = [{}] + [heads_edits(values[mode], [h]) for h in heads for mode in values]
+    decoded = []
+    for edits in cases:
+        with edited_heads(run.model, edits):
+            outputs = predict(run.model, run.task, [src for src, _ in pairs], run.device)
+        decoded.append([o == tgt for o, (_, tgt) in zip(outputs, pairs, strict=True)])
+    assert len({sum(d) for d in decoded}) > 2  # the heads change the verdicts
+    for sure in (explain.SURE, 0.0, 1e9):
+        monkeypatch.setattr(explain, "SURE", sure)
+        assert [explain.correct(run, pairs, edits) for edits in cases] == decoded, sure
+
+
 def test_explain_prints_a_card_per_head_and_writes_the_picture(quick):
     result = run_cli("explain", str(quick), "--samples", "100", "--json")
     assert result.exit_code == 0, result.stderr
@@ -164,6 +191,16 @@ def test_explain_writes_its_report_as_json_beside_the_png_for_the_page(quick, tm
     again = run_cli("explain", str(quick), "--samples", "50", "--out", out, "--force")
     assert again.exit_code == 0, again.stderr
     assert json.loads(path.read_text())["generator"] == "minitfm explain"
+
+
+def test_explain_out_names_its_files_as_in_the_runs_own_folder(quick, tmp_path):
+    """--out DIR holds `<checkpoint>-step<N>.png` and its JSON, the names of <run>/explain/
+    (where `minitfm explore` looks for them), not a name of its own."""
+    result = run_cli("explain", str(quick), "--samples", "50", "--json", "--out", tmp_path)
+    assert result.exit_code == 0, result.stderr
+    step = json.loads(result.stdout)["step"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"best-step{step}.json",
+                                                          f"best-step{step}.png"]
 
 
 def test_patch_picks_a_corruption_that_changes_the_answer(quick):
@@ -233,3 +270,155 @@ def test_the_role_cards_claims_hold_when_tested(tmp_path, task):
     named = {c.pattern.pattern for c in report.cards if c.pattern.kind == "cross"
              and c.effect == "essential"}
     assert named & {"mirror" if task == "reverse" else "same", "unclear"}, named
+
+
+# --- what `patch` prints and draws: labels, names and order (#51 part 5, newcomer #16) ---
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    """`minitfm patch` of one input of a quick run with two decoder layers (whose order of
+    kinds differs from the model's order of passes): its report (API), the CLI's tables and
+    JSON of the same command, and the picture's axes."""
+    from minitfm import load_run
+    from minitfm.lab.look.cards import patch_figure
+
+    run_dir = tmp_path_factory.mktemp("patch") / "run"
+    result = run_cli("train", *QUICK, "model.n_decoder_layers=2", "train.steps=30",
+                     "log.tensorboard=false", "--run-dir", run_dir)
+    assert result.exit_code == 0, result.stderr
+    out = run_dir / "patch.png"
+    report = load_run(run_dir).patch("1 2 3 4", out=out)
+    args = ("patch", str(run_dir), "--clean", " ".join(report.clean), "--corrupt",
+            " ".join(report.corrupt), "--out", out)
+    table, as_json = run_cli(*args), run_cli(*args, "--json")
+    assert table.exit_code == 0 and as_json.exit_code == 0, table.stderr + as_json.stderr
+    return report, table.stdout, json.loads(as_json.stdout), patch_figure(report)
+
+
+def table_rows(stdout: str, title: str) -> list[list[str]]:
+    """The rows of the table `title` starts, header first, as cells."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith(("┏", "┡", "┗")) or line.startswith("└"):
+            if line.startswith("└"):
+                break
+            continue
+        rows.append([cell.strip() for cell in line.strip("┃│").replace("┃", "│").split("│")])
+    return rows
+
+
+def test_patch_labels_decoder_positions_by_the_token_each_writes(patched):
+    """The encoder side is labelled by source position and token, the decoder side by output
+    position as the explorer writes it: `i: read→written`, the written token `clean/corrupted`
+    where the two answers differ (the scored positions)."""
+    from tests.test_viz import texts_outside
+
+    report, stdout, _, fig = patched
+    clean, corrupt = report.clean, report.corrupt
+    written = [*report.clean_answer, "<eos>"]
+    theirs = [*report.corrupt_answer, "<eos>"]
+    reads = ["<bos>", *report.clean_answer]
+    expected = [f"{i}: {r}→{w}" + (f"/{theirs[i]}" if i < len(theirs) and theirs[i] != w else "")
+                for i, (r, w) in enumerate(zip(reads, written))]
+    assert any("/" in label for label in expected)  # the answers differ somewhere
+    source = [f"{i}: {c}" if c == k else f"{i}: {c}/{k}" for i, (c, k) in
+              enumerate(zip(clean, corrupt))]
+    encoder = table_rows(stdout, "residual stream, encoder side")
+    decoder = table_rows(stdout, "residual stream, decoder side")
+    assert encoder[0][1:] == source and [row[0] for row in encoder[1:]] == [
+        "encoder in L0", "memory"]
+    assert decoder[0][1:] == expected and [row[0] for row in decoder[1:]] == [
+        "decoder out L0", "decoder out L1"]
+    labels = {ax.get_title(): [t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes
+              if ax.get_xticklabels()}
+    assert labels["residual stream, encoder side: source positions"] == source
+    assert labels["residual stream, decoder side: output positions (read→written)"] == expected
+    assert texts_outside(fig) == []
+
+
+def test_patch_json_names_every_point_as_the_tables_do(patched):
+    """One naming: a residual row's `point` is the table's row name, and its `layer` the
+    number in that name (the input of encoder layer L, the output of decoder layer L)."""
+    report, stdout, printed, _ = patched
+    names = {row[0] for title in ("residual stream, encoder side", "residual stream, decoder "
+                                  "side") for row in table_rows(stdout, title)[1:]}
+    assert {row["point"] for row in printed["residual"]} == names
+    for row in printed["residual"]:
+        if row["point"] != "memory":
+            side = "in" if row["stream"] == "encoder" else "out"
+            assert row["point"] == f"{row['stream']} {side} L{row['layer']}", row
+    decoder = [row for row in printed["residual"] if row["stream"] == "decoder"]
+    assert {row["layer"] for row in decoder} == {0, 1}  # two decoder layers: L0 and L1
+
+
+def test_patch_orders_the_heads_alike_everywhere(patched):
+    """Kinds in the model's order (encoder, decoder, cross), then layers, then heads: in the
+    table, the picture, the JSON and the report."""
+    report, stdout, printed, fig = patched
+    rows = [row[0] for row in table_rows(stdout, "heads: restored share")[1:]]
+    assert rows == ["encoder L0", "decoder L0", "decoder L1", "cross L0", "cross L1"]
+    picture = next(ax for ax in fig.axes if ax.get_title().startswith("heads"))
+    assert [t.get_text() for t in picture.get_yticklabels()] == rows
+    order = [(row["kind"], row["layer"], row["head"]) for row in printed["heads"]]
+    assert order == sorted(order, key=lambda key: (("encoder", "decoder", "cross").index(key[0]),
+                                                   key[1], key[2]))
+    assert order == [(row["kind"], row["layer"], row["head"]) for row in report.heads]
+
+
+def test_each_patched_pair_has_its_own_picture_and_a_rerun_replaces_its_own(quick):
+    """The default picture is named after what was patched (checkpoint, step, and a digest of
+    both inputs): another pair does not overwrite it, the same command replaces its own file,
+    and a file of the user's there is replaced only with --force (lab/pictures.py's rule)."""
+    folder = quick / "patch"
+    shutil.rmtree(folder, ignore_errors=True)
+    first = run_cli("patch", quick, "--clean", "1 2 3 4")
+    assert first.exit_code == 0, first.stderr
+    [png] = folder.glob("*.png")
+    assert png.name.startswith("best-step") and f"wrote {shown_path(png)}" in first.stdout
+    drawn = png.read_bytes()
+    other = run_cli("patch", quick, "--clean", "2 3 4 1")
+    assert other.exit_code == 0, other.stderr
+    assert len(list(folder.glob("*.png"))) == 2 and png.read_bytes() == drawn
+    again = run_cli("patch", quick, "--clean", "1 2 3 4")
+    assert again.exit_code == 0 and f"wrote {shown_path(png)}" in again.stdout, again.stderr
+    assert len(list(folder.glob("*.png"))) == 2
+    png.write_bytes(b"mine")
+    assert_clean_error(run_cli("patch", quick, "--clean", "1 2 3 4"), 2, "--force")
+    assert png.read_bytes() == b"mine"
+
+
+def test_the_role_cards_picture_says_what_unclear_means_and_numbers_the_positions(
+        quick, tmp_path):
+    """The PNG's legend gives the naming rule (why a head is "unclear"), a card names the best
+    fit it fell short with, and the first map of each row numbers its rows and columns by
+    position (thinned when they would not fit); every text lies inside the figure (newcomer
+    #19)."""
+    from minitfm import load_run
+    from minitfm.lab.look.cards import cards_figure
+    from minitfm.lab.look.patterns import FITS, WEIGHT, mean_maps
+    from tests.test_viz import texts_outside
+
+    run = load_run(quick)
+    report = run.explain(samples=60, out=tmp_path)
+    pairs = run.ablation_pairs(60)
+    maps = mean_maps(run.model, run.task, pairs)
+    long = {key: torch.full((value.size(0), 64, 64), 1 / 64) for key, value in maps.items()}
+    for drawn in (maps, long):
+        fig = cards_figure(report, drawn)
+        assert texts_outside(fig) == []
+        legend = " ".join(fig._supxlabel.get_text().split())
+        assert "unclear" in legend and f"{FITS:.0%} of its rows" in legend, legend
+        assert f"{WEIGHT:.0%} of the weight" in legend, legend
+        panels = [ax for ax in fig.axes if ax.images]
+        assert len(panels) == len(report.cards)
+        for ax, card in zip(panels, report.cards, strict=True):
+            queries, keys = drawn[(card.pattern.kind, card.pattern.layer)].shape[1:]
+            for labels, n in ((ax.get_yticklabels(), queries), (ax.get_xticklabels(), keys)):
+                every = 1 if n <= 16 else -(-n // 16)  # each position while 16 fit
+                numbered = [str(i) for i in range(0, n, every)] if card.pattern.head == 0 else []
+                assert [t.get_text() for t in labels] == numbered  # the first map of a row
+            p = card.pattern
+            if p.pattern in ("unclear", "diffuse"):
+                assert f"{p.pattern} ({p.best_fit} {p.score:.2f})" in ax.get_title()

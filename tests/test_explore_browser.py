@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -119,10 +120,7 @@ def test_typed_inputs_and_heads_off_equal_python(pages, browser):
                 run.predict(text, heads_off=[("cross", 0, 1)], mode=mode)
     # the held-out exact match with the head off: what `minitfm ablate` measures on them
     loaded = load(run_dir, "last", device="cpu")
-    # the page's own computation first: a call of exactMatch() would cancel it mid-way
-    page.wait_for_function("() => document.querySelector('#exact').textContent"
-                           ".includes('head(s) switched off')")
-    shown = page.evaluate("() => window.minitfm.exactMatch()")  # now from its cache
+    shown = page.evaluate("() => window.minitfm.exactMatch()")  # joins the page's own job
     examples = loaded.ablation_pairs()[:len(page.evaluate(
         "() => window.minitfm.data.held_out.sources"))]
     values = replacements(loaded, loaded.ablation_pairs(), "mean")[("cross", 0)]
@@ -217,6 +215,70 @@ def test_held_out_exact_match_is_shown_under_the_heads_it_was_computed_for(pages
     switch(a, b, mode="on")  # a and b computed and cached by now: two cache hits in a row
     assert shown() == f"{label}{100 * intact:.1f}% (every head on)"
     assert len({intact, python_exact([a]), python_exact([a, b])}) == 3  # the test can tell
+
+
+def test_exact_match_asked_while_the_page_computes_ends_on_a_number(pages, browser):
+    """window.minitfm.exactMatch() called while the page decodes its held-out examples: for the
+    page's own state it joins the page's job (the same number, shown under the label); for heads
+    changed through `state` (no switch touched), the page's job is cancelled and the label ends
+    on the number of the heads off now, never on "computing…"."""
+    run_dir, path = pages["copy"]
+    run = load_run(run_dir, checkpoint="last")
+    page, problems = open_page(browser, path, clock=True)
+    page.clock.pause_at(datetime.now() + timedelta(days=1))  # slices run only in run_for
+    page.clock.run_for(60_000)
+    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
+    held = page.evaluate("() => window.minitfm.data.held_out")
+    sources, targets = ([" ".join(tokens[i] for i in ids) for ids in rows]
+                        for rows in (held["sources"], held["targets"]))
+
+    def python_exact(off):
+        outputs = run.predict(sources, heads_off=off, mode="zero")
+        return sum(o == t for o, t in zip(outputs, targets, strict=True)) / len(targets)
+
+    def asked(before: str = "") -> float:
+        """exactMatch() called while the page's job waits for its first slice; its value."""
+        page.evaluate("() => window.minitfm.setHead('cross', 0, 1, 'zero')")
+        page.evaluate(f"() => {{ {before}; window.got = 'pending'; "
+                      f"window.minitfm.exactMatch().then((v) => {{ window.got = v; }}); }}")
+        page.clock.run_for(60_000)
+        return page.evaluate("() => window.got")
+
+    label = f"held-out exact match on {len(targets)} examples: "
+    one, intact = python_exact([("cross", 0, 1)]), python_exact([])
+    assert asked() == one
+    assert page.inner_text("#exact") == f"{label}{100 * one:.1f}% with 1 head(s) switched " \
+                                        f"off; intact model: {100 * intact:.1f}%"
+    page.evaluate("() => window.minitfm.setHead('cross', 0, 1, 'on')")
+    two = python_exact([("cross", 0, 1), ("cross", 0, 0)])
+    assert asked("window.minitfm.state.off['cross.0.0'] = 'zero'") == two
+    assert page.inner_text("#exact") == f"{label}{100 * two:.1f}% with 2 head(s) switched " \
+                                        f"off; intact model: {100 * intact:.1f}%"
+    assert problems == []
+
+
+def test_a_wide_tables_row_keys_stay_in_view_when_it_scrolls(pages, browser):
+    """The patching and logit-lens tables are wider than a narrow window (the default run's at
+    1,300 pixels): each scrolls sideways to its last column, and the key of every row (its
+    first cell: the point, the layer) stays in view when it does."""
+    run_dir, path = pages["copy"]
+    page, problems = open_page(browser, path, viewport={"width": 420, "height": 900})
+    page.wait_for_function("() => document.querySelectorAll('#patch-result table').length === 3"
+                           " && document.querySelector('#lens-table table') !== null")
+    tables = page.evaluate("""() => [...document.querySelectorAll('.scroll')].map((wrap) => {
+        wrap.scrollLeft = wrap.scrollWidth;  // to the last column
+        const box = wrap.getBoundingClientRect(), rows = [...wrap.querySelectorAll('tr')];
+        const edge = (cell) => cell.getBoundingClientRect();
+        return { wide: wrap.scrollWidth > wrap.clientWidth + 1,
+                 keys: rows.map((tr) => edge(tr.cells[0]).left - box.left),
+                 ends: rows.map((tr) => box.right - edge(tr.cells[tr.cells.length - 1]).right) };
+    })""")
+    wide = [t for t in tables if t["wide"]]
+    assert len(wide) >= 2, tables  # the decoder side and the lens, at least
+    for table in wide:
+        assert min(table["keys"]) >= -0.5, table  # every row's key in the box
+        assert min(table["ends"]) >= -0.5, table  # the last column reached
+    assert problems == []
 
 
 def test_the_step_table_and_the_run_section_show_what_the_run_holds(pages, browser):
@@ -368,6 +430,13 @@ def test_role_cards_patching_and_the_logit_lens_show_pythons_figures(pages, brow
     assert len(shown) == len(ordered)  # each head's share, to 2 decimals, in the model's order
     assert all(abs(cell - r["restored"]) <= 0.005 + 1e-9 for cell, r in zip(shown, ordered))
     assert "scored at output position(s)" in page.inner_text("#patch-status")
+    # the decoder side by output position, read→written as `minitfm patch` labels it
+    from minitfm import load_run
+
+    report = load_run(run_dir, "last").patch(text, task.format(result["corrupt"]),
+                                             out=run_dir / "patch-of-the-page.png")
+    header = tables.nth(2).locator("tr").first.locator("th").all_inner_texts()
+    assert header[1:] == report.output_labels() and any("/" in c for c in header), header
     page.fill("#patch-corrupt", "1 2")
     page.click("#patch-run")
     assert "same length" in page.inner_text("#patch-error")

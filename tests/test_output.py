@@ -232,6 +232,45 @@ def test_help_usage_and_choices(monkeypatch):
     assert "--version " in run_cli("--help").stdout
 
 
+def test_each_commands_summary_is_reflowed_in_the_help_100_columns_wide(monkeypatch):
+    """`minitfm --help` in a terminal 100 columns wide: each command's summary (its docstring's
+    first paragraph) fills its column line by line; no line ends early where the docstring
+    breaks one (newcomer #17: "its share in" / "restoring an answer under patching")."""
+    monkeypatch.setenv("COLUMNS", "100")
+    result = run_cli("--help")
+    assert result.exit_code == 0
+    panel = result.stdout.split("Commands", 1)[1].split("╰", 1)[0].splitlines()[1:]
+    first = panel[0]
+    start = len(first) - len(first[1:].lstrip().split(" ", 1)[1].lstrip())  # the help column
+    width = first.rindex("│") - start - 1  # up to the padding before the border
+    entries: list[list[str]] = []
+    for line in panel:
+        name, text = line[1:start].strip(), line[start:line.rindex("│")].strip()
+        if name:
+            entries.append([])
+        entries[-1].append(text)
+    assert [entry[0].split()[0] for entry in entries][:2] == ["Train", "Measure"]
+    for entry in entries:
+        for line, after in zip(entry, entry[1:]):
+            assert len(line) + 1 + len(after.split()[0]) > width - 1, (line, after, width)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_commands_own_help_is_reflowed_100_columns_wide(command, monkeypatch):
+    """`minitfm COMMAND --help` 100 columns wide: each paragraph of its description fills the
+    width line by line, as the terminal wraps it, not where the docstring breaks its lines."""
+    monkeypatch.setenv("COLUMNS", "100")
+    result = run_cli(command, "--help")
+    assert result.exit_code == 0
+    text = result.stdout.split("Usage:", 1)[1].split("╭", 1)[0].splitlines()[1:]
+    plain = "\n".join(line.strip() for line in text)
+    paragraphs = [p.strip().splitlines() for p in plain.split("\n\n") if p.strip()]
+    assert paragraphs, result.stdout
+    for lines in paragraphs:
+        for line, after in zip(lines, lines[1:]):
+            assert len(line) + 1 + len(after.split()[0]) > 100 - 3, (line, after)
+
+
 def test_help_does_not_import_torch():
     code = ("import sys\nfrom minitfm.app.cli import app\n"
             f"for command in {COMMANDS!r} + [None]:\n"

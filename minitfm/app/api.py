@@ -17,9 +17,10 @@ visualize-attention` draws, and `train` is `minitfm train`. Mistakes raise
 `minitfm.errors.MinitfmError` (a subclass) with the one-line message the CLI prints, an option
 named as this API's argument (`max_len`, not `--max-len`).
 
-Threads: a `Run` may be shared by threads (`predict` with heads switched off edits only its own
-thread's passes); `train` calls run one at a time in a process, each as it would alone (torch's
-random numbers and thread count are the process's).
+Threads: a `Run` may be shared by threads (`predict` with heads switched off, `patch` and
+`explain` hook the model for their own thread's passes only); `train` calls run one at a time
+in a process, each as it would alone (torch's random numbers and thread count are the
+process's).
 
 Shapes: H n_heads, S source length, T decoder input length (<bos> + the output; the query at
 row t writes output token t, and the last row writes EOS).

@@ -19,6 +19,7 @@ The commands themselves are in `app/cli.py`.
 from __future__ import annotations
 
 import functools
+import inspect
 import signal
 import sys
 from collections.abc import Iterator
@@ -90,7 +91,15 @@ def plain_params(params: list) -> None:
 
 class PlainHelp:
     """Mixed into Typer's command and group: help text as in `plain_params`, usage as the
-    metavars write it (`minitfm train [OPTIONS] [CONFIG] [KEY=VALUE]...`)."""
+    metavars write it (`minitfm train [OPTIONS] [CONFIG] [KEY=VALUE]...`), and the help text
+    reflowed to the terminal's width (`reflowed`)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = reflowed(self.help)
+        if self.short_help is None and self.help:
+            self.short_help = self.help.split("\n\n", 1)[0]
 
     def get_params(self, ctx) -> list:
         params = super().get_params(ctx)  # with --help and Typer's completion options
@@ -102,6 +111,15 @@ class PlainHelp:
         if not arguments:
             return super().collect_usage_pieces(ctx)
         return [self.options_metavar, *(p.metavar or p.name.upper() for p in arguments)]
+
+
+def reflowed(help_text: str) -> str:
+    """A command's help with each paragraph on one line, for the terminal to wrap to its width
+    (the first paragraph is the summary a list of commands shows). In rich markup mode Typer
+    keeps a docstring's line breaks, and a paragraph broke mid-sentence wherever the source
+    did; a paragraph marked with Click's \\b keeps its lines."""
+    paragraphs = inspect.cleandoc(help_text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
 
 
 class Command(PlainHelp, TyperCommand):

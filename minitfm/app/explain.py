@@ -154,13 +154,22 @@ def patch(
     for name, cells in layers.items():
         heads.add_row(name, *cells)
     show(heads)
-    stream = Table(title="residual stream: restored share at each position (encoder rows: "
-                         "source positions, decoder rows: output positions)")
-    width = max(len(positions) for _, positions, _ in report.streams())
-    stream.add_column("point")
-    for label in report.position_labels(width):
-        stream.add_column(printable(label), justify="right")
-    for name, _, values in report.streams():
-        stream.add_row(name, *(f"{v:.2f}" for v in values))
-    show(stream)
+    show(stream_table(report, "encoder", "residual stream, encoder side: restored share at "
+                                         "each source position (clean/corrupted token)"))
+    show(stream_table(report, "decoder", "residual stream, decoder side: restored share at "
+                                         "each output position (read→written in the clean run; "
+                                         "clean/corrupted where the answers differ)"))
     wrote(report.png)
+
+
+def stream_table(report, side: str, title: str) -> Table:
+    """The residual points of one side, a column per position labelled as the explorer's page
+    labels it (source tokens; output positions read→written)."""
+    table = Table(title=title)
+    table.add_column("point")
+    labels = report.source_labels() if side == "encoder" else report.output_labels()
+    for label in labels:
+        table.add_column(printable(label), justify="right")
+    for name, values in report.streams(side):
+        table.add_row(name, *(f"{v:.2f}" for v in values))
+    return table

@@ -83,8 +83,10 @@ class ExplainOptions:
 
     samples: int = option(1000, "Held-out sequences to decode per head switched off.", 1,
                           MAX_SAMPLES)
-    out: Path | None = option(None, "Folder for the role cards' PNG (default: <run>/explain/; "
-                              "for a .pt outside any run, a file beside it).", metavar="DIR")
+    out: Path | None = option(None, "Folder for the role cards' PNG and its JSON, named "
+                              "<checkpoint>-step<N>.png as in the default folder, "
+                              "<run>/explain/ (for a .pt outside any run, a file beside it).",
+                              metavar="DIR")
     force: bool = option(False, "Replace the PNG even if it is not a picture minitfm wrote.",
                          flags=("--force",))
 
@@ -99,8 +101,9 @@ class PatchOptions:
                                  "(default: the first one-token change of it that changes "
                                  "the answer).", metavar="TEXT")
     out: Path | None = option(None, "PNG path (default: a file in <run>/patch/ named after the "
-                              "checkpoint and step; for a .pt outside any run, a file beside "
-                              "it).", metavar="FILE")
+                              "checkpoint, step and the pair of inputs, 8 hex digits of their "
+                              "digest: each pair its own file; for a .pt outside any run, a "
+                              "file beside it).", metavar="FILE")
     force: bool = option(False, "Replace --out even if it is not a picture minitfm wrote.",
                          flags=("--force",))
 

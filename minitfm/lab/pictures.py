@@ -50,10 +50,12 @@ PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, da
 
 # --- titles ---
 
-def wrap_to_width(text: str, width: float, size: float) -> str:
+def wrap_to_width(text: str, width: float, size: float,
+                  prefer: tuple[str, ...] = PREFERRED_BREAKS) -> str:
     """`text` broken into lines no wider than `width` inches at `size` points, measured with
-    the Agg renderer that draws it: a line too wide breaks first before " → " and " (", then
-    at spaces (a word too long alone, anywhere)."""
+    the Agg renderer that draws it: a line too wide breaks first before each of `prefer` (a
+    title's " → " and " ("; none for prose), then at spaces (a word too long alone,
+    anywhere)."""
     from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.font_manager import FontProperties
 
@@ -66,7 +68,7 @@ def wrap_to_width(text: str, width: float, size: float) -> str:
     lines = []
     for line in text.split("\n"):
         if not fits(line):
-            for mark in PREFERRED_BREAKS:
+            for mark in prefer:
                 line = line.replace(mark, "\n" + mark.lstrip())
         for part in line.split("\n"):
             lines.extend(wrap_words(part, fits))

@@ -35,7 +35,7 @@ const results = inputs.map((item) => {
     const gap = (a, b) => Math.max(...a.map((row, t) => Math.max(...row.map((v, i) => Math.abs(v - b[t][i])))));
     const whole = (stream, layer) => ({ residual: (name, l, x, pos) =>
       (name === stream && l === layer ? pos.map((p) => record.stream[`${name}.${l}`][p]) : x) });
-    const last = ["decoder", model.cfg.n_decoder_layers];
+    const last = ["decoder", model.cfg.n_decoder_layers - 1]; // the output of the last layer
     return { memory: gap(run(whole("encoder", model.cfg.n_encoder_layers)), record.logits),
              last: gap(run(whole(...last)), record.logits),
              nothing: gap(run({ residual: (name, l, x) => x }), run(null)) };

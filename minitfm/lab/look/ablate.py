@@ -90,14 +90,21 @@ def hook_point(model, kind: str, layer: int) -> nn.Module:
     return model.decoder_layers[layer].cross_attn.heads  # "cross"
 
 
+def this_threads(hook):
+    """`hook` (a forward hook or pre-hook) acting on the passes of the thread that made it
+    only: in another thread's pass it returns None, which leaves the values as they are (the
+    Python API's `Run` may be shared by threads)."""
+    owner = threading.get_ident()
+
+    def guarded(*args):
+        return hook(*args) if threading.get_ident() == owner else None
+    return guarded
+
+
 def forward_hook(edit: HeadEdit):
     """`edit` as a forward hook of this thread's passes: a hook that returns a tensor replaces
     the module's output, one that returns None leaves it (another thread's pass) as it is."""
-    owner = threading.get_ident()
-
-    def hook(_module, _inputs, heads: Tensor) -> Tensor | None:
-        return edit(heads) if threading.get_ident() == owner else None
-    return hook
+    return this_threads(lambda _module, _inputs, heads: edit(heads))
 
 
 @contextmanager

@@ -37,8 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
-from minitfm.book.metrics import predict
+from minitfm.book.metrics import EVAL_BATCH_SIZE, length_chunks, predict
+from minitfm.book.model import eval_mode
 from minitfm.errors import MinitfmError
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
@@ -49,8 +51,9 @@ from minitfm.lab.look.probe import pick_probe
 from minitfm.lab.options import ExplainOptions
 from minitfm.lab.pictures import check_output, save_png
 from minitfm.run.files import open_run_file, to_json, write_atomic
-from minitfm.tasks.base import Pair
+from minitfm.tasks.base import Pair, make_batch
 
+SURE = 1e-3  # a teacher-forced verdict closer than this to a tie is decoded instead (`correct`)
 ESSENTIAL = 0.10  # switched off alone, an essential head costs at least 10 points
 NEGLIGIBLE = 0.01  # negligible heads cost at most 1 point, all of them off at once
 PATCHED_PAIRS = 200  # clean held-out inputs (each with its resampled corruption) for patching
@@ -138,12 +141,41 @@ class ExplainReport:
 
 # --- effect: drops with their intervals ---
 
+@torch.no_grad()
 def correct(loaded: Loaded, pairs: list[Pair], edits=None) -> list[bool]:
-    """Whether each pair is decoded exactly, with `edits` (see `edited_heads`) in place."""
-    with edited_heads(loaded.model, edits or {}):
-        predictions = predict(loaded.model, loaded.task, [src for src, _ in pairs],
-                              loaded.device)
-    return [pred == tgt for pred, (_, tgt) in zip(predictions, pairs, strict=True)]
+    """Whether greedy decoding gets each pair exactly right, with `edits` (see
+    `edited_heads`) in place: `predict`'s verdicts, from one teacher-forced pass.
+
+    Greedy decoding writes the target exactly when, teacher-forced on it, each step's
+    strongest logit is the target's token, EOS last: up to its first miss the decoder reads
+    what it wrote itself. So one pass decides a row, where decoding takes a pass per token. A
+    verdict that rests on a margin under SURE (a near tie, which the rounding of the
+    step-by-step pass could turn) is decoded as `predict` does."""
+    model, vocab = loaded.model, loaded.task.vocab
+    verdicts: list[bool | None] = [None] * len(pairs)
+    with edited_heads(model, edits or {}), eval_mode(model):
+        for chunk in length_chunks([len(src) for src, _ in pairs], EVAL_BATCH_SIZE):
+            batch = make_batch([pairs[i] for i in chunk], vocab).to(loaded.device)
+            margin = target_margins(model(batch.src, batch.tgt_in), batch.tgt_out)  # (B, T)
+            low = (margin < SURE) & (batch.tgt_out != vocab.pad_id)  # missed, or too close
+            first = margin.gather(1, low.int().argmax(1, keepdim=True))[:, 0]  # (B,)
+            for i, unsure, m in zip(chunk, low.any(1).tolist(), first.tolist(), strict=True):
+                verdicts[i] = True if not unsure else False if m <= -SURE else None
+        close = [i for i, verdict in enumerate(verdicts) if verdict is None]
+        decoded = predict(model, loaded.task, [pairs[i][0] for i in close], loaded.device) \
+            if close else []
+    for i, output in zip(close, decoded, strict=True):
+        verdicts[i] = output == pairs[i][1]
+    return verdicts
+
+
+def target_margins(logits: Tensor, targets: Tensor) -> Tensor:
+    """Each step's logit of its target token minus the largest other logit (B, T): above 0
+    where the target is the argmax; logits (B, T, V), targets (B, T)."""
+    logits = logits.float()
+    index = targets.clamp(min=0)[..., None]  # (B, T, 1)
+    others = logits.scatter(-1, index, float("-inf")).amax(-1)  # (B, T)
+    return logits.gather(-1, index)[..., 0] - others
 
 
 def switched(values: dict, heads: list[HeadPattern]) -> dict:
@@ -232,8 +264,9 @@ def patching_shares(loaded: Loaded, pairs: list[Pair]) -> dict[tuple[str, int, i
 def explain(loaded: Loaded, options: ExplainOptions = ExplainOptions()) -> ExplainReport:
     """`minitfm explain`: a role card for every head of a loaded run; write the PNG and,
     beside it, the JSON the explorer's page embeds."""
-    png = options.out / f"{loaded.checkpoint.stem}-step{loaded.step}-roles.png" \
-        if options.out is not None else loaded.picture_path("explain", f"step{loaded.step}.png")
+    name = f"step{loaded.step}.png"  # <checkpoint>-step<N>.png, in --out as in <run>/explain/
+    png = options.out / f"{loaded.checkpoint.stem}-{name}" if options.out is not None else \
+        loaded.picture_path("explain", name)
     check_output(png, "--out", options.force)
     check_cards_json(png.with_suffix(".json"), options.force)
     pairs = loaded.ablation_pairs(options.samples)

@@ -15,6 +15,7 @@ import torch
 
 from minitfm.book.metrics import predict
 from minitfm.book.model import eval_mode
+from minitfm.lab.look.ablate import this_threads
 from minitfm.tasks.base import Task
 
 
@@ -25,9 +26,9 @@ def logit_lens(model, task: Task, src: list[int]) -> dict:
     vocab, device = task.vocab, next(model.parameters()).device
     answer = predict(model, task, [src], device)[0]
     written = [*answer, vocab.eos_id]
-    outputs = []
-    hooks = [layer.register_forward_hook(lambda _m, _i, out: outputs.append(out[0]))
-             for layer in model.decoder_layers]
+    outputs = []  # this thread's passes only: a `Run` may be shared by threads
+    keep = this_threads(lambda _m, _i, out: outputs.append(out[0]))
+    hooks = [layer.register_forward_hook(keep) for layer in model.decoder_layers]
     try:
         with eval_mode(model):
             model(torch.tensor([src], device=device),

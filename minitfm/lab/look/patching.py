@@ -32,6 +32,8 @@ Shapes: B batch, S source len, T decoder len, D d_model, H n_heads, K d_head, V 
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,24 +46,33 @@ from minitfm.book.metrics import predict
 from minitfm.book.model import eval_mode
 from minitfm.catalog import SPECIAL_TOKENS
 from minitfm.errors import MinitfmError
-from minitfm.lab.look.ablate import edited_heads, layer_counts
+from minitfm.lab.look.ablate import edited_heads, layer_counts, this_threads
 from minitfm.lab.look.probe import KINDS
 from minitfm.lab.measure.evaluate import input_limit, length_warning
 from minitfm.tasks.base import Task
 
 Edit = Callable[[Tensor], Tensor]  # an activation in, the activation to go on with out
+_, BOS, EOS = SPECIAL_TOKENS  # the tokens every vocabulary starts with
 
 
 # --- where the residual stream is read: hooks before or after a module ---
 
 def residual_points(model) -> dict[tuple[str, int], tuple[nn.Module, bool]]:
-    """(stream, layer) -> (module, before): the input of encoder layer i is ("encoder", i),
-    the memory ("encoder", n_encoder_layers), the output of decoder layer i ("decoder", i + 1)."""
+    """(stream, layer) -> (module, before), named as `point_name` says: the input of encoder
+    layer i is ("encoder", i), the memory ("encoder", n_encoder_layers), the output of decoder
+    layer i ("decoder", i)."""
     points = {("encoder", i): (layer, True) for i, layer in enumerate(model.encoder_layers)}
     points[("encoder", len(model.encoder_layers))] = (model.encoder_norm, False)
-    points.update({("decoder", i + 1): (layer, False)
-                   for i, layer in enumerate(model.decoder_layers)})
+    points.update({("decoder", i): (layer, False) for i, layer in enumerate(model.decoder_layers)})
     return points
+
+
+def point_name(stream: str, layer: int, n_encoder_layers: int) -> str:
+    """A residual point as every view names it: "encoder in L0" ... "memory", "decoder out L0"
+    ... (the explorer's page too)."""
+    if stream == "decoder":
+        return f"decoder out L{layer}"
+    return "memory" if layer == n_encoder_layers else f"encoder in L{layer}"
 
 
 def first(value):
@@ -76,18 +87,19 @@ def with_first(value, x: Tensor):
 
 @contextmanager
 def residual_edits(model, edits: dict[tuple[str, int], Edit]) -> Iterator[None]:
-    """Each edit applied to the residual stream at its (stream, layer) for the block; every
-    hook removed after, even if the block raises."""
+    """Each edit applied to the residual stream at its (stream, layer) for the block, in this
+    thread's passes only (as `ablate.edited_heads`); every hook removed after, even if the
+    block raises."""
     handles = []
     try:
         for key, edit in edits.items():
             module, before = residual_points(model)[key]
             if before:
                 hook = (lambda e: lambda _m, args: (e(args[0]), *args[1:]))(edit)
-                handles.append(module.register_forward_pre_hook(hook))
+                handles.append(module.register_forward_pre_hook(this_threads(hook)))
             else:
                 hook = (lambda e: lambda _m, _args, out: with_first(out, e(first(out))))(edit)
-                handles.append(module.register_forward_hook(hook))
+                handles.append(module.register_forward_hook(this_threads(hook)))
         yield
     finally:
         for handle in handles:
@@ -149,7 +161,9 @@ def recorded(model, src: Tensor, tgt: Tensor):
     residual = {key: keep(stream, key) for key in residual_points(model)}
     with edited_heads(model, head_edits), residual_edits(model, residual):
         logits = model(src, tgt)
-    return logits, heads, stream
+    # in the order of kinds (encoder, decoder, cross), as every view lists them, not in the
+    # order the passes reach them (decoder L0, cross L0, decoder L1, ...)
+    return logits, {key: heads[key] for key in head_edits}, stream
 
 
 def all_layers(model) -> list[tuple[str, int]]:
@@ -182,8 +196,8 @@ class Patching:
 
     clean_diff: float
     corrupt_diff: float
-    heads: list[dict]  # {"kind", "layer", "head", "restored"}
-    residual: list[dict]  # {"stream", "layer", "position", "restored"}
+    heads: list[dict]  # {"kind", "layer", "head", "restored"}: kinds, layers, heads in order
+    residual: list[dict]  # {"point", "stream", "layer", "position", "restored"}
 
 
 @torch.no_grad()
@@ -208,11 +222,12 @@ def patch_activations(model, batch: Contrast, residual: bool = True) -> Patching
                                   "restored": (diff - corrupt_diff) / span if span else 0.0})
         stream_rows = []
         for (name, layer), clean in stream.items() if residual else ():
+            point = point_name(name, layer, len(model.encoder_layers))
             for position in range(clean.size(1)):
                 with residual_edits(model, {(name, layer): position_patch(clean, position)}):
                     share = restored(model(batch.corrupt, batch.decoder_input))
-                stream_rows.append({"stream": name, "layer": layer, "position": position,
-                                    "restored": share})
+                stream_rows.append({"point": point, "stream": name, "layer": layer,
+                                    "position": position, "restored": share})
     return Patching(clean_diff, corrupt_diff, head_rows, stream_rows)
 
 
@@ -265,19 +280,29 @@ class PatchReport:
     def heads(self) -> list[dict]:
         return self.patching.heads
 
-    def streams(self) -> list[tuple[str, list[int], list[float]]]:
-        """Each residual point's name, positions and restored shares, in the model's order."""
-        rows: dict[tuple[str, int], list[dict]] = {}
+    def streams(self, side: str) -> list[tuple[str, list[float]]]:
+        """Each residual point of one side ("encoder": source positions, "decoder": output
+        positions), its name and its restored share at each position, in the model's order."""
+        rows: dict[str, list[float]] = {}
         for row in self.patching.residual:
-            rows.setdefault((row["stream"], row["layer"]), []).append(row)
-        return [(stream_name(stream, layer, rows), [r["position"] for r in group],
-                 [r["restored"] for r in group]) for (stream, layer), group in rows.items()]
+            if row["stream"] == side:
+                rows.setdefault(row["point"], []).append(row["restored"])
+        return list(rows.items())
 
-    def position_labels(self, width: int) -> list[str]:
-        """Column labels: the source token (corrupted one after a slash) or the output."""
-        labels = [c if c == k else f"{c}/{k}" for c, k in zip(self.clean, self.corrupt,
-                                                              strict=True)]
-        return [f"{i}: {labels[i]}" if i < len(labels) else str(i) for i in range(width)]
+    def source_labels(self) -> list[str]:
+        """The encoder side's columns: position and source token, `clean/corrupted` where the
+        inputs differ."""
+        return [f"{i}: {either(c, k)}" for i, (c, k) in enumerate(zip(self.clean, self.corrupt,
+                                                                       strict=True))]
+
+    def output_labels(self) -> list[str]:
+        """The decoder side's columns, as the explorer writes them: output position i reads the
+        clean answer's token before it and writes its own (`3: 5→2`), `clean/corrupted` where
+        the corrupted input's answer writes another token there."""
+        written, theirs = [*self.clean_answer, EOS], [*self.corrupt_answer, EOS]
+        reads = [BOS, *self.clean_answer]  # the decoder input of both runs
+        return [f"{i}: {read}→{either(ours, theirs[i]) if i < len(theirs) else ours}"
+                for i, (read, ours) in enumerate(zip(reads, written, strict=True))]
 
     def title(self) -> str:
         return (f"activation patching · {self.task} · {self.checkpoint.name} · step {self.step}"
@@ -298,12 +323,9 @@ class PatchReport:
                 "residual": self.patching.residual}
 
 
-def stream_name(stream: str, layer: int, rows: dict) -> str:
-    """"encoder in L0" ... "memory" for the encoder, "decoder out L0" ... for the decoder."""
-    if stream == "decoder":
-        return f"decoder out L{layer - 1}"
-    last = max(key[1] for key in rows if key[0] == "encoder")
-    return "memory" if layer == last else f"encoder in L{layer}"
+def either(clean: str, corrupt: str) -> str:
+    """One token of both runs: `3` where they agree, `3/0` where the corrupted run's differs."""
+    return clean if clean == corrupt else f"{clean}/{corrupt}"
 
 
 def patch(loaded, options) -> PatchReport:
@@ -311,11 +333,13 @@ def patch(loaded, options) -> PatchReport:
     corrupted input from its clean run; write the heatmap PNG (see `PatchOptions`)."""
     from minitfm.lab.look.cards import patch_figure
     from minitfm.lab.look.probe import pick_probe
-    from minitfm.lab.pictures import check_output, save_png
+    from minitfm.lab.pictures import check_output, check_picture_path, save_png
 
-    png = options.out if options.out is not None else \
-        loaded.picture_path("patch", f"step{loaded.step}.png")
-    check_output(png, "--out", options.force)
+    named = loaded.picture_path("patch", f"step{loaded.step}.png")  # where the default goes
+    if options.out is not None:  # checked before anything is decoded
+        check_output(options.out, "--out", options.force)
+    else:  # its folder: the name needs the inputs
+        check_picture_path(named, "--out")
     model, task, cfg = loaded.model, loaded.task, loaded.config
     limit = input_limit(cfg, task)  # what the model has positions for
     clean = task.parse(options.clean, limit) if options.clean is not None else \
@@ -325,6 +349,9 @@ def patch(loaded, options) -> PatchReport:
     if len(corrupt) != len(clean):
         raise MinitfmError(f"--corrupt has {len(corrupt)} tokens and --clean {len(clean)}: "
                            f"patching compares inputs of the same length")
+    png = options.out if options.out is not None else \
+        named.with_name(f"{named.stem}-{inputs_digest(task, clean, corrupt)}.png")
+    check_output(png, "--out", options.force)
     batch = contrast(model, task, [clean], [corrupt])
     answers = predict(model, task, [clean, corrupt], loaded.device)
     tokens = [[task.vocab.token(i) for i in ids] for ids in (clean, corrupt, *answers)]
@@ -334,3 +361,10 @@ def patch(loaded, options) -> PatchReport:
                          length_warning(cfg, task, [clean, corrupt], "input"))
     save_png(patch_figure(report), png, "--out", options.force)
     return report
+
+
+def inputs_digest(task: Task, clean: list[int], corrupt: list[int]) -> str:
+    """8 hex digits naming a pair of inputs (the sha256 of both as the task writes them): the
+    default picture of each pair gets a file of its own, and the same pair the same file."""
+    text = json.dumps([task.format(clean), task.format(corrupt)], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]

@@ -182,15 +182,16 @@
         .sort((x, y) => x.position - y.position).map((r) => r.restored);
       const E = model.cfg.n_encoder_layers, L = model.cfg.n_decoder_layers;
       const encoder = Array.from({ length: E + 1 }, (_, l) => [l === E ? "memory" : `encoder in L${l}`, stream("encoder", l)]);
-      const decoder = Array.from({ length: L }, (_, l) => [`decoder out L${l}`, stream("decoder", l + 1)]);
-      const reads = tokens(b.decoderInput), writes = tokens(b.cleanAnswer);
+      const decoder = Array.from({ length: L }, (_, l) => [`decoder out L${l}`, stream("decoder", l)]);
+      const reads = tokens(b.decoderInput), writes = tokens(b.cleanAnswer), theirs = tokens(b.corruptAnswer);
+      const written = (i) => ctx.short(writes[i]) + (i < theirs.length && theirs[i] !== writes[i] ? `/${ctx.short(theirs[i])}` : "");
       box.replaceChildren(
         shareTable("heads: restored share of each head's output (before W^O, every position)",
                    Array.from({ length: H }, (_, h) => `head ${h}`), heads),
         shareTable("residual stream, encoder side: restored share at each source position",
                    src.map((t, i) => (t === bad[i] ? `${i}: ${t}` : `${i}: ${t}/${bad[i]}`)), encoder),
-        shareTable("residual stream, decoder side: restored share at each output position (reads→writes, clean run)",
-                   reads.map((t, i) => `${i}: ${ctx.short(t)}→${ctx.short(writes[i])}`), decoder),
+        shareTable("residual stream, decoder side: restored share at each output position (read→written in the clean run; clean/corrupted where the answers differ)",
+                   reads.map((t, i) => `${i}: ${ctx.short(t)}→${written(i)}`), decoder),
         el("p", "Red: restores the clean answer (1: all of it); blue: pushes towards the corrupted one; white: 0. Patching the memory, or the last decoder layer, at every position gives the clean run back exactly.", "hint"));
     }
 

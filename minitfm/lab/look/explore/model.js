@@ -16,8 +16,9 @@
  *   heads(kind, layer, outs, qPos): every head's output before W^O, H x (T_q, K), for the
  *     queries at positions qPos (a decoding step: one query);
  *   residual(stream, layer, x, pos): the residual stream (T, D) at positions pos: ("encoder", l)
- *     the input of encoder layer l, ("encoder", n_encoder_layers) the memory, ("decoder", l + 1)
- *     the output of decoder layer l.
+ *     the input of encoder layer l, ("encoder", n_encoder_layers) the memory, ("decoder", l)
+ *     the output of decoder layer l (patching.py's names: "encoder in Ll", "memory",
+ *     "decoder out Ll").
  */
 (function (root) {
   "use strict";
@@ -336,7 +337,7 @@
     const selfRows = [], crossRows = [];
     for (let l = 0; l < model.cfg.n_decoder_layers; l++) {
       const r = decoderLayer(model, l, x, t, cache[l], switches);
-      x = residualHook(switches, "decoder", l + 1, r.x, [t]); // the output of layer l
+      x = residualHook(switches, "decoder", l, r.x, [t]); // the output of layer l
       selfRows.push(r.selfWeights.map((w) => w[0]));
       crossRows.push(r.crossWeights.map((w) => w[0]));
     }

@@ -365,13 +365,16 @@
 
   /** Held-out exact match with the heads switched off now, decoded in slices so the page
    * stays responsive; a Promise of the fraction, or of null when the switches changed before
-   * it was done. One job at a time: any call for another state (a cache hit too) cancels it. */
+   * it was done. One job at a time: any call for another state (a cache hit too) cancels it,
+   * and a call for the same state joins it. Whoever asks (the switches, or a caller of
+   * window.minitfm.exactMatch()), the label shows the progress and then the number, under the
+   * state it was computed for while that is still the page's. */
   function exactMatch() {
-    const key = stateKey();
+    const key = stateKey(), off = offList().length;
     if (exactJob && exactJob.key === key) return exactJob.promise;
     if (exactJob) exactJob.cancelled = true; // its number would be for an earlier state
     exactJob = null;
-    if (exactCache.has(key)) return Promise.resolve(exactCache.get(key));
+    if (exactCache.has(key)) return Promise.resolve(showExact(key, off, exactCache.get(key)));
     const job = { key, cancelled: false }, switched = M.switchesFor(model, MEANS, offList());
     const sources = DATA.held_out.sources, predictions = [];
     job.promise = new Promise((resolve) => {
@@ -382,11 +385,11 @@
           const decoded = M.greedyDecode(model, src, task.cap(src.length), switched).decoded;
           predictions.push(decoded[decoded.length - 1] === EOS ? decoded.slice(0, -1) : decoded);
         }
-        $("exact").textContent = `held-out exact match: computing… ${predictions.length} of ${sources.length}`;
+        if (key === stateKey()) $("exact").textContent = `held-out exact match: computing… ${predictions.length} of ${sources.length}`;
         if (predictions.length < sources.length) { setTimeout(slice, 0); return; }
         exactCache.set(key, exactOf(predictions));
         if (exactJob === job) exactJob = null;
-        resolve(exactCache.get(key));
+        resolve(showExact(key, off, exactCache.get(key)));
       };
       setTimeout(slice, 0);
     });
@@ -394,15 +397,13 @@
     return job.promise;
   }
 
-  /** The exact match under the label of the state it was computed for, and only while that
-   * state is still the page's. */
-  function showExact() {
-    const n = DATA.held_out.sources.length, key = stateKey(), off = offList().length;
-    exactMatch().then((value) => {
-      if (value == null || key !== stateKey()) return; // a later state shows its own
-      $("exact").textContent = `held-out exact match on ${n} examples: ${percent(value)}` +
-        (off ? ` with ${off} head(s) switched off; intact model: ${percent(intactExact)}` : " (every head on)");
-    });
+  /** The label of `value`, the exact match of the state `key` (`off` heads switched off),
+   * written only while that state is still the page's; `value` back. */
+  function showExact(key, off, value) {
+    if (key !== stateKey()) return value; // a later state shows its own
+    $("exact").textContent = `held-out exact match on ${DATA.held_out.sources.length} examples: ${percent(value)}` +
+      (off ? ` with ${off} head(s) switched off; intact model: ${percent(intactExact)}` : " (every head on)");
+    return value;
   }
 
   function ablationPictures() {
@@ -560,7 +561,7 @@
     inside.lensTable($("lens-table"), shown);
     syncSwitches();
     writeHash();
-    if (headsChanged) showExact();
+    if (headsChanged) exactMatch(); // its label follows
   }
 
   function start() {

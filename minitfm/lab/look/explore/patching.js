@@ -94,7 +94,7 @@
       }
     }
     const points = [...Array.from({ length: E + 1 }, (_, l) => ["encoder", l]),
-                    ...Array.from({ length: L }, (_, l) => ["decoder", l + 1])];
+                    ...Array.from({ length: L }, (_, l) => ["decoder", l])];
     return { heads: list, points };
   }
 
@@ -180,7 +180,7 @@
   /** Hooks that keep each decoder layer's output at each step: outputs[layer][step] (D,). */
   function decoderOutputs(outputs) {
     return { residual(name, layer, x, pos) {
-      if (name === "decoder") (outputs[layer - 1] || (outputs[layer - 1] = []))[pos[0]] = x[0];
+      if (name === "decoder") (outputs[layer] || (outputs[layer] = []))[pos[0]] = x[0];
       return x;
     } };
   }

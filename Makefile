@@ -31,14 +31,16 @@ $(STAMP): pyproject.toml $(if $(subst $(TORCH),,$(PINNED))$(subst $(PINNED),,$(T
 train: install
 	$(BIN)/minitfm train $(CONFIG) $(ARGS)
 
-test: install
-	$(BIN)/python -m pytest -q $(ARGS)
+# The tests in a process per core (pytest-xdist; each test pins torch to 1 thread), at most 8, a
+# module's tests in one process (its shared fixtures made once).
+PARALLEL = -n auto --maxprocesses=8 --dist loadscope
 
-# The tests not marked slow (none trains past ~50 steps or starts other torch processes), in a
-# process per core (pytest-xdist; each test pins torch to 1 thread), at most 8, a module's tests
-# in one process (its shared fixtures made once).
+test: install
+	$(BIN)/python -m pytest -q $(PARALLEL) $(ARGS)
+
+# The tests not marked slow (none trains past ~50 steps or starts other torch processes).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow" -n auto --maxprocesses=8 --dist loadscope $(ARGS)
+	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL) $(ARGS)
 
 # The book's own tests (tests/book/): each chapter against PyTorch, in seconds.
 test-book: install

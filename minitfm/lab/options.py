@@ -145,19 +145,19 @@ class SweepOptions:
                               "characters than letters, digits, '_', '-', '.' as '_').",
                               metavar="NAME")
     out: Path | None = option(None, "Sweep folder: a new or empty one, or this sweep's own "
-                              "(default: a new sweep-<name>-<timestamp> in log.dir, or the one "
+                              "(default: a new sweep-<name>-<time> in log.dir, or the one "
                               "that holds this same grid and base config).")
     on: str = option("local", "Where the jobs run: local (processes of this machine) or ray "
                      "(tasks on a Ray cluster: --ray-address, else $RAY_ADDRESS, else a Ray "
                      "started on this machine; pip install 'minitfm[ray]').", metavar="local|ray")
     ray_address: str | None = option(None, "The Ray cluster's address, HOST:PORT (with --on "
-                                     "ray).", metavar="HOST:PORT")
+                                     "ray).", metavar="ADDR")
     stack: bool | None = option(None, "Train the runs that share a model shape as one stacked "
                                 "model a job (--stack), or each run alone (--no-stack); default: "
                                 "stacked where it pays, on a GPU.", flags=("--stack/--no-stack",))
     skip_invalid: bool = option(False, "Leave out the combinations that fail validation instead "
-                                "of refusing the grid (e.g. model.positional=none with a value "
-                                "for model.random_positions).", flags=("--skip-invalid",))
+                                "of refusing the grid (e.g. positional none beside a number of "
+                                "random positions).", flags=("--skip-invalid",))
 
 
 def stack_sizes(text: str | None) -> list[int]:

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 import minitfm
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.learn.workbook import BOOK_IMPORT, book_source, load_workbook
 from tests.helpers import assert_error_line, run_cli
 from tests.learn.test_workbook import SHORT, start
@@ -69,7 +69,8 @@ def test_sys_exit_in_the_learners_code_is_a_failure_never_exit_0(tmp_path, lab_r
     where = f"{folder / 'attention.py'}:{line + 1}"
     checked = run_cli("learn", "check", folder, "attention")
     assert checked.exit_code == 1, checked.stdout + checked.stderr
-    assert "your code called sys.exit(0)" in checked.stdout and where in checked.stdout
+    shown = f"{shown_path(folder / 'attention.py')}:{line + 1}"  # as `learn check` prints paths
+    assert "your code called sys.exit(0)" in checked.stdout and shown in checked.stdout
     assert_error_line(run_cli("train", *SHORT, "--book", folder, "--run-dir",
                                tmp_path / "run"), 2, where, "your code called sys.exit(0)")
     assert_error_line(run_cli("predict", lab_run, "1 2 3", "--book", folder), 2, where,

@@ -5,6 +5,7 @@ and nobody else may write them; a config file never makes it import one; and the
 minitfm starts never import modules from the working folder."""
 
 import os
+import re
 import shlex
 import stat
 import sys
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 import minitfm
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.many.scheduler import train_command
 from minitfm.lab.many.sweep import prepare
 from minitfm.lab.options import SweepOptions
@@ -106,9 +107,9 @@ def test_a_config_file_naming_a_workbook_never_imports_it(tmp_path, monkeypatch)
     config = config_naming(theirs / "config.yaml", ".")  # a run folder that names itself
     result = run_cli("train", config, "--run-dir", tmp_path / "run")
     assert_clean_error(result, 2, "names the workbook", "(model.code)",
-                       f"give --book {theirs}")
+                       f"give --book {shown_path(theirs)}")  # as messages print paths
     assert not canary.exists() and not (tmp_path / "run").exists()
-    with pytest.raises(MinitfmError, match=f"give book='{theirs}'"):
+    with pytest.raises(MinitfmError, match=re.escape(f"give book='{shown_path(theirs)}'")):
         minitfm.train(config, run_dir=tmp_path / "run", progress=False)
     with pytest.raises(MinitfmError, match="the config given names the workbook"):
         # a mapping, or a Config (a loaded run's, say), is a config as a file is

@@ -396,7 +396,9 @@ PATH_COMMANDS = {  # each command's options, and the start of the file it writes
 }
 
 
-@pytest.mark.parametrize("where", ["inside", "beside", "far"])
+# Every command, three times (a second or more each): "beside" in the fast half, the others slow.
+@pytest.mark.parametrize("where", [pytest.param("inside", marks=pytest.mark.slow), "beside",
+                                   pytest.param("far", marks=pytest.mark.slow)])
 def test_every_command_prints_its_paths_by_the_one_rule(path_run, monkeypatch, where):
     """The run given by its absolute path from the folder holding it, as `../work/runs/r` from
     a folder beside it, or from a folder so deep that the relative path is the longer: every

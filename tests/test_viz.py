@@ -206,11 +206,15 @@ def texts_outside(fig) -> list[str]:
 
 # Every layout `visualize-attention` can make: one head or four, one kind or all, one layer or
 # all, an input of 1, 16 or 64 tokens (the --input limit); an untrained model is wrong, so the
-# title carries the longest verdict ("✗ (expected ...)").
+# title carries the longest verdict ("✗ (expected ...)"). The largest figures (a second each to
+# draw) are in the slow half: the fast one draws every kind of layout at a smaller size.
+LARGE = pytest.mark.slow
 @pytest.mark.parametrize("n_layers,n_heads,n_tokens,kinds,layer,head", [
     (1, 1, 1, KINDS, None, None), (1, 1, 16, ("decoder",), None, None),
-    (2, 4, 16, KINDS, 1, 1), (2, 4, 16, ("decoder",), 1, 1), (2, 4, 16, KINDS, None, None),
-    (2, 4, 1, ("cross",), None, 0), (2, 2, 64, ("cross",), 1, None), (2, 4, 64, KINDS, None, 0),
+    (2, 4, 16, KINDS, 1, 1), (2, 4, 16, ("decoder",), 1, 1),
+    pytest.param(2, 4, 16, KINDS, None, None, marks=LARGE),
+    (2, 4, 1, ("cross",), None, 0), pytest.param(2, 2, 64, ("cross",), 1, None, marks=LARGE),
+    pytest.param(2, 4, 64, KINDS, None, 0, marks=LARGE),
 ])
 def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_tokens, kinds,
                                                       layer, head):

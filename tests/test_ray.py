@@ -238,14 +238,22 @@ def test_an_unreachable_cluster_or_no_ray_is_one_line(tmp_path, monkeypatch):
 
 def test_with_no_address_ray_starts_on_this_machine_and_stops_with_the_sweep(tmp_path):
     """`--on ray` with no --ray-address and no RAY_ADDRESS: a Ray of this machine's own, for
-    this sweep; its results are the local sweep's, and none of its processes outlive it."""
+    this sweep, even where an earlier `ray start` left the address of a cluster long gone in
+    Ray's temp folder (Ray alone would try to join it, and wait); its results are the local
+    sweep's, and none of its processes outlive it."""
     ray_or_skip()
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    temp = Path(tempfile.mkdtemp(prefix="mtr-", dir="/tmp"))  # short: Ray's sockets live there
+    (temp / "ray").mkdir()
+    (temp / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{free_port()}")
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, "RAY_TMPDIR": str(temp)}
     before = {pid for pid in map(int, subprocess.run(["pgrep", "raylet"], capture_output=True,
                                                      text=True).stdout.split())}
-    done = subprocess.run([sys.executable, "-m", "minitfm",
-                           *sweep_args(tmp_path / "sw", "0..1", "--on", "ray")],
-                          capture_output=True, text=True, env=env, timeout=240)
+    try:
+        done = subprocess.run([sys.executable, "-m", "minitfm",
+                               *sweep_args(tmp_path / "sw", "0..1", "--on", "ray")],
+                              capture_output=True, text=True, env=env, timeout=240)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "on Ray: a Ray started on this machine" in done.stdout
     time.sleep(1)

@@ -96,7 +96,9 @@ def connect(address: str | None, say: Callable[[str], None]):
     address = address or os.environ.get(ADDRESS_ENV) or None
     if address is not None and address != "auto":
         check_reachable(address)
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False,
+    # With no address Ray would join any cluster it finds running here (`ray start` leaves its
+    # address in /tmp/ray); "local" starts one of this sweep's own, as the help says.
+    ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False,
              include_dashboard=False, configure_logging=False)
     nodes = [node for node in ray.nodes() if node["Alive"]]
     cpus = sum(node["Resources"].get("CPU", 0) for node in nodes)

@@ -65,6 +65,9 @@ TASKS = MappingProxyType({spec.name: spec for spec in (
     TaskSpec("add", task_symbols=("+",), reading="add",
              longest_source=lambda n: 2 * n + 1,  # two n-digit numbers and a '+'
              longest_target=lambda n: n + 1),  # a sum: at most a digit more than its operands
+    # a + b mod p: each number one symbol, the answer one symbol, whatever task.max_len says
+    TaskSpec("modadd", task_symbols=("+",), reading="modadd",
+             longest_source=lambda n: 3, longest_target=lambda n: 1),
     # Pairs read from files: as many target tokens here; once its files are read, their longest.
     TaskSpec("pairs", task_symbols=("<unk>",), reading=None, from_files=True),
 )})

@@ -1,6 +1,6 @@
 """The synthetic tasks: a rule from a source of symbols to its target, each with an example.
 
-Copy, reverse, sort, duplicate, shift and add, over the data symbols 0..n_symbols-1. What
+Copy, reverse, sort, duplicate, shift, add and modadd, over the data symbols 0..n_symbols-1. What
 they share (vocabulary, sampling, the held-out rule, text) is `base.Task`; each class here
 states its rule (`target`) and the source position each target token should attend to
 (`alignment`, what the attention pictures compare with). What each name fixes besides (task
@@ -15,7 +15,7 @@ import torch
 
 from minitfm.config import TaskConfig
 from minitfm.errors import TaskInputError
-from minitfm.tasks.base import Task
+from minitfm.tasks.base import SPLITS, Pair, Task
 
 
 class CopyTask(Task):
@@ -191,4 +191,119 @@ class AddTask(Task):
         return self._digits(47) + [self.plus_id] + self._digits(85)
 
 
-SYNTHETIC = (CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask)
+class ModAddTask(Task):
+    """Modular addition, a + b mod p with p = n_symbols, each number one token (grokking's task).
+
+    Example (p = 10): 7 + 5 -> 2, since 12 = 10 + 2; with p = 59, 40 + 25 -> 6. The source keeps add's '+' between the
+    operands (`a + b`, not `a b`): typed text reads as the sum it is (`predict RUN "40 + 25"`)
+    for one more encoder position, which carries nothing the model needs.
+
+    Its held-out rule is not the 1-in-16 hash: of the p² pairs (a, b), a fixed share
+    (task.train_fraction, rounded) is the training set and the rest is held out, as in Power et
+    al. 2022 and Nanda et al. 2023. Which pairs is a permutation of all p² drawn from a generator
+    seeded with task.eval_seed, the seed of the held-out set: runs of different seeds share one
+    split (they differ by their model and data order only), and a share rounds exactly, which
+    a hash would only approach. a + b and b + a are two pairs, each on its own side (the paper
+    splits them so; the model must learn that addition commutes). Training draws training pairs
+    only and evaluation held-out pairs only (`sample`), each in rounds that go through the
+    split's pairs once in a random order: a batch of every training pair is full-batch training.
+    """
+
+    name = "modadd"
+    summary = "a + b mod p, one token per number"
+
+    def __init__(self, cfg: TaskConfig) -> None:
+        super().__init__(cfg)
+        self.plus_id = self.vocab.id("+")  # its task symbol (catalog.TASKS["modadd"])
+        p = self.n_symbols
+        order = torch.randperm(p * p, generator=torch.Generator().manual_seed(cfg.eval_seed))
+        n_train = train_pair_count(p, cfg.train_fraction)
+        # Pair index a * p + b; each split sorted, so it reads the same whatever the draw order.
+        self.split_indices = {"train": order[:n_train].sort().values,
+                              "eval": order[n_train:].sort().values}
+        self.held_out = torch.zeros(p * p, dtype=torch.bool)
+        self.held_out[self.split_indices["eval"]] = True
+
+    def target(self, src: list[int]) -> list[int]:
+        a, b = self._operand_values(src)
+        return [self.first_data_id + (a + b) % self.n_symbols]
+
+    def max_target_len(self, src_len: int) -> int:
+        return 1
+
+    def input_length(self, src: list[int]) -> int:
+        return 1  # each operand is one symbol, as task.min_len = task.max_len = 1 says
+
+    def describe(self) -> str:
+        p, n = self.n_symbols, len(self.split_indices["train"])
+        return f"p = {p}, {n:,} of the {p * p:,} pairs trained on, {p * p - n:,} held out"
+
+    def _operand_values(self, src: list[int]) -> tuple[int, int]:
+        return src[0] - self.first_data_id, src[2] - self.first_data_id
+
+    # --- the split and sampling ---
+
+    def pairs(self, split: str) -> list[Pair]:
+        """Every (source, target) pair of `split` ("train" or "eval"), in order of (a, b)."""
+        return self._pairs_at(self.split_indices[split].tolist())
+
+    def _pairs_at(self, indices: list[int]) -> list[Pair]:
+        p, first = self.n_symbols, self.first_data_id
+        return [([first + i // p, self.plus_id, first + i % p], [first + (i // p + i % p) % p])
+                for i in indices]
+
+    def is_held_out(self, src: list[int]) -> bool:
+        a, b = self._operand_values(src)
+        return bool(self.held_out[a * self.n_symbols + b])
+
+    def sample(self, n: int, generator: torch.Generator, *, min_len: int | None = None,
+               max_len: int | None = None, split: str = "train") -> list[Pair]:
+        """`n` pairs of `split`, in rounds: each round is every pair of the split once, in a
+        random order (lengths do not apply: every input is two operands)."""
+        if split not in SPLITS:
+            raise ValueError(f"split ({split!r}) must be one of {SPLITS}")
+        indices = self.split_indices[split]
+        rounds = [indices[torch.randperm(len(indices), generator=generator)]
+                  for _ in range(-(-n // len(indices)))]
+        return self._pairs_at(torch.cat(rounds)[:n].tolist())
+
+    # --- text ---
+
+    def _tokenize(self, text: str) -> list[str]:
+        """Two numbers joined by '+', spaces optional ("40 + 25", "40+25")."""
+        tokens: list[str] = []
+        for k, operand in enumerate(text.split("+")):
+            tokens += ["+"] * (k > 0) + self._read_words(operand.split())
+        return tokens
+
+    def written_compact(self, text: str) -> bool:
+        return False  # the answer is one symbol: written the same either way
+
+    def _allowed(self) -> str:
+        return f"two numbers of 0..{self.n_symbols - 1} joined by one '+'"
+
+    def _check_structure(self, ids: list[int], text: str) -> None:
+        count = ids.count(self.plus_id)
+        problem = "has no '+'" if count == 0 else f"has {count} '+' signs"
+        if count == 1:
+            i = ids.index(self.plus_id)
+            problem = "needs one number on each side of '+'" if i != 1 or len(ids) != 3 else ""
+        if problem:
+            raise TaskInputError(f"{text.strip()!r} {problem}: task 'modadd' takes "
+                                 f"{self._allowed()}, e.g. {self._example_text()!r}")
+
+    def _example_text(self) -> str:
+        return self.example()[0]
+
+    def _example_source(self) -> list[int]:
+        p, first = self.n_symbols, self.first_data_id
+        return [first + 7 % p, self.plus_id, first + 5 % p]
+
+
+def train_pair_count(p: int, fraction: float) -> int:
+    """How many of the p² pairs of modadd are trained on: the share rounded, at least one,
+    and at least one held out (the config refuses a share that rounds to neither)."""
+    return min(max(round(fraction * p * p), 1), p * p - 1)
+
+
+SYNTHETIC = (CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask, ModAddTask)

@@ -447,13 +447,14 @@ def documented_card_size() -> tuple[float, float]:
 
 TYPED = ["", "   ", "3 1 4", "314", "3x", "<eos>", "3 <bos>", "12 3", "x" * 200, "it's",
          'a"b', "\t\n", "３", "3\x851", "1\ufeff2", "12+34", "12 + 3 4", "1++2", "+5", "12",
-         "1+2+3", "0" * 40]
+         "1+2+3", "0" * 40, "7+5", "40 + 25", "7 +5", "3 4+5"]
 
 
 @needs_node
 @pytest.mark.parametrize("overrides", [
     ["task.name=reverse"], ["task.name=sort", "task.n_symbols=12"], ["task.name=add"],
     ["task.name=copy", "model.positional=learned", "model.max_len=20"],
+    ["task.name=modadd"], ["task.name=modadd", "task.n_symbols=43"],
 ])
 def test_typed_input_is_read_with_predicts_rules_and_messages(overrides, tmp_path):
     cfg = load_config(None, overrides)

@@ -53,6 +53,7 @@
   }
 
   function inputLength(src) { // task.input_length: add counts the longer operand
+    if (DATA.task.reading === "modadd") return 1; // two one-symbol numbers
     if (DATA.task.reading !== "add") return src.length;
     const plus = DATA.task.tokens.indexOf("+"), i = src.indexOf(plus);
     return Math.max(i, src.length - i - 1);

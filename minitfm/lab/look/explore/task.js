@@ -3,8 +3,8 @@
  * `minitfm predict` (tests/test_explore.py compares them with Python's).
  *
  * `spec` comes from the page's data: the vocabulary (`tokens`), how text is read (`reading`:
- * "words" for the synthetic tasks, "add" for two numbers joined by '+', "char" or "space" for
- * pairs), whether symbols may be written without spaces (`compact`), and the phrases of the
+ * "words" for the synthetic tasks, "add" for two numbers joined by '+', "modadd" for two
+ * one-symbol numbers joined by '+', "char" or "space" for pairs), whether symbols may be written without spaces (`compact`), and the phrases of the
  * messages that Python writes (`allowed`, `example`).
  */
 (function (root) {
@@ -64,6 +64,7 @@
   function makeTask(spec) {
     const ids = new Map(spec.tokens.map((token, i) => [token, i]));
     const isPairs = spec.reading === "char" || spec.reading === "space";
+    const isSum = spec.reading === "add" || spec.reading === "modadd";
 
     /** Each word one symbol, except a lone compact word ("314"), read character by character. */
     function readWords(words) {
@@ -74,7 +75,7 @@
     function tokenize(text) {
       if (spec.reading === "char") return chars(text);
       if (spec.reading === "space") return split(text);
-      if (spec.reading === "add") {
+      if (isSum) {
         return text.split("+").flatMap((operand, k) =>
           [...(k > 0 ? ["+"] : []), ...readWords(split(operand))]);
       }
@@ -93,17 +94,21 @@
       return ids.get(token);
     }
 
-    /** add: exactly one '+', a number on each side. */
+    /** add: exactly one '+', a number on each side; modadd: one symbol on each side. */
     function checkStructure(src, text) {
-      if (spec.reading !== "add") return;
+      if (!isSum) return;
       const plus = ids.get("+"), count = src.filter((id) => id === plus).length;
       let problem = count === 0 ? "has no '+'" : `has ${count} '+' signs`;
       if (count === 1) {
         const i = src.indexOf(plus);
-        problem = i === 0 || i === src.length - 1 ? "needs a number on each side of '+'" : "";
+        if (spec.reading === "modadd") {
+          problem = i !== 1 || src.length !== 3 ? "needs one number on each side of '+'" : "";
+        } else {
+          problem = i === 0 || i === src.length - 1 ? "needs a number on each side of '+'" : "";
+        }
       }
       if (problem) {
-        throw new TaskInputError(`${pyRepr(strip(text))} ${problem}: task 'add' takes ${spec.allowed}, e.g. ${pyRepr(spec.example)}`);
+        throw new TaskInputError(`${pyRepr(strip(text))} ${problem}: task '${spec.name}' takes ${spec.allowed}, e.g. ${pyRepr(spec.example)}`);
       }
     }
 
@@ -133,6 +138,7 @@
 
     /** Whether text is written without spaces between symbols ("314", "12+34"). */
     function writtenCompact(text) {
+      if (spec.reading === "modadd") return false; // the answer is one symbol (ModAddTask)
       if (spec.reading === "add") return text.split("+").every((operand) => split(operand).length <= 1);
       const words = split(text);
       return spec.compact && words.length === 1 && chars(words[0]).length > 1;

@@ -1,0 +1,202 @@
+"""Grokking: the modadd task (its rule, its split, its text), its config, and the gauges of
+minitfm/lab/look/grokking.py (after Nanda et al. 2023)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minitfm.config import TaskConfig, load_config
+from minitfm.errors import ConfigError, TaskInputError
+from minitfm.lab.look.grokking import (
+    KEY_FREQUENCIES,
+    fourier_sparsity,
+    key_frequencies,
+    modadd_gauges,
+    restricted_and_excluded,
+)
+from minitfm.tasks import make_task
+from minitfm.tasks.base import eval_set
+from tests.helpers import assert_clean_error, run_cli, train_bare
+
+CONFIG = Path(__file__).parent.parent / "configs" / "grokking.yaml"
+TINY_MODADD = ["task.name=modadd", "task.n_symbols=7", "task.train_fraction=0.5",
+               "model.d_model=16", "model.n_heads=2", "model.d_ff=32",
+               "model.n_encoder_layers=1", "model.n_decoder_layers=1", "train.steps=20",
+               "train.batch_size=24", "train.warmup_steps=2", "train.eval_every=10",
+               "train.eval_samples=25", "log.tensorboard=false", "log.attention_every=0",
+               "threads=1"]
+
+
+def modadd(p: int = 11, fraction: float = 0.3, **kw):
+    return make_task(TaskConfig(name="modadd", n_symbols=p, train_fraction=fraction, **kw))
+
+
+def numbers(task, src: list[int]) -> tuple[int, int]:
+    a, b = task.format(src).split(" + ")
+    return int(a), int(b)
+
+
+# --- the task ---
+
+def test_the_target_is_the_sum_mod_p_for_every_pair():
+    task = modadd(p=13)
+    for src, target in task.pairs("train") + task.pairs("eval"):
+        a, b = numbers(task, src)
+        assert task.format(target) == str((a + b) % 13)
+        assert task.target(src) == target and len(target) == 1
+    assert task.alignment(task.parse("3 + 5")) is None  # the answer reads both operands
+
+
+def test_a_fixed_share_of_the_pairs_is_trained_on_and_the_rest_held_out():
+    task = modadd(p=11, fraction=0.3)
+    train = {tuple(src) for src, _ in task.pairs("train")}
+    held_out = {tuple(src) for src, _ in task.pairs("eval")}
+    assert len(train) == round(0.3 * 121) == 36 and len(held_out) == 121 - 36
+    assert not train & held_out and len(train | held_out) == 121
+    assert not any(task.is_held_out(list(src)) for src in train)
+    assert all(task.is_held_out(list(src)) for src in held_out)
+    # The split follows task.eval_seed, not the run's seed: the same for every run seed.
+    assert task.pairs("train") == modadd(p=11, fraction=0.3).pairs("train")
+    assert task.pairs("train") != modadd(p=11, fraction=0.3, eval_seed=7).pairs("train")
+
+
+def test_training_draws_training_pairs_and_evaluation_held_out_ones():
+    task = modadd(p=11, fraction=0.3)
+    train = {tuple(src) for src, _ in task.pairs("train")}
+    generator = torch.Generator().manual_seed(0)
+    stream = [tuple(src) for _ in range(5) for src, _ in task.sample(50, generator)]
+    assert set(stream) <= train
+    held = [tuple(src) for src, _ in eval_set(task, 200, seed=3)]
+    assert not set(held) & train and len(set(held)) == 85  # every held-out pair, then again
+    # A batch of every training pair is each of them once: full-batch training.
+    batch = [tuple(src) for src, _ in task.sample(36, generator)]
+    assert sorted(batch) == sorted(train)
+
+
+def test_text_reads_and_writes_sums():
+    task = modadd(p=43)
+    for text in ("40 + 25", "40+25", " 40 +25 "):
+        src = task.parse(text)
+        assert task.format(src) == "40 + 25"
+        assert task.format_like(task.target(src), text) == "22"
+    assert make_task(TaskConfig(name="modadd")).example() == ("7 + 5", "2")
+    for text, problem in [("40", "has no '\\+'"), ("1+2+3", "has 2 '\\+' signs"),
+                          ("3 4 + 5", "one number on each side"), ("+5", "one number on each"),
+                          ("43 + 1", "'43' is not a symbol")]:
+        with pytest.raises(TaskInputError, match=problem):
+            task.parse(text)
+
+
+# --- its settings ---
+
+@pytest.mark.parametrize("overrides, message", [
+    (["task.train_fraction=0.5"], "task.train_fraction (0.5) applies only to task 'modadd'"),
+    (["task.name=modadd", "task.train_fraction=1.5"], "must be between 0 and 1"),
+    (["task.name=modadd", "task.train_fraction=0"], "must be between 0 and 1"),
+    (["task.name=modadd", "task.n_symbols=3", "task.train_fraction=0.05"],
+     "trains on no pair of the 9 (task.n_symbols 3, squared): raise it to at least 0.111"),
+    (["task.name=modadd", "task.n_symbols=3", "task.train_fraction=0.99"],
+     "trains on every pair of the 9 (task.n_symbols 3, squared): lower it to at most 0.889"),
+    (["task.name=modadd", "task.max_len=4"], "do not apply to task 'modadd'"),
+    (["task.name=modadd", "task.n_symbols=5000"], "must be at most 1000 for task 'modadd'"),
+])
+def test_bad_settings_are_one_line_naming_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_cli_refuses_a_bad_fraction_with_exit_code_2(tmp_path):
+    result = run_cli("train", "task.name=modadd", "task.train_fraction=1.5",
+                     "--run-dir", tmp_path / "run")
+    assert_clean_error(result, 2, "task.train_fraction (1.5) must be between 0 and 1")
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_grokking_config_trains_full_batch_and_evaluates_every_held_out_pair():
+    cfg = load_config(CONFIG)
+    task = make_task(cfg.task)
+    assert cfg.task.name == "modadd" and cfg.train.weight_decay >= 0.5
+    assert cfg.train.batch_size == len(task.pairs("train"))
+    assert cfg.train.eval_samples == len(task.pairs("eval"))
+    assert 0 < cfg.train.target_exact_match <= 1
+
+
+def test_tasks_lists_modadd():
+    result = run_cli("tasks")
+    assert result.exit_code == 0 and "modadd" in result.stdout and "7 + 5" in result.stdout
+
+
+def test_predict_reads_a_sum_and_refuses_a_bad_one(tmp_path):
+    run_dir = tmp_path / "run"
+    train_bare(load_config(None, TINY_MODADD), run_dir=run_dir)
+    result = run_cli("predict", run_dir, "3 + 5", "6+6")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.strip() in {str(v) for v in range(7)} for line in lines)
+    assert_clean_error(run_cli("predict", run_dir, "3 4 + 5"), 2, "one number on each side")
+
+
+# --- the gauges ---
+
+def wave_logits(p: int, keys: list[int], vocab: int, first: int) -> torch.Tensor:
+    """Logits (p², vocab) that are exactly key-frequency sums: Σ_k 3 cos(w_k (a + b - c)) for
+    the answer symbols c, 0 elsewhere (the output's mean over the inputs is 0)."""
+    a = torch.arange(p, dtype=torch.float64)
+    total = (a[:, None] + a[None, :]).flatten()  # (P,)
+    logits = torch.zeros(p * p, vocab, dtype=torch.float64)
+    for k in keys:
+        logits[:, first:first + p] += 3 * torch.cos(2 * math.pi * k * (total[:, None] - a) / p)
+    return logits
+
+
+def test_restricted_loss_of_key_frequency_logits_is_their_loss():
+    p, keys, vocab, first = 17, [2, 5, 7], 21, 4
+    logits = wave_logits(p, keys, vocab, first)
+    a = torch.arange(p)
+    answers = ((a[:, None] + a[None, :]) % p).flatten() + first
+    train = torch.rand(p * p, generator=torch.Generator().manual_seed(0)) < 0.3
+    assert key_frequencies(logits, p, count=3) == keys
+    restricted, excluded = restricted_and_excluded(logits, answers, train, p, keys)
+    assert restricted == pytest.approx(F.cross_entropy(logits, answers).item(), abs=1e-9)
+    assert excluded == pytest.approx(math.log(vocab), abs=1e-9)  # nothing left: uniform
+    # Kept without a key frequency, the loss is worse; taken out without it, better.
+    worse, better = restricted_and_excluded(logits, answers, train, p, keys[:2])
+    assert worse > restricted and better < excluded
+
+
+def test_sparsity_of_a_few_waves_is_one_and_of_noise_is_low():
+    p = 31
+    a = torch.arange(p, dtype=torch.float64)
+    waves = torch.stack([torch.cos(2 * math.pi * 4 * a / p), torch.sin(2 * math.pi * 9 * a / p),
+                         torch.ones(p)], dim=1)  # (p, 3): two frequencies and a constant
+    assert fourier_sparsity(waves) == pytest.approx(1.0, abs=1e-9)
+    noise = torch.randn(p, 64, generator=torch.Generator().manual_seed(0))
+    assert fourier_sparsity(noise) < 2 * KEY_FREQUENCIES / (p // 2)
+
+
+def test_the_gauges_of_a_tiny_model_are_in_range(tmp_path):
+    from minitfm import load_run
+
+    run_dir = tmp_path / "run"
+    train_bare(load_config(None, TINY_MODADD), run_dir=run_dir)
+    run = load_run(run_dir, checkpoint="last")
+    gauges = modadd_gauges(run.model, run.task)
+    assert set(gauges) == {"train_exact", "restricted_loss", "excluded_loss", "fourier_sparsity"}
+    assert 0 <= gauges["train_exact"] <= 1 and 0 < gauges["fourier_sparsity"] <= 1
+    assert all(math.isfinite(gauges[key]) and gauges[key] >= 0
+               for key in ("restricted_loss", "excluded_loss"))
+    from minitfm.book.metrics import predict
+
+    pairs = run.task.pairs("train")
+    decoded = predict(run.model, run.task, [src for src, _ in pairs], "cpu")
+    right = sum(pred == target for pred, (_, target) in zip(decoded, pairs, strict=True))
+    assert gauges["train_exact"] == right / len(pairs)
+    run.model.train()
+    modadd_gauges(run.model, run.task)
+    assert run.model.training  # measured in eval mode, given back as it was

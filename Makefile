@@ -67,10 +67,10 @@ notebook: install
 
 # Remakes every figure of docs/ that a command makes, on an idle machine, after a change of the
 # default: the default run's pictures (docs/over-training-reverse.png, docs/ablate-reverse.png),
-# the shipped configs' runs, the lengthgen sweep (docs/lengthgen.png: 18 runs, most of the time)
-# and the notebook (as `make notebook`); their numbers go to docs/figures.json, which
-# tests/test_docs.py holds the docs to. Runs go to runs/figures/. One step:
-# `make figures ARGS="--only default"` (steps: default, configs, lengthgen, notebook).
+# the shipped configs' runs, the lengthgen sweep (docs/lengthgen.png: 18 runs, most of the time),
+# grokking's run and its phases (docs/grokking.png) and the notebook (as `make notebook`); their
+# numbers go to docs/figures.json, which tests/test_docs.py holds the docs to. Runs go to runs/figures/. One step:
+# `make figures ARGS="--only default"` (steps: default, configs, lengthgen, grokking, notebook).
 figures: install data
 	$(BIN)/python docs/make_figures.py $(ARGS)
 

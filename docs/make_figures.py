@@ -17,6 +17,10 @@ Steps (`--only` picks some; each keeps the others' entries in figures.json):
   `make data`); figures.json `configs`: exact match and the step each stopped at.
 - `lengthgen`: the sweep of docs/experiments.md (18 runs: most of the time) ->
   docs/lengthgen.png; figures.json `lengthgen`: exact match per range of every configuration.
+- `grokking`: `minitfm train configs/grokking.yaml` (seed 0, 1 thread as the config says),
+  then its three phases drawn from the run's metrics.jsonl (`draw_phases` of
+  minitfm.lab.look.grokking, in a process of its own) -> docs/grokking.png; figures.json
+  `grokking`: where each phase ended, the gauges there, where the run stopped, its wall time.
 - `notebook`: notebooks/execute.py (`make notebook`), which writes notebooks/tour.ipynb.
 
     .venv/bin/python docs/make_figures.py                    # everything (make figures)
@@ -26,7 +30,8 @@ Steps (`--only` picks some; each keeps the others' entries in figures.json):
 
 `--tiny` checks the script in a minute: small models and few steps, a smaller lengthgen grid,
 no notebook, pictures and figures.json into `--out` (docs/ is left alone). Standard library
-and Pillow only: everything else is a `minitfm` command.
+and Pillow only: everything else is a `minitfm` command (or, for grokking's figure, a function
+of minitfm run in its own process).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-STEPS = ("default", "configs", "lengthgen", "notebook")
+STEPS = ("default", "configs", "lengthgen", "grokking", "notebook")
 CONFIGS = ("reverse", "copy", "shift", "sort", "duplicate", "add", "dates")  # docs/config.md
 THREADS = ["threads=2"]  # part of every recipe in the docs: a fixed count repeats bit for bit
 LENGTHGEN = ["configs/lengthgen-copy.yaml", "--name", "lengthgen", "task.name=copy,reverse",
@@ -53,6 +58,8 @@ LENGTHGEN = ["configs/lengthgen-copy.yaml", "--name", "lengthgen", "task.name=co
              "--eval-lengths", "17..32", "--eval-lengths", "17..24"]  # docs/experiments.md
 TINY = ["model.d_model=16", "model.n_heads=2", "model.d_ff=32", "train.steps=20",
         "train.warmup_steps=5", "train.eval_every=10", "train.eval_samples=50"]
+TINY_GROKKING = ["task.n_symbols=11", "train.batch_size=36", "train.eval_samples=85",
+                 "train.steps=20", "train.eval_every=10"]  # 36 of the 121 pairs: full batch
 TINY_LENGTHGEN = ["configs/lengthgen-copy.yaml", "--name", "lengthgen", "task.name=copy,reverse",
                   "model.positional=sinusoidal,rope", "model.random_positions=null,64",
                   "--eval-lengths", "17..20", "--eval-samples", "50", *TINY]
@@ -139,6 +146,22 @@ class Figures:
         if not self.dry_run:
             self.found["lengthgen"] = sweep_figures(ROOT / folder)
 
+    def grokking(self) -> None:
+        """configs/grokking.yaml as docs/looking-inside.md gives it (its threads are the
+        config's: 1), then the figure of its phases."""
+        run_dir = self.scratch / "grokking"
+        self.minitfm("train", "configs/grokking.yaml", *(TINY_GROKKING if self.tiny else []),
+                     "--run-dir", str(run_dir), "--overwrite")
+        figure = self.scratch / "grokking.png"
+        self.run("-c", "import json, sys; from minitfm.lab.look.grokking import draw_phases; "
+                 "json.dump(draw_phases(sys.argv[1], sys.argv[2]), open(sys.argv[3], 'w'))",
+                 str(run_dir), str(figure), str(self.scratch / "grokking.json"))
+        self.picture(figure, "grokking.png")
+        if not self.dry_run:
+            phases = json.loads((ROOT / self.scratch / "grokking.json").read_text())
+            self.found["grokking"] = {**phases, "stopped": where_it_stopped(ROOT / run_dir),
+                                      "wall_s": round(read_summary(ROOT / run_dir)["wall_s"])}
+
     def notebook(self) -> None:
         if self.tiny:
             print("(--tiny: no notebook; make notebook runs it)")
@@ -172,9 +195,13 @@ def read_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+
+
 def where_it_stopped(run_dir: Path) -> dict:
     """The run's last evaluation: exact match, step, why it ended (summary.json)."""
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    summary = read_summary(run_dir)
     return {"exact_match": round(summary["exact_match"], 4), "step": summary["step"],
             "status": summary["status"]}
 

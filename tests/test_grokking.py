@@ -3,6 +3,7 @@ minitfm/lab/look/grokking.py (after Nanda et al. 2023)."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -14,9 +15,12 @@ from minitfm.config import TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
 from minitfm.lab.look.grokking import (
     KEY_FREQUENCIES,
+    draw_phases,
     fourier_sparsity,
     key_frequencies,
     modadd_gauges,
+    phase_steps,
+    read_phases,
     restricted_and_excluded,
 )
 from minitfm.tasks import make_task
@@ -200,3 +204,35 @@ def test_the_gauges_of_a_tiny_model_are_in_range(tmp_path):
     run.model.train()
     modadd_gauges(run.model, run.task)
     assert run.model.training  # measured in eval mode, given back as it was
+
+
+# --- the figure of the three phases ---
+
+def write_metrics(run_dir: Path, lines: list) -> None:
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(
+        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+def test_the_phases_are_read_from_the_eval_and_gauge_lines(tmp_path):
+    gauges = {"restricted_loss": 2.0, "excluded_loss": 0.01, "fourier_sparsity": 0.3}
+    lines = [{"step": 100, "split": "train", "loss": 1.0},
+             {"step": 100, "split": "gauges", "train_exact": 0.5, **gauges},
+             {"step": 100, "split": "eval", "loss": 3.0, "exact_match": 0.1},
+             {"step": 200, "split": "gauges", "train_exact": 1.0, **gauges},
+             {"step": 200, "split": "eval", "loss": 3.0, "exact_match": 0.1},
+             {"step": 300, "split": "eval", "loss": 2.0, "exact_match": 0.3},
+             "not json", {"step": "x", "split": "eval", "exact_match": 0.9},
+             {"step": 400, "split": "eval", "loss": 1.0, "exact_match": 0.6},
+             {"step": 500, "split": "gauges", "train_exact": 1.0, **gauges,
+              "restricted_loss": 0.1},
+             {"step": 500, "split": "eval", "loss": 0.1, "exact_match": 0.995}]
+    write_metrics(tmp_path / "run", lines)
+    curves = read_phases(tmp_path / "run")
+    assert curves["held_out"] == [(100, 0.1), (200, 0.1), (300, 0.3), (400, 0.6), (500, 0.995)]
+    assert curves["restricted_loss"] == [(100, 2.0), (200, 2.0), (500, 0.1)]
+    assert phase_steps(curves) == {"memorised": 200, "jump_begins": 300, "grokked": 500}
+    found = draw_phases(tmp_path / "run", tmp_path / "phases.png")
+    assert found["phases"] == phase_steps(curves)
+    assert found["gauges"]["grokked"]["restricted_loss"] == 0.1
+    assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")

@@ -192,11 +192,12 @@ class AddTask(Task):
 
 
 class ModAddTask(Task):
-    """Modular addition, a + b mod p with p = n_symbols, each number one token (grokking's task).
+    """Modular addition a + b mod p, p = n_symbols, each number one token (grokking's task).
 
-    Example (p = 10): 7 + 5 -> 2, since 12 = 10 + 2; with p = 59, 40 + 25 -> 6. The source keeps add's '+' between the
-    operands (`a + b`, not `a b`): typed text reads as the sum it is (`predict RUN "40 + 25"`)
-    for one more encoder position, which carries nothing the model needs.
+    Example (p = 10): 7 + 5 -> 2, since 12 = 10 + 2; with p = 43, 40 + 25 -> 22. The source
+    keeps add's '+' between the operands (`a + b`, not `a b`): typed text reads as the sum it is
+    (`predict RUN "40 + 25"`), for one more encoder position, which carries nothing the model
+    needs.
 
     Its held-out rule is not the 1-in-16 hash: of the p² pairs (a, b), a fixed share
     (task.train_fraction, rounded) is the training set and the rest is held out, as in Power et

@@ -15,27 +15,33 @@ model as it is (eval mode, no gradient, one forward pass over the p² pairs):
 - `excluded_loss`: the answer's cross-entropy on the training pairs when the key-frequency
   components are taken out of the logits: it rises during the plateau as the training set comes
   to rest on the circuit rather than on memory.
-- `fourier_sparsity`: the share of the number embeddings' Fourier energy (k >= 1) in their
-  KEY_FREQUENCIES strongest frequencies: about KEY_FREQUENCIES / (p // 2) for a random
-  embedding, near 1 once the embedding is a few waves.
+- `fourier_sparsity`: the share of the number embeddings' Fourier energy over 0..p-1
+  (frequencies k = 1..p//2; the constant left out) in their KEY_FREQUENCIES strongest
+  frequencies: about KEY_FREQUENCIES / (p // 2) for a random embedding, near 1 once the
+  embedding is a few waves.
 
 What is adapted, and why. The paper's model is a one-layer decoder reading "a b =" whose logits
-at "=" are the answer; here the answer is the decoder's first output (after BOS), so its logits
-are that position's, and its embedding matrix is the rows of the data symbols 0..p-1 in the
-shared embedding (the source reads them; the paper's W_E). The paper picks the key frequencies
-by hand from the embedding's Fourier norms; here they are the KEY_FREQUENCIES frequencies of
-largest norm, found anew at each call, so a gauge needs no person in the loop. The components
-of the logits are the paper's: the projection, over the p² inputs (a, b), of each output's
-logit onto the directions cos(w_k (a + b)) and sin(w_k (a + b)); the restricted logits keep
-each output's mean over the inputs as well, which holds the output's bias and nothing of the
-inputs (the paper's model centres its logits instead).
+at "=" are the answer; here the answer is the decoder's first output (after BOS), so the logits
+are that position's, teacher-forced, and the embedding is the rows of the data symbols 0..p-1
+in the shared embedding (what the source reads: the paper's W_E). The paper picks its key
+frequencies by hand, from the embedding's Fourier norms; here they are found anew at each call,
+from the logits: the KEY_FREQUENCIES frequencies whose waves cos(w_k (a + b)), sin(w_k (a + b))
+over the p² inputs hold the most of the logits' energy. The logits are the part a loss reads,
+and in this model they are not the embedding's frequencies alone: attention and the
+feed-forward block mix them (in a grokked run of configs/grokking.yaml, four of the five key
+frequencies were among the embedding's five strongest). A component of the logits is the
+paper's: for each output, the projection of its logit over the p² inputs onto those two waves.
+The restricted logits keep each output's mean over the inputs too: its bias, which holds nothing
+of a and b, and without which the restricted loss would be that of a model with no bias.
 
 Shapes: P = p² pairs, V vocab_size, D d_model, F frequencies 1..p//2.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +49,7 @@ from torch import Tensor
 
 from minitfm.book.metrics import evaluate
 from minitfm.book.model import eval_mode
+from minitfm.lab.pictures import line_style, save_png
 from minitfm.tasks.base import Task, make_batch
 
 KEY_FREQUENCIES = 5  # as many as Nanda et al.'s model (p = 113) came to use
@@ -140,3 +147,104 @@ def modadd_gauges(model, task: Task) -> dict[str, float]:
     exact = evaluate(model, task, task.pairs("train"), device).exact_match
     return {"train_exact": exact, "restricted_loss": restricted, "excluded_loss": excluded,
             "fourier_sparsity": fourier_sparsity(embedding)}
+
+
+# --- the figure of the three phases (`make figures --only grokking`) ---
+
+GAUGES = ("train_exact", "restricted_loss", "excluded_loss", "fourier_sparsity")
+
+
+def read_phases(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """A run's curves from its metrics.jsonl: `held_out` (exact match at each evaluation) and
+    each gauge of its `gauges` lines, as (step, value) in order of step (a resumed run's later
+    line wins); lines that are not such records are skipped."""
+    curves: dict[str, dict[int, float]] = {name: {} for name in ("held_out", *GAUGES)}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a torn last line, left by a killed run
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        names = {"eval": {"exact_match": "held_out"},
+                 "gauges": {name: name for name in GAUGES}}.get(record.get("split"), {})
+        for key, name in names.items():
+            if isinstance(record.get(key), (int, float)):
+                curves[name][record["step"]] = float(record[key])
+    return {name: sorted(points.items()) for name, points in curves.items()}
+
+
+def phase_steps(curves: dict[str, list[tuple[int, float]]], level: float = 0.99) -> dict:
+    """Where the phases end: memorisation at the first gauge line with train_exact >= `level`,
+    circuit formation at the last evaluation before held-out exact match first reaches half
+    of `level` (the jump begins), cleanup at the first evaluation with held-out exact match
+    >= `level` (None: not reached)."""
+    def first(points, test):
+        return next((step for step, value in points if test(value)), None)
+
+    memorised = first(curves["train_exact"], lambda v: v >= level)
+    halfway = first(curves["held_out"], lambda v: v >= level / 2)
+    before = [step for step, _ in curves["held_out"] if halfway is not None and step < halfway]
+    return {"memorised": memorised, "jump_begins": before[-1] if before else halfway,
+            "grokked": first(curves["held_out"], lambda v: v >= level)}
+
+
+def phases_figure(curves: dict[str, list[tuple[int, float]]], title: str):
+    """Three panels over steps, the phases shaded: exact match (training pairs, held-out
+    pairs), restricted and excluded loss (log scale), Fourier sparsity."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    fig = Figure(figsize=(11, 8.5), dpi=100, layout="constrained")
+    exact_ax, loss_ax, sparse_ax = fig.subplots(3, 1, sharex=True)
+    lines = [(exact_ax, "train_exact", "training pairs"), (exact_ax, "held_out", "held-out pairs"),
+             (loss_ax, "restricted_loss", "restricted loss (key frequencies only, all pairs)"),
+             (loss_ax, "excluded_loss", "excluded loss (key frequencies removed, training "
+              "pairs)"),
+             (sparse_ax, "fourier_sparsity", f"embedding's energy in its {KEY_FREQUENCIES} "
+              f"strongest frequencies")]
+    for i, (ax, name, label) in enumerate(lines):
+        steps, values = zip(*curves[name]) if curves[name] else ((), ())
+        ax.plot(steps, values, label=label, **line_style(i % 2 if ax is not sparse_ax else 0))
+    shade_phases(fig.axes, phase_steps(curves), max(s for c in curves.values() for s, _ in c))
+    exact_ax.set(ylabel="exact match", ylim=(-0.02, 1.02), title=title)
+    exact_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    loss_ax.set(ylabel="loss per answer", yscale="log")
+    sparse_ax.set(ylabel="Fourier sparsity", ylim=(0, 1.02), xlabel="step")
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        # beside the axes, not on them: the curves fill the width
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def shade_phases(axes, steps: dict, last: int) -> None:
+    """Memorisation, circuit formation and cleanup shaded on each of `axes`, named on the
+    first."""
+    edges = [0, steps["memorised"], steps["jump_begins"], steps["grokked"] or last]
+    if None in edges:
+        return  # a run that never memorised or never jumped has no three phases to shade
+    names = ("memorisation", "circuit formation", "cleanup")
+    for i, name in enumerate(names):
+        for ax in axes:
+            ax.axvspan(edges[i], edges[i + 1], color=("#fde0c5", "#e8e8e8", "#d4ecd9")[i],
+                       alpha=0.6, linewidth=0)
+        narrow = edges[i + 1] - edges[i] < 0.15 * last  # a name across it would not fit
+        axes[0].text((edges[i] + edges[i + 1]) / 2, 0.6, name, ha="center", va="center",
+                     rotation=90 if narrow else 0, fontsize="small", color="#444444")
+
+
+def draw_phases(run_dir: str | Path, out: str | Path, force: bool = True) -> dict:
+    """The figure of a modadd run's three phases as a PNG (the picture rule); the steps that
+    end them, and the gauges there."""
+    run_dir, out = Path(run_dir), Path(out)
+    curves = read_phases(run_dir)
+    steps = phase_steps(curves)
+    title = (f"grokking a + b mod p: memorised by step {steps['memorised']}, held-out 99% at "
+             f"step {steps['grokked']}")
+    save_png(phases_figure(curves, title), out, "--out", force)
+    at = {name: dict(points) for name, points in curves.items()}
+    return {"phases": steps,
+            "gauges": {phase: {name: round(at[name][step], 4) for name in GAUGES
+                               if step in at[name]}
+                       for phase, step in steps.items() if step is not None}}

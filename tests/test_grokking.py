@@ -82,6 +82,19 @@ def test_training_draws_training_pairs_and_evaluation_held_out_ones():
     assert sorted(batch) == sorted(train)
 
 
+def test_the_sizes_the_memory_check_reads_are_the_tasks():
+    from minitfm import catalog
+    from minitfm.run.limits import sequence_lengths
+
+    task, spec = modadd(p=43), catalog.TASKS["modadd"]
+    sources = [src for src, _ in task.pairs("train")]
+    assert {len(src) for src in sources} == {3} == {spec.longest_source(1), task.max_source_len(1)}
+    assert {len(target) for _, target in task.pairs("eval")} == {1} == {spec.longest_target(1)}
+    assert len(task.vocab) == spec.vocab_size(43) == 3 + 1 + 43
+    assert sequence_lengths("modadd", 1) == (3, 2)  # the source; BOS + answer, answer + EOS
+    assert spec.positions_for_inputs(1) == task.positions_for_source(3) == 3
+
+
 def test_text_reads_and_writes_sums():
     task = modadd(p=43)
     for text in ("40 + 25", "40+25", " 40 +25 "):
@@ -144,6 +157,9 @@ def test_predict_reads_a_sum_and_refuses_a_bad_one(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.strip() in {str(v) for v in range(7)} for line in lines)
     assert_clean_error(run_cli("predict", run_dir, "3 4 + 5"), 2, "one number on each side")
+    assert_clean_error(run_cli("eval", run_dir, "--max-len", "4"), 2,
+                       "lengths 1..4 do not apply to task 'modadd'")
+    assert run_cli("eval", run_dir, "--samples", "20").exit_code == 0
 
 
 # --- the gauges ---

@@ -84,7 +84,7 @@ def test_the_task_modules_import_down_only():
         assert {m for m in found if m.startswith("minitfm.tasks")} == allowed, name
 
 
-@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+@pytest.mark.parametrize("name", LENGTH_TASKS)
 def test_the_sizes_the_memory_check_reads_are_the_tasks(name):
     # The catalog states them once, without torch; the tasks and run.limits both read them.
     t, spec = task(name), catalog.TASKS[name]

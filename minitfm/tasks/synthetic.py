@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from minitfm.config import TaskConfig
-from minitfm.errors import TaskInputError
+from minitfm.errors import ConfigError, TaskInputError
 from minitfm.tasks.base import SPLITS, Pair, Task
 
 
@@ -260,9 +260,13 @@ class ModAddTask(Task):
     def sample(self, n: int, generator: torch.Generator, *, min_len: int | None = None,
                max_len: int | None = None, split: str = "train") -> list[Pair]:
         """`n` pairs of `split`, in rounds: each round is every pair of the split once, in a
-        random order (lengths do not apply: every input is two operands)."""
+        random order (every input has length 1: two one-symbol numbers)."""
         if split not in SPLITS:
             raise ValueError(f"split ({split!r}) must be one of {SPLITS}")
+        lo, hi = min_len or 1, max_len or 1
+        if (lo, hi) != (1, 1):
+            raise ConfigError(f"lengths {lo}..{hi} do not apply to task 'modadd': its inputs "
+                              f"are two one-symbol numbers, all of length 1")
         indices = self.split_indices[split]
         rounds = [indices[torch.randperm(len(indices), generator=generator)]
                   for _ in range(-(-n // len(indices)))]

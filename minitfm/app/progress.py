@@ -12,7 +12,16 @@ from rich.text import Text
 
 from minitfm.app.tables import printable, shell_quote
 from minitfm.errors import shown_path
-from minitfm.run.instruments import Ended, Evaluation, Instrument, Note, Started, Stepped, TrainLine
+from minitfm.run.instruments import (
+    Ended,
+    Evaluation,
+    GaugesDue,
+    Instrument,
+    Note,
+    Started,
+    Stepped,
+    TrainLine,
+)
 
 MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
 ENDINGS = {"finished": "done", "stopped at target": "target reached",
@@ -79,8 +88,9 @@ def figures(task: Task) -> list[tuple[int, str]]:
         last = f"ETA {clock(task.time_remaining)}"
     else:
         last = ""
-    return [(1, f"loss {f['loss']}"), (2, f"exact {f['exact']}"), (4, f"lr {f['lr']}"),
-            (3, f["speed"]), (5, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
+    return [(1, f"loss {f['loss']}"), (2, f"exact {f['exact']}"), (3, f["gauge"]),
+            (2, f["forecast"]), (5, f"lr {f['lr']}"), (4, f["speed"]),
+            (6, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
 
 
 def fit(parts: list[tuple[int, str]], room: int) -> str:
@@ -105,6 +115,8 @@ class ConsoleReporter(Instrument):
         self.progress: Progress | None = None
         self.task_id = None
         self.exact_match = "-"
+        self.gauge = self.forecast = ""  # the latest reading's gauge and forecast (see gauges)
+        self.last_gauge: float | None = None
         self.target: float | None = None
         self.tensorboard = False
         self.book: str | None = None  # a learner's workbook the run trained with
@@ -162,7 +174,7 @@ class ConsoleReporter(Instrument):
             self.progress.start()
             self.task_id = self.progress.add_task(
                 "train", total=cfg.train.steps, completed=run.step, loss="-",
-                exact=self.exact_match, lr="-", speed="", end="")
+                exact=self.exact_match, gauge="", forecast="", lr="-", speed="", end="")
 
     def on_step(self, stepped: Stepped) -> None:
         """After every step: the bar moves (its figures change at each train line)."""
@@ -176,9 +188,24 @@ class ConsoleReporter(Instrument):
         if self.progress is not None:
             self.progress.update(self.task_id, completed=line.step, **figures)
         else:
+            gauges = "".join(f"  {text}" for text in (self.gauge, self.forecast) if text)
             self._print(f"step {line.step:>6}  loss {figures['loss']}  exact "
-                        f"{self.exact_match}  lr {figures['lr']}  {figures['speed']}",
+                        f"{self.exact_match}{gauges}  lr {figures['lr']}  {figures['speed']}",
                         highlight=False)
+
+    def on_gauges(self, due: GaugesDue) -> None:
+        """The gauge reader's reading: the alignment (else the token accuracy) with the way it
+        moved since the last reading, and the forecast; shown with the next train line."""
+        reading = due.reading
+        if not reading:
+            return
+        name, value = ("align", reading["align"]) if reading.get("align") is not None \
+            else ("tokens", reading["token_accuracy"])
+        self.gauge = f"{name} {value:.2f}{trend(self.last_gauge, value)}"
+        self.last_gauge = value
+        self.forecast = (reading.get("forecast") or {}).get("text", "")
+        if self.progress is not None:
+            self.progress.update(self.task_id, gauge=self.gauge, forecast=self.forecast)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         """One line per evaluation, terminal or not."""
@@ -208,6 +235,13 @@ class ConsoleReporter(Instrument):
         self._print("next:", highlight=False)
         for command in next_commands(summary, self.tensorboard, self.book):  # to paste whole
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
+
+
+def trend(before: float | None, now: float, still: float = 0.01) -> str:
+    """↑, ↓ or → (within `still` of `before`); nothing for a first reading."""
+    if before is None:
+        return ""
+    return "↑" if now > before + still else "↓" if now < before - still else "→"
 
 
 def latest_exact_match(run_dir: Path, step: int) -> str:

@@ -11,9 +11,9 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minitfm.book.metrics import evaluate
+from minitfm.config import TaskConfig, load_config
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
-from minitfm.config import TaskConfig, load_config
 from minitfm.lab.look.gauges import (
     alignment,
     click_accuracy,

@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minitfm.book.model import eval_mode
+from minitfm.lab.curves import read_metrics
 from minitfm.lab.look.probe import (
     ALIGNMENT_SAMPLES,
     alignment_score,
@@ -65,7 +66,6 @@ from minitfm.lab.look.probe import (
     ideal_mass,
     ideal_positions,
 )
-from minitfm.lab.curves import read_metrics
 from minitfm.run.files import append_metrics
 from minitfm.run.instruments import GaugesDue, Instrument, Started
 from minitfm.tasks.base import Pair, Task, make_batch

@@ -194,3 +194,20 @@ def test_reading_the_gauges_changes_no_number_of_the_run(tmp_path):
         assert result.exit_code == 0, result.stderr
         losses[every] = [r["loss"] for r in read_metrics(run_dir) if r["split"] == "train"]
     assert losses[0] == losses[5] and len(losses[0]) == 4
+
+
+@pytest.mark.slow  # two sweeps
+def test_a_stacked_run_reads_the_gauges_of_its_solo_run(tmp_path):
+    """The gauges of each run of a stack (`sweep --stack`) are those of the run alone."""
+    grid = [*QUICK, "train.steps=30", "train.eval_every=0", "log.tensorboard=false"]
+    for how in ("--stack", "--no-stack"):
+        result = run_cli("sweep", *grid, "--seeds", "0..1", how, "--eval-samples", "20",
+                         "--out", tmp_path / how)
+        assert result.exit_code == 0, result.stdout + result.stderr
+    for run in ("seed=0", "seed=1"):
+        stacked = gauge_lines(tmp_path / "--stack" / run)
+        alone = gauge_lines(tmp_path / "--no-stack" / run)
+        assert [line["step"] for line in stacked] == [10, 20, 30]
+        for ours, theirs in zip(stacked, alone, strict=True):
+            assert ours["token_accuracy"] == theirs["token_accuracy"]
+            assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)

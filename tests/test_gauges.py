@@ -46,9 +46,9 @@ def test_a_reading_every_gauge_every_steps_in_metrics_jsonl(run):
     for line in lines:
         assert 0 <= line["exact"] <= line["token_accuracy"] <= 1
         assert line["hard_loss"] >= line["loss"] > 0
-        assert 0 < line["align"] <= 1 and line["weight_norm"] > 0
+        assert 0 < line["align"] <= line["coverage"] <= 1 and line["weight_norm"] > 0
         assert len(line["heads"]) == 1 and len(line["heads"][0]) == 2  # layers x heads
-        assert max(line["heads"][0]) <= line["align"] + 1e-6  # the best layer covers >= a head
+        assert line["align"] == max(line["heads"][0])  # the best head's score
         assert len(line["positions"]) == 7  # copy of up to 6 symbols: 6 tokens and EOS
     assert {record["split"] for record in read_metrics(run_dir)} == {"train", "eval", "gauges"}
 
@@ -105,7 +105,8 @@ def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
     assert result.exit_code == 0, result.stdout + result.stderr
     lines = gauge_lines(tmp_path / "run")
     assert [line["step"] for line in lines] == [5, 10]
-    assert all(line["align"] is None and line["heads"] is None for line in lines)
+    assert all(line["align"] is None and line["coverage"] is None and line["heads"] is None
+               for line in lines)
     assert "tokens 0." in result.stdout and "align" not in result.stdout
 
 
@@ -150,7 +151,7 @@ def test_the_forecast_extrapolates_the_climb_to_the_click_and_ignores_the_dips()
     line = round((click_logit + 2.0) / 0.02)  # 210: where the line reaches the click
     forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), click_logit, steps=240)
     assert forecast.click_step == line and not forecast.clicked
-    assert forecast.text == f"click expected near step ~{line}"
+    assert forecast.text == f"click expected ~step {line}"
     # a reading knocked down counts as the best before it: the forecast barely moves
     dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}),
                            click_logit, steps=240)
@@ -162,13 +163,16 @@ def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
     assert make_forecast(climb(range(10, 31, 10), -2.0, 0.02), click_logit, 240) is None
     assert make_forecast(climb(range(10, 41, 10), -2.0, 0.02), click_logit, 240) is None  # < 48
     slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), click_logit, 240)
-    assert slow.text == "no click before step 240" and slow.click_step is None
+    assert slow.text == "no click by the run's end (step 240)" and slow.click_step is None
     flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), click_logit, 240)
     assert flat.text == "no click in sight"
-    history = climb(range(10, 101, 10), -2.0, 0.02)
-    history[7] = (80, 0.55, history[7][2])
+    history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in climb(range(10, 101, 10), -2.0,
+                                                                       0.02)]
     seen = make_forecast(history, click_logit, 240)
-    assert (seen.text, seen.click_step, seen.clicked) == ("clicked at step 80", 80, True)
+    assert (seen.text, seen.click_step, seen.clicked) == \
+        ("clicked at step 80, exact now 55%", 80, True)
+    history[-1] = (100, 0.45, history[-1][2])  # knocked back under 50%: not clicked after all
+    assert make_forecast(history, click_logit, 240).text.startswith("click expected ~step")
 
 
 def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):

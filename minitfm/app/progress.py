@@ -89,8 +89,8 @@ def figures(task: Task) -> list[tuple[int, str]]:
     else:
         last = ""
     return [(1, f"loss {f['loss']}"), (2, f"exact {f['exact']}"), (3, f["gauge"]),
-            (2, f["forecast"]), (5, f"lr {f['lr']}"), (4, f["speed"]),
-            (6, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
+            (4, f["forecast"]), (6, f"lr {f['lr']}"), (5, f["speed"]),
+            (7, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
 
 
 def fit(parts: list[tuple[int, str]], room: int) -> str:
@@ -116,7 +116,8 @@ class ConsoleReporter(Instrument):
         self.task_id = None
         self.exact_match = "-"
         self.gauge = self.forecast = ""  # the latest reading's gauge and forecast (see gauges)
-        self.last_gauge: float | None = None
+        self.gauges: dict[int, float] = {}  # step -> the gauge shown, for its arrow
+        self.log_every = 1
         self.target: float | None = None
         self.tensorboard = False
         self.book: str | None = None  # a learner's workbook the run trained with
@@ -151,6 +152,7 @@ class ConsoleReporter(Instrument):
         """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg, device = run.cfg, run.device
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
+        self.log_every = cfg.log.log_every
         if run.step:  # a resume: the latest evaluation so far, until the next one
             self.exact_match = latest_exact_match(run.run_dir, run.step)
         self.book = cfg.model.code if run.code.startswith(("workbook ", "bug zoo ")) else None
@@ -194,15 +196,18 @@ class ConsoleReporter(Instrument):
                         highlight=False)
 
     def on_gauges(self, due: GaugesDue) -> None:
-        """The gauge reader's reading: the alignment (else the token accuracy) with the way it
-        moved since the last reading, and the forecast; shown with the next train line."""
+        """The gauge reader's reading: the best head's alignment (else the token accuracy)
+        with the way it moved since the reading a train line ago (the line above, in a log),
+        and the forecast; shown with the next train line."""
         reading = due.reading
         if not reading:
             return
         name, value = ("align", reading["align"]) if reading.get("align") is not None \
             else ("tokens", reading["token_accuracy"])
-        self.gauge = f"{name} {value:.2f}{trend(self.last_gauge, value)}"
-        self.last_gauge = value
+        before = [step for step in self.gauges if step <= due.step - self.log_every]
+        self.gauges[due.step] = value
+        arrow = trend(self.gauges[max(before)], value) if before else ""
+        self.gauge = f"{name} {value:.2f}{arrow}"
         self.forecast = (reading.get("forecast") or {}).get("text", "")
         if self.progress is not None:
             self.progress.update(self.task_id, gauge=self.gauge, forecast=self.forecast)
@@ -237,10 +242,8 @@ class ConsoleReporter(Instrument):
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
 
 
-def trend(before: float | None, now: float, still: float = 0.01) -> str:
-    """↑, ↓ or → (within `still` of `before`); nothing for a first reading."""
-    if before is None:
-        return ""
+def trend(before: float, now: float, still: float = 0.01) -> str:
+    """↑, ↓ or → (within `still` of `before`)."""
     return "↑" if now > before + still else "↓" if now < before - still else "→"
 
 

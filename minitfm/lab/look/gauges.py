@@ -21,13 +21,13 @@ GAUGE_SAMPLES held-out pairs (those the attention scores use; no gradient) reads
   token written; EOS at its own position);
 - `hard_loss`: the mean cross-entropy of the hardest quarter of output positions;
 - `align`: for tasks with an ideal alignment (`task.alignment`: the diagonal for copy, the
-  anti-diagonal for reverse, rank order for sort), how well the model's cross-attention reads
-  the ideal source: for each output row, the most weight any head of a layer puts on the ideal
-  position, averaged over rows, in the best layer. Heads share the work (one head reads the
-  first half of the outputs, another the rest), so the best layer's coverage, not one head's
-  score, says whether the model can read what it must; `heads` has each head's own score (the
-  alignment score of `probe`). None for add, whose output digit reads two digits and a carry,
-  and for pairs of one's own;
+  anti-diagonal for reverse, rank order for sort), the best cross-attention head's alignment
+  score (`probe`: the mean weight it puts on the ideal source position), as visualize-attention
+  and TensorBoard's `4_alignment/best` give it; `heads` has every head's. Heads share the work
+  (one reads the first outputs, another the rest), so `coverage` says how well a layer reads
+  what it must: for each output row the most weight any head of the layer puts on the ideal
+  position, averaged over rows, in the best layer. All None for add, whose output digit reads
+  two digits and a carry, and for pairs of one's own;
 - `weight_norm`: the L2 norm of all weight matrices (what weight decay shrinks);
 - whatever the task's own gauges add (`TASK_GAUGES`).
 
@@ -88,7 +88,8 @@ class Reading:
     token_accuracy: float
     positions: list[float]
     hard_loss: float
-    align: float | None
+    align: float | None  # the best head's alignment score
+    coverage: float | None  # the best layer's coverage of the ideal alignment
     heads: list[list[float]] | None  # (L, H) each cross-attention head's alignment score
     weight_norm: float
     extra: dict[str, float] = field(default_factory=dict)  # the task's own (TASK_GAUGES)
@@ -118,7 +119,7 @@ def read_gauges(model: torch.nn.Module, task: Task, pairs: list[Pair], step: int
     seen = counts > 0
     position_loss = (losses.sum(0)[seen] / counts[seen])  # (T',) mean loss at each position
     hardest = position_loss.topk(max(1, round(HARD_SHARE * len(position_loss)))).values
-    align, heads = alignment(maps.cross, task, pairs, targets.size(1))
+    coverage, heads = alignment(maps.cross, task, pairs, targets.size(1))
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     return Reading(
         step=step,
@@ -127,7 +128,8 @@ def read_gauges(model: torch.nn.Module, task: Task, pairs: list[Pair], step: int
         token_accuracy=float(right.sum() / valid.sum()),
         positions=(right.sum(0)[seen] / counts[seen]).tolist(),
         hard_loss=float(hardest.mean()),
-        align=align, heads=heads,
+        align=None if heads is None else max(max(layer) for layer in heads),
+        coverage=coverage, heads=heads,
         weight_norm=float(torch.sqrt(sum((p.float() ** 2).sum() for p in matrices))),
         extra=TASK_GAUGES[task.name](model, task) if task.name in TASK_GAUGES else {})
 
@@ -175,10 +177,14 @@ def logit(p: float) -> float:
 def make_forecast(history: list[tuple[int, float, float]], click_logit: float,
                   steps: int) -> Forecast | None:
     """The forecast from readings (step, exact, token accuracy) so far, for a run of `steps`
-    steps; None while it is too early."""
-    clicked = next((step for step, exact, _ in history if exact >= CLICK), None)
-    if clicked is not None:
-        return Forecast(clicked, True, f"clicked at step {clicked}")
+    steps; None while it is too early. A click is seen while the latest reading's exact is
+    past CLICK (one knocked back below it forecasts again), from the first of that streak."""
+    streak = 0
+    while streak < len(history) and history[-1 - streak][1] >= CLICK:
+        streak += 1
+    if streak:
+        step, exact, _ = history[-streak]
+        return Forecast(step, True, f"clicked at step {step}, exact now {history[-1][1]:.0%}")
     if len(history) < 3 or history[-1][0] < FORECAST_FROM * steps:
         return None
     best, points = -math.inf, []
@@ -194,8 +200,8 @@ def make_forecast(history: list[tuple[int, float, float]], click_logit: float,
         return Forecast(None, False, "no click in sight")
     click = round(mean_s + (click_logit - mean_y) / slope)
     if click > steps:
-        return Forecast(None, False, f"no click before step {steps}")
-    return Forecast(click, False, f"click expected near step ~{click}")
+        return Forecast(None, False, f"no click by the run's end (step {steps})")
+    return Forecast(click, False, f"click expected ~step {click}")
 
 
 class GaugeReader(Instrument):

@@ -499,7 +499,7 @@
   // The gauges (minitfm/lab/look/gauges.py), read while the run trained: what moved before
   // exact match did, and the forecast made from them at each reading.
   function gauges(readings, box) {
-    if (!readings.length) { box.append(el("p", "No gauge readings in metrics.jsonl: train with log.gauge_every above 0 (the default, 25).", "hint")); return; }
+    if (!readings.length) { box.append(el("p", "No gauge readings in metrics.jsonl: train with log.gauge_every above 0 (the default, 10).", "hint")); return; }
     const series = [{ name: "exact (held-out)", colour: "#009e73", points: readings.map(([s, e]) => [s, e]) },
       { name: "token accuracy", colour: "#0072b2", dash: [5, 3], points: readings.map(([s, , a]) => [s, a]) }];
     if (readings.some(([, , , align]) => align != null)) series.push({ name: "alignment", colour: "#cc79a7", dash: [2, 2], points: readings.map(([s, , , align]) => [s, align]) });

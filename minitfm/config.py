@@ -258,13 +258,18 @@ class LogConfig(Section):
     log_every: int = Field(25, ge=1, le=10**9, description="steps between train log lines")
     tensorboard: bool = Field(True, description="write TensorBoard event files")
     attention_every: int | Literal["eval"] = Field(
-        "eval", description="steps between attention snapshots (TensorBoard's attention images "
-        "and per-head scores, attention.jsonl): eval (at every evaluation), a number of steps, "
-        "or 0 (off)")
+        25, description="steps between attention snapshots (TensorBoard's attention images "
+        "and per-head scores, attention.jsonl): a number of steps (the default, 25, shows the "
+        "maps form), eval (at every evaluation), or 0 (off)")
     attention_record: bool = Field(
         True, description="write each attention snapshot to attention.jsonl: the probe's "
         "cross-attention maps, each head's alignment score and entropy (what "
         "visualize-attention --over-training draws)")
+    gauge_every: int = Field(
+        10, ge=0, le=10**9, description="steps between readings of the gauges (what moves "
+        "inside the model while exact match sits flat: alignment, token accuracy by position, "
+        "the hardest positions' loss, weight norm; and the forecast made from them): in "
+        "metrics.jsonl, TensorBoard and the progress line (0 = off)")
 
     @field_validator("attention_every", mode="before")
     @classmethod

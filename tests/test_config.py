@@ -166,8 +166,10 @@ def test_the_registries_cover_the_catalog_exactly():
         assert isinstance(make_positional(name, 8, 8, 2), PositionalEncoding)
 
 
-def test_attention_images_follow_the_evaluations_by_default():
-    assert Config().log.attention_every == "eval"
+def test_attention_snapshots_every_25_steps_and_gauges_every_10_by_default():
+    """Dense enough to watch the maps form and to forecast the click (#50)."""
+    assert Config().log.attention_every == 25 and Config().log.gauge_every == 10
+    assert load_config(None, ["log.attention_every=eval"]).log.attention_every == "eval"
     assert load_config(None, ["log.attention_every=40"]).log.attention_every == 40
     for bad in ("sometimes", "-1", "true"):
         with pytest.raises(ConfigError, match=r"log.attention_every .* must be eval"):

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 # 20 steps, evaluated (and attention recorded) at steps 10 and 20: about a second.
 FAST = [*[item for item in TINY if not item.startswith("log.attention_every")],
         "train.steps=20", "train.eval_every=10", "train.eval_samples=50",
-        "log.tensorboard=false"]
+        "log.tensorboard=false", "log.attention_every=eval"]
 ESC_NAME = "u\x1b[31mRED\x1b]0;PWNED\x07\nx"  # colour, a window title, BEL and a newline
 
 

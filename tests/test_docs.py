@@ -222,8 +222,9 @@ def test_figures_of_the_default_run_are_current():
     explore = " ".join((ROOT / "docs" / "explore.md").read_text(encoding="utf-8").split())
     assert f"reverse.yaml`, {params:,} parameters)" in explore, params
     inside = (ROOT / "docs" / "looking-inside.md").read_text(encoding="utf-8")
-    snapshots = len(figures()["default"]["snapshots"])  # every train.eval_every steps, the end
-    assert snapshots == len(range(cfg.train.eval_every, cfg.train.steps, cfg.train.eval_every)) + 1
+    snapshots = len(figures()["default"]["snapshots"])  # every 25 steps, and the end (230)
+    every = cfg.log.attention_every
+    assert snapshots == len(range(every, cfg.train.steps, every)) + 1
     assert f"default reverse run at its {snapshots} snapshots" in inside, snapshots
 
 
@@ -282,7 +283,8 @@ def test_looking_inside_quotes_the_default_runs_snapshots():
             ([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines())}
     snapshots = default["snapshots"]
     assert rows["step"] == [str(s["step"]) for s in snapshots]
-    assert rows["exact match"] == [percent(s["exact_match"]) for s in snapshots]
+    assert rows["exact match"] == [percent(s["exact_match"]) if s["exact_match"] is not None
+                                   else "–" for s in snapshots]  # – : no evaluation there
     assert rows["alignment score"] == [f"{s['alignment']:.2f}" for s in snapshots]
     assert rows["entropy (nats)"] == [f"{s['entropy']:.2f}" for s in snapshots]
     layer, head = default["best_head"]
@@ -362,6 +364,7 @@ def test_figures_json_is_what_make_figures_writes(tmp_path):
     recorded = [item for item in TINY if not item.startswith("log.attention_every")]
     run_dir = tmp_path / "run"
     train_run(load_config(None, [*recorded, "train.steps=20", "train.eval_every=10",
+                                 "log.attention_every=5",  # as the default: some between
                                  "log.tensorboard=false"]), run_dir=run_dir)
 
     def shape(value):

@@ -306,7 +306,7 @@ def test_the_step_table_and_the_run_section_show_what_the_run_holds(pages, brows
         assert len(runners) == 3 and runners == sorted(runners, reverse=True)
         assert runners[0] <= float(row[3].split()[0]), row
     assert page.locator("#ablation img").count() == 1
-    assert page.locator("#curves canvas").count() == 2  # loss, exact match
+    assert page.locator("#curves canvas").count() == 3  # loss, exact match, the gauges
     per_length = json.loads((run_dir / "eval-1-6.json").read_text())["per_length"]
     assert page.locator("#per-length tr").count() == 1 + len(per_length)
     assert "eval-1-6.json" in page.inner_text("#per-length caption")

@@ -26,10 +26,11 @@ LAYERS = {"encoder": 1, "decoder": 2, "cross": 2}
 EVALS = [25, 50]
 CROSS = "3_attention/cross/layer0/head0"  # one of the pictures
 # The groups TensorBoard shows, in its own order (by name): learning curves first.
-GROUPS = ["1_loss", "2_accuracy", "3_attention", "4_alignment", "5_train", "6_entropy"]
+GROUPS = ["1_loss", "2_accuracy", "3_attention", "4_alignment", "5_train", "6_entropy",
+          "7_gauges"]
 # Tags that say where a run went and how fast, not what it learned: not in HPARAMS.
 NOT_HPARAMS = ("name", "device", "threads", "log.dir", "log.log_every", "log.tensorboard",
-               "log.attention_every", "log.attention_record")
+               "log.attention_every", "log.attention_record", "log.gauge_every")
 
 
 @pytest.fixture(scope="module")

@@ -168,7 +168,7 @@ def test_plain_lines_date_the_exact_match_and_a_resume_names_its_run_as_a_fresh_
     assert fresh.exit_code == 0, fresh.stderr
     lines = fresh.stdout.splitlines()
     # a figure from the last evaluation says which: it is not this step's
-    assert [re.search(r"  exact (.+?)  lr ", line)[1] for line in lines
+    assert [re.search(r"  exact (-|\S+ \(step \d+\))  ", line)[1] for line in lines
             if line.startswith("step ")] == ["-", "-", "0.0% (step 10)"]
     assert "run directory: runs/r" in lines
     assert [line for line in lines if line.startswith("  minitfm")] == [

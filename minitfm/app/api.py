@@ -308,13 +308,16 @@ def input_texts(inputs: Any) -> list[str]:
 
 def instruments(reporter: Instrument | None = None) -> list[Instrument]:
     """What watches a run of `minitfm train`, besides the metrics.jsonl it writes itself: the
-    attention recorder (attention.jsonl), TensorBoard (drawing the recorder's snapshots) and
-    `reporter`, the console's progress, if any. A new instrument is one line here."""
+    attention recorder (attention.jsonl), the gauge reader (its readings in metrics.jsonl),
+    TensorBoard (drawing the recorder's snapshots, plotting the readings) and `reporter`, the
+    console's progress, if any. A new instrument is one line here."""
+    from minitfm.lab.look.gauges import GaugeReader
     from minitfm.lab.look.tb import TensorBoardLogger
     from minitfm.lab.look.timeline import AttentionRecorder
 
     attention = AttentionRecorder()
-    return [attention, TensorBoardLogger(attention), *([reporter] if reporter else [])]
+    return [attention, GaugeReader(), TensorBoardLogger(attention),
+            *([reporter] if reporter else [])]
 
 
 def train_run(cfg: Config | None, reporter: Instrument | None = None,

@@ -12,7 +12,16 @@ from rich.text import Text
 
 from minitfm.app.tables import printable, shell_quote
 from minitfm.errors import shown_path
-from minitfm.run.instruments import Ended, Evaluation, Instrument, Note, Started, Stepped, TrainLine
+from minitfm.run.instruments import (
+    Ended,
+    Evaluation,
+    GaugesDue,
+    Instrument,
+    Note,
+    Started,
+    Stepped,
+    TrainLine,
+)
 
 MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
 ENDINGS = {"finished": "done", "stopped at target": "target reached",
@@ -79,8 +88,9 @@ def figures(task: Task) -> list[tuple[int, str]]:
         last = f"ETA {clock(task.time_remaining)}"
     else:
         last = ""
-    return [(1, f"loss {f['loss']}"), (2, f"exact {f['exact']}"), (4, f"lr {f['lr']}"),
-            (3, f["speed"]), (5, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
+    return [(1, f"loss {f['loss']}"), (2, f"exact {f['exact']}"), (3, f["gauge"]),
+            (4, f["forecast"]), (6, f"lr {f['lr']}"), (5, f["speed"]),
+            (7, f"elapsed {clock(task.elapsed or 0)}"), (0, last)]
 
 
 def fit(parts: list[tuple[int, str]], room: int) -> str:
@@ -105,6 +115,9 @@ class ConsoleReporter(Instrument):
         self.progress: Progress | None = None
         self.task_id = None
         self.exact_match = "-"
+        self.gauge = self.forecast = ""  # the latest reading's gauge and forecast (see gauges)
+        self.gauges: dict[int, float] = {}  # step -> the gauge shown, for its arrow
+        self.log_every = 1
         self.target: float | None = None
         self.tensorboard = False
         self.book: str | None = None  # a learner's workbook the run trained with
@@ -139,6 +152,7 @@ class ConsoleReporter(Instrument):
         """The run directory, task, model size and device; then the bar, on a terminal."""
         cfg, device = run.cfg, run.device
         self.target, self.tensorboard = cfg.train.target_exact_match, cfg.log.tensorboard
+        self.log_every = cfg.log.log_every
         if run.step:  # a resume: the latest evaluation so far, until the next one
             self.exact_match = latest_exact_match(run.run_dir, run.step)
         self.book = cfg.model.code if run.code.startswith(("workbook ", "bug zoo ")) else None
@@ -162,7 +176,7 @@ class ConsoleReporter(Instrument):
             self.progress.start()
             self.task_id = self.progress.add_task(
                 "train", total=cfg.train.steps, completed=run.step, loss="-",
-                exact=self.exact_match, lr="-", speed="", end="")
+                exact=self.exact_match, gauge="", forecast="", lr="-", speed="", end="")
 
     def on_step(self, stepped: Stepped) -> None:
         """After every step: the bar moves (its figures change at each train line)."""
@@ -176,9 +190,27 @@ class ConsoleReporter(Instrument):
         if self.progress is not None:
             self.progress.update(self.task_id, completed=line.step, **figures)
         else:
+            gauges = "".join(f"  {text}" for text in (self.gauge, self.forecast) if text)
             self._print(f"step {line.step:>6}  loss {figures['loss']}  exact "
-                        f"{self.exact_match}  lr {figures['lr']}  {figures['speed']}",
+                        f"{self.exact_match}{gauges}  lr {figures['lr']}  {figures['speed']}",
                         highlight=False)
+
+    def on_gauges(self, due: GaugesDue) -> None:
+        """The gauge reader's reading: the best head's alignment (else the token accuracy)
+        with the way it moved since the reading a train line ago (the line above, in a log),
+        and the forecast; shown with the next train line."""
+        reading = due.reading
+        if not reading:
+            return
+        name, value = ("align", reading["align"]) if reading.get("align") is not None \
+            else ("tokens", reading["token_accuracy"])
+        before = [step for step in self.gauges if step <= due.step - self.log_every]
+        self.gauges[due.step] = value
+        arrow = trend(self.gauges[max(before)], value) if before else ""
+        self.gauge = f"{name} {value:.2f}{arrow}"
+        self.forecast = (reading.get("forecast") or {}).get("text", "")
+        if self.progress is not None:
+            self.progress.update(self.task_id, gauge=self.gauge, forecast=self.forecast)
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
         """One line per evaluation, terminal or not."""
@@ -208,6 +240,11 @@ class ConsoleReporter(Instrument):
         self._print("next:", highlight=False)
         for command in next_commands(summary, self.tensorboard, self.book):  # to paste whole
             self._print(f"  {command}", markup=False, highlight=False, soft_wrap=True)
+
+
+def trend(before: float, now: float, still: float = 0.01) -> str:
+    """↑, ↓ or → (within `still` of `before`)."""
+    return "↑" if now > before + still else "↓" if now < before - still else "→"
 
 
 def latest_exact_match(run_dir: Path, step: int) -> str:

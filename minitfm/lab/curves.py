@@ -23,7 +23,8 @@ from minitfm.run.files import open_run_file, unreadable
 
 MAX_LINE = 65_536  # characters of one metrics.jsonl line; a record is about 200
 MAX_EVAL_BYTES = 1_000_000  # an eval-A-B.json: a few hundred bytes per length evaluated
-NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match")}  # what plot and runs read
+NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match"),  # what plot and runs read
+           "gauges": ("exact", "loss", "token_accuracy")}  # and the explorer (lab/look/gauges)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -65,7 +66,7 @@ def capped_lines(f) -> Iterator[tuple[str, bool]]:
 
 def parse_record(line: str) -> dict[str, Any] | None:
     """A metrics line as minitfm writes it: an object with an integer `step`, a `split`
-    (train, eval) and numbers where `plot` and `runs` read them; else None."""
+    (train, eval, gauges) and numbers where `plot` and `runs` read them; else None."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than json can read
@@ -115,8 +116,8 @@ def skipped(bad: list[int]) -> str:
 
 
 def run_curves(run_dir: Path, notes: list[str] | None = None) -> dict[str, list[dict]]:
-    """The run's train and eval records, one per step (a resumed run's later record wins);
-    lines that hold no record are skipped, and said in `notes`."""
+    """The run's train, eval and gauges records, one per step (a resumed run's later record
+    wins); lines that hold no record are skipped, and said in `notes`."""
     records, bad = scan_metrics(run_dir)
     if not records and bad:
         raise CheckpointError(f"run '{run_dir}' has no metrics to plot: {skipped(bad)} (an "
@@ -127,7 +128,7 @@ def run_curves(run_dir: Path, notes: list[str] | None = None) -> dict[str, list[
     if bad and notes is not None:
         notes.append(f"run '{run_dir}': {skipped(bad)}: skipped")
     curves = {}
-    for split in ("train", "eval"):
+    for split in NUMBERS:
         by_step = {r["step"]: r for r in records if r["split"] == split}
         curves[split] = [by_step[step] for step in sorted(by_step)]
     return curves

@@ -106,6 +106,17 @@ class SnapshotDue:
 
 
 @dataclass(frozen=True)
+class GaugesDue:
+    """Time to read the gauges: every log.gauge_every steps. The gauge reader, first of the
+    instruments to hear it, puts its reading in `reading`; those after it show that."""
+
+    hook: ClassVar[str] = "on_gauges"
+    step: int
+    model: torch.nn.Module = field(repr=False)
+    reading: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
 class Saved:
     """A checkpoint was written: `last.pt` or `best.pt`."""
 
@@ -149,6 +160,9 @@ class Instrument:
 
     def on_snapshot(self, due: SnapshotDue) -> None:
         """A look at the attention is due."""
+
+    def on_gauges(self, due: GaugesDue) -> None:
+        """The gauges are due (see `GaugesDue`)."""
 
     def on_saved(self, saved: Saved) -> None:
         """A checkpoint was written."""

@@ -41,6 +41,7 @@ from minitfm.run.distributed import Dist
 from minitfm.run.instruments import (
     Ended,
     Evaluation,
+    GaugesDue,
     Instrument,
     MetricsFile,
     Note,
@@ -250,6 +251,9 @@ class Training:
         check_now = check_due(step, cfg.train, state.best_exact_match)
         if line_now or check_now:
             self.meter.read()  # a non-finite loss stops the run here, before anything is saved
+        if due(step, cfg.log.gauge_every):  # before the train line, which shows the reading
+            with self.meter.aside():
+                self.tell(GaugesDue(step, state.model))
         if line_now:
             self.train_line(grad_norm)
         if not check_now:

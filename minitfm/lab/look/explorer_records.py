@@ -63,7 +63,8 @@ def spread(n: int, most: int) -> list[int]:
 
 
 def curves(run_dir: Path | None) -> dict | None:
-    """Loss and exact match against step, from metrics.jsonl (None: no metrics)."""
+    """Loss and exact match against step, and the gauges' readings (step, exact, token
+    accuracy, alignment, the forecast's words), from metrics.jsonl (None: no metrics)."""
     if run_dir is None:
         return None
     try:
@@ -72,7 +73,21 @@ def curves(run_dir: Path | None) -> dict | None:
         return None
     train = [[r["step"], r["loss"]] for r in found["train"] if "loss" in r]
     return {"train": [train[i] for i in spread(len(train), MAX_TRAIN_POINTS)],
-            "eval": [[r["step"], r.get("loss"), r.get("exact_match")] for r in found["eval"]]}
+            "eval": [[r["step"], r.get("loss"), r.get("exact_match")] for r in found["eval"]],
+            "gauges": [[r["step"], r["exact"], r["token_accuracy"], finite_or_none(r.get("align")),
+                        forecast_text(r.get("forecast"))] for r in found["gauges"]]}
+
+
+def finite_or_none(value) -> float | None:
+    """A finite number as it is, anything else as None (a damaged or hand-made line)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
+def forecast_text(forecast) -> str | None:
+    """The words of a reading's forecast (at most MAX_TEXT characters), if it made one."""
+    text = forecast.get("text") if isinstance(forecast, dict) else None
+    return text[:MAX_TEXT] if isinstance(text, str) else None
 
 
 def last_eval(run_dir: Path | None) -> dict | None:

@@ -11,7 +11,10 @@ groups are numbered in the order a learner reads them:
   wide, where a grid of all of a kind's heads had letters a few pixels high;
 - `4_alignment/best` and `4_alignment/layer<L>/head<H>`, for tasks with an ideal alignment;
 - `5_train/lr`, `5_train/grad_norm`, `5_train/tokens_per_s`;
-- `6_entropy/layer<L>/head<H>`: each cross-attention head's attention entropy (nats).
+- `6_entropy/layer<L>/head<H>`: each cross-attention head's attention entropy (nats);
+- `7_gauges/<name>`: the gauges (see `gauges`) every log.gauge_every steps: exact, token
+  accuracy, the hardest positions' loss, alignment, weight norm, the task's own; and the
+  forecast's step of the click (`7_gauges/forecast_click_step`) while it expects one.
 
 Pictures and per-head scores come from the attention snapshots that the attention recorder
 takes every `log.attention_every` steps (by default at every evaluation) and at the end (see
@@ -32,7 +35,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from minitfm.config import Config, flatten, to_yaml
-from minitfm.run.instruments import Ended, Evaluation, Instrument, SnapshotDue, Started, TrainLine
+from minitfm.run.instruments import (
+    Ended,
+    Evaluation,
+    GaugesDue,
+    Instrument,
+    SnapshotDue,
+    Started,
+    TrainLine,
+)
 
 if TYPE_CHECKING:
     from minitfm.lab.look.timeline import AttentionRecorder
@@ -47,6 +58,8 @@ MAP_PIXELS = 272  # a map's longer side at most: 17 tokens in 16-pixel cells fit
 FONT_SIZE = 12  # pixels, shown at about that size in a card
 ALIGNMENT_TAG = "4_alignment/{name}"
 ENTROPY_TAG = "6_entropy/{name}"
+GAUGE_TAG = "7_gauges/{name}"
+NOT_PLOTTED = ("step", "split", "positions", "heads", "forecast")  # lists and words
 HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
 LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
@@ -108,6 +121,17 @@ class TensorBoardLogger(Instrument):
             snapshot = self.attention.take(due.step, due.model)
             if snapshot is not None:
                 self.attention_images(snapshot)
+
+    def on_gauges(self, due: GaugesDue) -> None:
+        """The gauge reader's reading (see `gauges`), a scalar per gauge."""
+        if self.writer is None or not due.reading:
+            return
+        for name, value in due.reading.items():
+            if name not in NOT_PLOTTED and value is not None:
+                self.writer.add_scalar(GAUGE_TAG.format(name=name), value, due.step)
+        click = (due.reading.get("forecast") or {}).get("click_step")
+        if click is not None:
+            self.writer.add_scalar(GAUGE_TAG.format(name="forecast_click_step"), click, due.step)
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
         """The first held-out pairs and their predictions, a markdown table of text."""

@@ -497,6 +497,23 @@
     return canvas;
   }
 
+  // The gauges (minitfm/lab/look/gauges.py), read while the run trained: what moved before
+  // exact match did, and the forecast made from them at each reading.
+  function gauges(readings, box) {
+    if (!readings.length) { box.append(el("p", "No gauge readings in metrics.jsonl: train with log.gauge_every above 0 (the default, 10).", "hint")); return; }
+    const series = [{ name: "exact (held-out)", colour: "#009e73", points: readings.map(([s, e]) => [s, e]) },
+      { name: "token accuracy", colour: "#0072b2", dash: [5, 3], points: readings.map(([s, , a]) => [s, a]) }];
+    if (readings.some(([, , , align]) => align != null)) series.push({ name: "alignment", colour: "#cc79a7", dash: [2, 2], points: readings.map(([s, , , align]) => [s, align]) });
+    box.append(chart("the gauges, read while training", series, false));
+    const said = readings.filter(([, , , , text]) => text);
+    if (said.length) {
+      const list = el("ul", null, "forecasts");
+      list.id = "forecasts";
+      said.forEach(([s, , , , text]) => list.append(el("li", `step ${s}: ${text}`)));
+      box.append(el("p", "What the forecast said at each reading:", "hint"), list);
+    }
+  }
+
   function runFacts() {
     const c = DATA.curves, box = $("curves");
     if (c) {
@@ -504,6 +521,7 @@
         chart("loss (log scale)", [{ name: "training", colour: "#0072b2", points: c.train },
           { name: "held-out", colour: "#d55e00", dash: [5, 3], points: c.eval.map(([s, l]) => [s, l]) }], true),
         chart("held-out exact match", [{ name: "exact match", colour: "#009e73", points: c.eval.map(([s, , e]) => [s, e]) }], false));
+      gauges(c.gauges || [], box);
     } else box.replaceChildren(el("p", "No metrics.jsonl: a checkpoint outside a run directory.", "hint"));
     const per = DATA.per_length, perBox = $("per-length");
     if (per) {

@@ -1,0 +1,238 @@
+"""Gauges: what moves inside a run while its exact match sits flat, read while it trains.
+
+The default run is a phase change: exact match near 10% at step 100, above 90% at step 200. Two
+things hide under that jump. The first is arithmetic: a sequence is exactly right only when
+every one of its tokens is, so its exact match is about the product of its tokens' accuracies,
+and a token accuracy that climbs steadily from 80% to 99% takes a 16-token exact match from 3%
+to 85%. The second is the mechanism: a reverse model can only write output t once some
+cross-attention head reads source position n-1-t, and that alignment forms gradually, long
+before the outputs come out right. Progress measures of this kind move smoothly while the
+accuracy that everyone watches sits flat (Nanda et al. 2023, "Progress measures for grokking via
+mechanistic interpretability"; Barak et al. 2022, "Hidden progress in deep learning").
+
+Every log.gauge_every steps, one teacher-forced pass with attention over the first
+GAUGE_SAMPLES held-out pairs (those the attention scores use; no gradient) reads:
+
+- `exact`: the share of pairs whose every target token and EOS is the pass's argmax. A greedy
+  decoder writes exactly those tokens (each step's argmax, given a right prefix), so this is
+  greedy exact match, near-ties aside, without decoding;
+- `loss`: the mean cross-entropy per output token (EOS included), as an evaluation's;
+- `token_accuracy`, and `positions`: the token accuracy at each output position (0 = the first
+  token written; EOS at its own position);
+- `hard_loss`: the mean cross-entropy of the hardest quarter of output positions;
+- `align`: for tasks with an ideal alignment (`task.alignment`: the diagonal for copy, the
+  anti-diagonal for reverse, rank order for sort), the best cross-attention head's alignment
+  score (`probe`: the mean weight it puts on the ideal source position), as visualize-attention
+  and TensorBoard's `4_alignment/best` give it; `heads` has every head's. Heads share the work
+  (one reads the first outputs, another the rest), so `coverage` says how well a layer reads
+  what it must: for each output row the most weight any head of the layer puts on the ideal
+  position, averaged over rows, in the best layer. All None for add, whose output digit reads
+  two digits and a carry, and for pairs of one's own;
+- `weight_norm`: the L2 norm of all weight matrices (what weight decay shrinks);
+- whatever the task's own gauges add (`TASK_GAUGES`).
+
+The forecast. Token accuracy climbs on a logit scale roughly as a straight line while exact
+match sits flat, so each reading extrapolates it: a least-squares line through the best logit of
+token accuracy so far (the best: a high learning rate knocks single readings down) against the
+step, over every reading after the first, reaches the click accuracy at the forecast step of the
+click. The click accuracy is the one at which exact match crosses 50% if each of a pair's n
+target tokens and its EOS were right independently, mean(acc^(n+1)) = 1/2 over the gauge pairs:
+92.3% for lengths 1..16 (measured at the click of 64 default runs: 91.5% at the median). No
+forecast before a fifth of train.steps, when the first readings' steep climb runs ahead. How
+early and how well it forecasts, measured over seeds: docs/looking-inside.md, "Watching it
+click"; it forecasts the click, not whether the target follows (the same page says why).
+
+Shapes: B batch (the gauge pairs), T output positions (target + EOS), S source len, L layers,
+H n_heads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minitfm.book.model import eval_mode
+from minitfm.lab.curves import read_metrics
+from minitfm.lab.look.probe import (
+    ALIGNMENT_SAMPLES,
+    alignment_score,
+    has_alignment,
+    ideal_mass,
+    ideal_positions,
+)
+from minitfm.run.files import append_metrics
+from minitfm.run.instruments import GaugesDue, Instrument, Started
+from minitfm.tasks.base import Pair, Task, make_batch
+
+GAUGE_SAMPLES = ALIGNMENT_SAMPLES  # held-out pairs a reading runs through the model
+HARD_SHARE = 0.25  # hard_loss: the mean loss of this share of positions, the hardest ones
+CLICK = 0.5  # the click: exact match crossing this
+FORECAST_FROM = 0.2  # no forecast before this share of train.steps
+# A task's own gauges, by task name: a function of the model and the task to named numbers.
+TASK_GAUGES: dict[str, Callable[[torch.nn.Module, Task], dict[str, float]]] = {}
+
+
+@dataclass
+class Reading:
+    """The gauges at one step (see the module docstring)."""
+
+    step: int
+    exact: float
+    loss: float
+    token_accuracy: float
+    positions: list[float]
+    hard_loss: float
+    align: float | None  # the best head's alignment score
+    coverage: float | None  # the best layer's coverage of the ideal alignment
+    heads: list[list[float]] | None  # (L, H) each cross-attention head's alignment score
+    weight_norm: float
+    extra: dict[str, float] = field(default_factory=dict)  # the task's own (TASK_GAUGES)
+    forecast: Forecast | None = None  # made from this reading and those before it
+
+    def record(self) -> dict[str, Any]:
+        """The line of metrics.jsonl: split `gauges`, the task's own gauges beside the rest."""
+        values = asdict(self)  # the forecast as a dict, or None
+        extra = values.pop("extra")
+        return {"step": self.step, "split": "gauges", **{k: v for k, v in values.items()
+                                                         if k != "step"}, **extra}
+
+
+@torch.no_grad()
+def read_gauges(model: torch.nn.Module, task: Task, pairs: list[Pair], step: int) -> Reading:
+    """The gauges of `model` on `pairs` (held-out), from one teacher-forced pass."""
+    device = next(model.parameters()).device
+    batch = make_batch(pairs, task.vocab).to(device)
+    with eval_mode(model):
+        logits, maps = model(batch.src, batch.tgt_in, return_attention=True)  # (B, T, V)
+    targets = batch.tgt_out  # (B, T): target + EOS, PAD after
+    valid = targets != task.vocab.pad_id
+    right = (logits.argmax(-1) == targets) & valid
+    losses = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none",
+                             ignore_index=task.vocab.pad_id)  # (B, T), 0 at PAD
+    counts = valid.sum(0)  # (T,) pairs with an output at each position
+    seen = counts > 0
+    position_loss = (losses.sum(0)[seen] / counts[seen])  # (T',) mean loss at each position
+    hardest = position_loss.topk(max(1, round(HARD_SHARE * len(position_loss)))).values
+    coverage, heads = alignment(maps.cross, task, pairs, targets.size(1))
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    return Reading(
+        step=step,
+        exact=float((right | ~valid).all(1).float().mean()),
+        loss=float(losses.sum() / valid.sum()),
+        token_accuracy=float(right.sum() / valid.sum()),
+        positions=(right.sum(0)[seen] / counts[seen]).tolist(),
+        hard_loss=float(hardest.mean()),
+        align=None if heads is None else max(max(layer) for layer in heads),
+        coverage=coverage, heads=heads,
+        weight_norm=float(torch.sqrt(sum((p.float() ** 2).sum() for p in matrices))),
+        extra=TASK_GAUGES[task.name](model, task) if task.name in TASK_GAUGES else {})
+
+
+def alignment(cross: list[Tensor], task: Task, pairs: list[Pair],
+              T: int) -> tuple[float | None, list[list[float]] | None]:
+    """The best layer's coverage of the ideal alignment and each head's score (see the module
+    docstring); (None, None) for a task without an ideal alignment."""
+    if not has_alignment(task, pairs):
+        return None, None
+    ideal = ideal_positions(task, pairs, T).to(cross[0].device)  # (B, T)
+    rows = (ideal >= 0).sum().clamp(min=1)
+    coverage = [float(ideal_mass(c, ideal).amax(1).sum() / rows) for c in cross]  # per layer
+    heads = [alignment_score(c, ideal).tolist() for c in cross]
+    return max(coverage), heads
+
+
+# --- the forecast ---
+
+@dataclass
+class Forecast:
+    """What a reading says of the click (see the module docstring)."""
+
+    click_step: int | None  # the step it is forecast at, or was seen at (None: none in sight)
+    clicked: bool  # seen: a reading's exact reached CLICK
+    text: str  # for the progress line
+
+
+def click_accuracy(lengths: list[int], click: float = CLICK) -> float:
+    """The token accuracy at which mean(acc^n) over `lengths` (tokens a pair must get right,
+    EOS included) is `click`: bisection on a function that rises with acc."""
+    low, high = 0.0, 1.0
+    for _ in range(50):
+        middle = (low + high) / 2
+        low, high = (middle, high) if sum(middle ** n for n in lengths) / len(lengths) < click \
+            else (low, middle)
+    return (low + high) / 2
+
+
+def logit(p: float) -> float:
+    p = min(max(p, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def make_forecast(history: list[tuple[int, float, float]], click_logit: float,
+                  steps: int) -> Forecast | None:
+    """The forecast from readings (step, exact, token accuracy) so far, for a run of `steps`
+    steps; None while it is too early. A click is seen while the latest reading's exact is
+    past CLICK (one knocked back below it forecasts again), from the first of that streak."""
+    streak = 0
+    while streak < len(history) and history[-1 - streak][1] >= CLICK:
+        streak += 1
+    if streak:
+        step, exact, _ = history[-streak]
+        return Forecast(step, True, f"clicked at step {step}, exact now {history[-1][1]:.0%}")
+    if len(history) < 3 or history[-1][0] < FORECAST_FROM * steps:
+        return None
+    best, points = -math.inf, []
+    for step, _, accuracy in history:
+        best = max(best, logit(accuracy))
+        points.append((step, best))
+    points = points[1:]  # the first reading is mostly the untrained model's
+    mean_s = sum(s for s, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    spread = sum((s - mean_s) ** 2 for s, _ in points)
+    slope = sum((s - mean_s) * (y - mean_y) for s, y in points) / spread if spread else 0.0
+    if slope <= 0:
+        return Forecast(None, False, "no click in sight")
+    click = round(mean_s + (click_logit - mean_y) / slope)
+    if click > steps:
+        return Forecast(None, False, f"no click by the run's end (step {steps})")
+    return Forecast(click, False, f"click expected ~step {click}")
+
+
+class GaugeReader(Instrument):
+    """Reads the gauges when the run says they are due, forecasts from them, appends each
+    reading to metrics.jsonl and hands it (as `due.reading`) to the instruments after it:
+    TensorBoard, the console."""
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self.pairs: list[Pair] = []
+        self.run_dir = None
+        self.steps = 0
+        self.click_logit = 0.0
+        self.history: list[tuple[int, float, float]] = []  # (step, exact, token accuracy)
+
+    def on_start(self, run: Started) -> None:
+        self.task, self.run_dir, self.steps = run.task, run.run_dir, run.cfg.train.steps
+        self.pairs = run.eval_pairs[:GAUGE_SAMPLES]
+        if self.pairs:
+            self.click_logit = logit(click_accuracy([len(t) + 1 for _, t in self.pairs]))
+        # a resumed run forecasts from its earlier readings too
+        self.history = [(r["step"], r["exact"], r["token_accuracy"])
+                        for r in read_metrics(run.run_dir)
+                        if r["split"] == "gauges" and r["step"] <= run.step] if run.step else []
+
+    def on_gauges(self, due: GaugesDue) -> None:
+        if self.task is None or not self.pairs:
+            return
+        reading = read_gauges(due.model, self.task, self.pairs, due.step)
+        self.history.append((reading.step, reading.exact, reading.token_accuracy))
+        reading.forecast = make_forecast(self.history, self.click_logit, self.steps)
+        record = reading.record()
+        append_metrics(self.run_dir, record)
+        due.reading.update(record)

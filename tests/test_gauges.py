@@ -1,0 +1,217 @@
+"""The gauges (lab/look/gauges.py): read live every log.gauge_every steps, in metrics.jsonl,
+TensorBoard and the progress line; and the forecast made from them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from minitfm.book.metrics import evaluate
+from minitfm.config import TaskConfig, load_config
+from minitfm.lab.curves import read_metrics
+from minitfm.lab.loaded import load
+from minitfm.lab.look.gauges import (
+    alignment,
+    click_accuracy,
+    logit,
+    make_forecast,
+    read_gauges,
+)
+from minitfm.tasks import make_task
+from tests.helpers import QUICK, run_cli
+
+
+def gauge_lines(run_dir) -> list[dict]:
+    lines = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    return [line for line in lines if line["split"] == "gauges"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """QUICK (50 steps of copy) with a reading every 10 steps; the console's lines."""
+    out = tmp_path_factory.mktemp("gauges") / "run"
+    result = run_cli("train", *QUICK, "log.gauge_every=10", "--run-dir", out)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    return out, result.stdout
+
+
+def test_a_reading_every_gauge_every_steps_in_metrics_jsonl(run):
+    run_dir, _ = run
+    lines = gauge_lines(run_dir)
+    assert [line["step"] for line in lines] == [10, 20, 30, 40, 50]
+    for line in lines:
+        assert 0 <= line["exact"] <= line["token_accuracy"] <= 1
+        assert line["hard_loss"] >= line["loss"] > 0
+        assert 0 < line["align"] <= line["coverage"] <= 1 and line["weight_norm"] > 0
+        assert len(line["heads"]) == 1 and len(line["heads"][0]) == 2  # layers x heads
+        assert line["align"] == max(line["heads"][0])  # the best head's score
+        assert len(line["positions"]) == 7  # copy of up to 6 symbols: 6 tokens and EOS
+    assert {record["split"] for record in read_metrics(run_dir)} == {"train", "eval", "gauges"}
+
+
+def test_exact_is_greedy_exact_match_without_decoding(run):
+    """A greedy decoder is right exactly when each teacher-forced step's argmax is the
+    target's token: the reading's `exact` is the evaluation's exact match on the same pairs."""
+    run_dir, _ = run
+    loaded = load(run_dir, checkpoint="last")
+    pairs = loaded.held_out()[:200]
+    reading = read_gauges(loaded.model, loaded.task, pairs, step=50)
+    greedy = evaluate(loaded.model, loaded.task, pairs, loaded.device)
+    assert 0 < greedy.exact_match < 1  # a run half way: both kinds of pairs are there
+    assert reading.exact == pytest.approx(greedy.exact_match)
+    assert reading.loss == pytest.approx(greedy.loss, rel=1e-4)
+    assert reading.step == 50 and gauge_lines(run_dir)[-1]["exact"] == reading.exact
+
+
+def test_the_best_layer_covers_the_alignment_that_its_heads_share():
+    """Two heads that each read the ideal source for half the rows: each scores 0.5, the
+    layer covers every row."""
+    task = make_task(TaskConfig(name="reverse", n_symbols=5, min_len=4, max_len=4))
+    pairs = [([3, 4, 5, 6], task.target([3, 4, 5, 6]))]
+    cross = torch.zeros(1, 2, 5, 4)  # (B, H, T, S): 4 outputs and EOS
+    for t in range(4):
+        cross[0, t % 2, t, 3 - t] = 1.0  # head t % 2 reads the mirrored position
+        cross[0, 1 - t % 2, t, (4 - t) % 4] = 1.0  # the other rests beside it
+    cross[:, :, 4, 0] = 1.0  # EOS's row has no ideal position
+    align, heads = alignment([cross], task, pairs, T=5)
+    assert heads == [[0.5, 0.5]] and align == 1.0
+
+
+def test_the_progress_line_shows_the_alignment_and_how_it_moved(run):
+    _, stdout = run
+    lines = [line for line in stdout.splitlines() if line.startswith("step ")]
+    assert "align 0." in lines[0] and not any(arrow in lines[0] for arrow in "↑↓→")
+    assert all(any(f"align 0.{d}" in line for d in "0123456789") and
+               any(arrow in line for arrow in "↑↓→") for line in lines[1:]), lines
+
+
+def test_tensorboard_plots_each_gauge(run):
+    run_dir, _ = run
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"7_gauges/exact", "7_gauges/align", "7_gauges/hard_loss",
+            "7_gauges/weight_norm", "7_gauges/token_accuracy"} <= tags
+    assert [e.step for e in events.Scalars("7_gauges/align")] == [10, 20, 30, 40, 50]
+
+
+def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
+    result = run_cli("train", *QUICK, "task.name=add", "task.max_len=2", "train.steps=10",
+                     "log.gauge_every=5", "log.log_every=5", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    lines = gauge_lines(tmp_path / "run")
+    assert [line["step"] for line in lines] == [5, 10]
+    assert all(line["align"] is None and line["coverage"] is None and line["heads"] is None
+               for line in lines)
+    assert "tokens 0." in result.stdout and "align" not in result.stdout
+
+
+def test_gauges_off_read_nothing(tmp_path):
+    result = run_cli("train", *QUICK, "train.steps=10", "log.gauge_every=0",
+                     "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert gauge_lines(tmp_path / "run") == [] and "align" not in result.stdout
+
+
+def test_the_explorer_page_embeds_the_readings_and_their_forecasts(run):
+    from minitfm.lab.look.explorer import page_data
+
+    run_dir, _ = run
+    data = page_data(load(run_dir, checkpoint="last"))
+    assert data["curves"]["gauges"] == [
+        [r["step"], r["exact"], r["token_accuracy"], r["align"],
+         r["forecast"]["text"] if r["forecast"] else None] for r in gauge_lines(run_dir)]
+
+
+# --- the forecast ---
+
+def test_the_click_accuracy_is_where_every_token_right_gives_half_the_pairs():
+    assert click_accuracy([4]) == pytest.approx(0.5 ** (1 / 4))
+    mixed = click_accuracy([2, 17])  # mean(acc^2, acc^17) = 1/2
+    assert (mixed ** 2 + mixed ** 17) / 2 == pytest.approx(0.5)
+    lengths = list(range(2, 18))  # reverse 1..16 and EOS: the default's
+    assert click_accuracy(lengths) == pytest.approx(0.9231, abs=1e-4)
+
+
+def climb(steps: range, start: float, slope: float, dips=()) -> list[tuple]:
+    """Readings whose token accuracy's logit rises in a straight line (knocked down at
+    `dips`), exact match flat at 10%."""
+    def accuracy(s):
+        y = start + slope * s - (3.0 if s in dips else 0.0)
+        return 1 / (1 + math.exp(-y))
+    return [(s, 0.1, accuracy(s)) for s in steps]
+
+
+def test_the_forecast_extrapolates_the_climb_to_the_click_and_ignores_the_dips():
+    click_logit = logit(0.9)
+    line = round((click_logit + 2.0) / 0.02)  # 210: where the line reaches the click
+    forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), click_logit, steps=240)
+    assert forecast.click_step == line and not forecast.clicked
+    assert forecast.text == f"click expected ~step {line}"
+    # a reading knocked down counts as the best before it: the forecast barely moves
+    dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}),
+                           click_logit, steps=240)
+    assert abs(dipped.click_step - line) <= 10
+
+
+def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
+    click_logit = logit(0.9)
+    assert make_forecast(climb(range(10, 31, 10), -2.0, 0.02), click_logit, 240) is None
+    assert make_forecast(climb(range(10, 41, 10), -2.0, 0.02), click_logit, 240) is None  # < 48
+    slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), click_logit, 240)
+    assert slow.text == "no click by the run's end (step 240)" and slow.click_step is None
+    flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), click_logit, 240)
+    assert flat.text == "no click in sight"
+    history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in climb(range(10, 101, 10), -2.0,
+                                                                       0.02)]
+    seen = make_forecast(history, click_logit, 240)
+    assert (seen.text, seen.click_step, seen.clicked) == \
+        ("clicked at step 80, exact now 55%", 80, True)
+    history[-1] = (100, 0.45, history[-1][2])  # knocked back under 50%: not clicked after all
+    assert make_forecast(history, click_logit, 240).text.startswith("click expected ~step")
+
+
+def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
+    """Paused at step 30 and resumed, a run's readings and forecasts are the straight run's."""
+    from minitfm.app.api import train_run
+
+    cfg = load_config(None, [*QUICK, "log.tensorboard=false", "train.target_exact_match=null"])
+    train_run(cfg, run_dir=tmp_path / "straight")
+    train_run(cfg, run_dir=tmp_path / "paused", stop_at=30)
+    train_run(None, resume=tmp_path / "paused" / "checkpoints" / "last.pt")
+    straight, resumed = gauge_lines(tmp_path / "straight"), gauge_lines(tmp_path / "paused")
+    assert [line["forecast"] for line in resumed] == [line["forecast"] for line in straight]
+    assert any(line["forecast"] for line in straight)  # it forecast something to compare
+
+
+def test_reading_the_gauges_changes_no_number_of_the_run(tmp_path):
+    """No random draw, no state: a run's losses are the same with the gauges on and off."""
+    losses = {}
+    for every in (0, 5):
+        run_dir = tmp_path / f"every{every}"
+        result = run_cli("train", *QUICK, "train.steps=20", "log.log_every=5",
+                         f"log.gauge_every={every}", "--run-dir", run_dir)
+        assert result.exit_code == 0, result.stderr
+        losses[every] = [r["loss"] for r in read_metrics(run_dir) if r["split"] == "train"]
+    assert losses[0] == losses[5] and len(losses[0]) == 4
+
+
+@pytest.mark.slow  # two sweeps
+def test_a_stacked_run_reads_the_gauges_of_its_solo_run(tmp_path):
+    """The gauges of each run of a stack (`sweep --stack`) are those of the run alone."""
+    grid = [*QUICK, "train.steps=30", "train.eval_every=0", "log.tensorboard=false"]
+    for how in ("--stack", "--no-stack"):
+        result = run_cli("sweep", *grid, "--seeds", "0..1", how, "--eval-samples", "20",
+                         "--out", tmp_path / how)
+        assert result.exit_code == 0, result.stdout + result.stderr
+    for run in ("seed=0", "seed=1"):
+        stacked = gauge_lines(tmp_path / "--stack" / run)
+        alone = gauge_lines(tmp_path / "--no-stack" / run)
+        assert [line["step"] for line in stacked] == [10, 20, 30]
+        for ours, theirs in zip(stacked, alone, strict=True):
+            assert ours["token_accuracy"] == theirs["token_accuracy"]
+            assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from minitfm.config import TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
 from minitfm.lab.look.grokking import (
+    GAUGES,
     KEY_FREQUENCIES,
     draw_phases,
     fourier_sparsity,
@@ -252,3 +253,14 @@ def test_the_phases_are_read_from_the_eval_and_gauge_lines(tmp_path):
     assert found["phases"] == phase_steps(curves)
     assert found["gauges"]["grokked"]["restricted_loss"] == 0.1
     assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_modadd_run_writes_its_gauges_in_metrics_jsonl(tmp_path):
+    result = run_cli("train", *TINY_MODADD, "log.gauge_every=10", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.stderr
+    readings = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text()
+                               .splitlines()) if r["split"] == "gauges"]
+    assert [r["step"] for r in readings] == [10, 20]
+    assert all(set(GAUGES) <= set(r) and "weight_norm" in r for r in readings)
+    curves = read_phases(tmp_path / "run")
+    assert [step for step, _ in curves["restricted_loss"]] == [10, 20]

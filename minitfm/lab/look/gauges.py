@@ -59,6 +59,7 @@ from torch import Tensor
 
 from minitfm.book.model import eval_mode
 from minitfm.lab.curves import read_metrics
+from minitfm.lab.look.grokking import modadd_gauges
 from minitfm.lab.look.probe import (
     ALIGNMENT_SAMPLES,
     alignment_score,
@@ -75,7 +76,9 @@ HARD_SHARE = 0.25  # hard_loss: the mean loss of this share of positions, the ha
 CLICK = 0.5  # the click: exact match crossing this
 FORECAST_FROM = 0.2  # no forecast before this share of train.steps
 # A task's own gauges, by task name: a function of the model and the task to named numbers.
-TASK_GAUGES: dict[str, Callable[[torch.nn.Module, Task], dict[str, float]]] = {}
+TASK_GAUGES: dict[str, Callable[[torch.nn.Module, Task], dict[str, float]]] = {
+    "modadd": modadd_gauges,  # grokking's: train_exact, restricted/excluded loss, sparsity
+}
 
 
 @dataclass

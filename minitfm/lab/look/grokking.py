@@ -152,13 +152,14 @@ def modadd_gauges(model, task: Task) -> dict[str, float]:
 # --- the figure of the three phases (`make figures --only grokking`) ---
 
 GAUGES = ("train_exact", "restricted_loss", "excluded_loss", "fourier_sparsity")
+DRAWN = (*GAUGES, "weight_norm")  # and the norm of the weight matrices, every run's gauge
 
 
 def read_phases(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """A run's curves from its metrics.jsonl: `held_out` (exact match at each evaluation) and
     each gauge of its `gauges` lines, as (step, value) in order of step (a resumed run's later
     line wins); lines that are not such records are skipped."""
-    curves: dict[str, dict[int, float]] = {name: {} for name in ("held_out", *GAUGES)}
+    curves: dict[str, dict[int, float]] = {name: {} for name in ("held_out", *DRAWN)}
     for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
         try:
             record = json.loads(line)
@@ -167,7 +168,7 @@ def read_phases(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
             continue
         names = {"eval": {"exact_match": "held_out"},
-                 "gauges": {name: name for name in GAUGES}}.get(record.get("split"), {})
+                 "gauges": {name: name for name in DRAWN}}.get(record.get("split"), {})
         for key, name in names.items():
             if isinstance(record.get(key), (int, float)):
                 curves[name][record["step"]] = float(record[key])
@@ -190,27 +191,29 @@ def phase_steps(curves: dict[str, list[tuple[int, float]]], level: float = 0.99)
 
 
 def phases_figure(curves: dict[str, list[tuple[int, float]]], title: str):
-    """Three panels over steps, the phases shaded: exact match (training pairs, held-out
-    pairs), restricted and excluded loss (log scale), Fourier sparsity."""
+    """Four panels over steps, the phases shaded: exact match (training pairs, held-out
+    pairs), restricted and excluded loss (log scale), Fourier sparsity, weight norm."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
-    fig = Figure(figsize=(11, 8.5), dpi=100, layout="constrained")
-    exact_ax, loss_ax, sparse_ax = fig.subplots(3, 1, sharex=True)
+    fig = Figure(figsize=(11, 10), dpi=100, layout="constrained")
+    exact_ax, loss_ax, sparse_ax, norm_ax = fig.subplots(4, 1, sharex=True)
     lines = [(exact_ax, "train_exact", "training pairs"), (exact_ax, "held_out", "held-out pairs"),
              (loss_ax, "restricted_loss", "restricted loss (key frequencies only, all pairs)"),
              (loss_ax, "excluded_loss", "excluded loss (key frequencies removed, training "
               "pairs)"),
              (sparse_ax, "fourier_sparsity", f"embedding's energy in its {KEY_FREQUENCIES} "
-              f"strongest frequencies")]
+              f"strongest frequencies"),
+             (norm_ax, "weight_norm", "L2 norm of the weight matrices")]
     for i, (ax, name, label) in enumerate(lines):
         steps, values = zip(*curves[name]) if curves[name] else ((), ())
-        ax.plot(steps, values, label=label, **line_style(i % 2 if ax is not sparse_ax else 0))
+        ax.plot(steps, values, label=label, **line_style(i % 2 if i < 4 else 0))
     shade_phases(fig.axes, phase_steps(curves), max(s for c in curves.values() for s, _ in c))
     exact_ax.set(ylabel="exact match", ylim=(-0.02, 1.02), title=title)
     exact_ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     loss_ax.set(ylabel="loss per answer", yscale="log")
-    sparse_ax.set(ylabel="Fourier sparsity", ylim=(0, 1.02), xlabel="step")
+    sparse_ax.set(ylabel="Fourier sparsity", ylim=(0, 1.02))
+    norm_ax.set(ylabel="weight norm", xlabel="step")
     for ax in fig.axes:
         ax.grid(alpha=0.3)
         # beside the axes, not on them: the curves fill the width
@@ -245,6 +248,6 @@ def draw_phases(run_dir: str | Path, out: str | Path, force: bool = True) -> dic
     save_png(phases_figure(curves, title), out, "--out", force)
     at = {name: dict(points) for name, points in curves.items()}
     return {"phases": steps,
-            "gauges": {phase: {name: round(at[name][step], 4) for name in GAUGES
+            "gauges": {phase: {name: round(at[name][step], 4) for name in DRAWN
                                if step in at[name]}
                        for phase, step in steps.items() if step is not None}}

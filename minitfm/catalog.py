@@ -73,6 +73,38 @@ TASKS = MappingProxyType({spec.name: spec for spec in (
 )})
 
 
+MODADD_TRAIN_FRACTION = 0.3  # Nanda et al. 2023 train on 30% of the pairs
+MODADD_MAX_SYMBOLS = 1000  # modadd lists its p² pairs (a million at most)
+
+
+def modadd_problem(task: Any) -> str | None:
+    """What is wrong with modadd's settings (`task`, a TaskConfig), in one line; None: nothing.
+    task.train_fraction is modadd's alone; modadd's lengths are 1 (two one-symbol numbers), and
+    its share of the p² pairs trained on (rounded) must leave a pair on each side."""
+    p, fraction = task.n_symbols, task.train_fraction
+    if task.name != "modadd":
+        return None if fraction == MODADD_TRAIN_FRACTION else (
+            f"task.train_fraction ({fraction}) applies only to task 'modadd' (task.name is "
+            f"{quote(task.name)})")
+    if p > MODADD_MAX_SYMBOLS:
+        return (f"task.n_symbols ({p}) must be at most {MODADD_MAX_SYMBOLS} for task 'modadd': "
+                f"its p² pairs are listed in memory")
+    if (task.min_len, task.max_len) != (1, 1):
+        return (f"task.min_len ({task.min_len}) and task.max_len ({task.max_len}) do not apply "
+                f"to task 'modadd' (each operand is one symbol): leave them out")
+    if not 0 < fraction < 1:
+        return (f"task.train_fraction ({fraction}) must be between 0 and 1: the share of the "
+                f"p² pairs trained on, e.g. {MODADD_TRAIN_FRACTION}")
+    trained = round(fraction * p * p)
+    if trained < 1:
+        return (f"task.train_fraction ({fraction}) trains on no pair of the {p * p} "
+                f"(task.n_symbols {p}, squared): raise it to at least {1 / p**2:.3g}")
+    if trained > p * p - 1:
+        return (f"task.train_fraction ({fraction}) trains on every pair of the {p * p} "
+                f"(task.n_symbols {p}, squared): lower it to at most {1 - 1 / p**2:.3g}")
+    return None
+
+
 @dataclass(frozen=True)
 class PositionalSpec:
     """What a positional scheme's name fixes before a model is built (its code is its class's)."""

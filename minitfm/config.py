@@ -29,13 +29,12 @@ from pydantic import (
     model_validator,
 )
 
-from minitfm.catalog import POSITIONALS, TASKS, check_device, parse_threads
+import minitfm.catalog as catalog
+from minitfm.catalog import POSITIONALS, TASKS, check_device, modadd_problem, parse_threads
 from minitfm.errors import ConfigError, option, quote, shown_path
 from minitfm.yamlfile import load_yaml, read_yaml
 
 BUILT_IN_CODES = ("fast", "book")  # model.code's own values: any other names a workbook folder
-MODADD_TRAIN_FRACTION = 0.3  # Nanda et al. 2023 train on 30% of the pairs
-MODADD_MAX_SYMBOLS = 1000  # modadd lists its p² pairs (a million at most)
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
 
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, less room for +rank
@@ -68,9 +67,8 @@ class TaskConfig(Section):
     max_len: int = Field(16, ge=1, le=65_536, description="longest input length in training "
                          "(pairs: longest source trained on, default model.max_len)")
     eval_seed: int = Field(1234, **SEED_RANGE, description="seed of the held-out evaluation set")
-    train_fraction: float = Field(
-        MODADD_TRAIN_FRACTION, **FINITE, description="modadd only: the share of the p² pairs "
-        "(a, b) trained on, the rest held out; which ones is drawn with task.eval_seed")
+    train_fraction: float = Field(catalog.MODADD_TRAIN_FRACTION, **FINITE, description="modadd "
+                                  "only: the share of the p² pairs trained on (drawn by eval_seed)")
     train_path: str | None = Field(
         None, description="pairs: training pairs, .tsv (source<TAB>target) or .jsonl "
         "({\"source\": ..., \"target\": ...}); relative to the config file's folder")
@@ -83,14 +81,6 @@ class TaskConfig(Section):
         "char", description="pairs: char (each character a symbol) or space (whitespace-"
         "separated words)")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _modadd_lengths(cls, data: Any) -> Any:
-        """modadd's inputs are two one-symbol operands: its lengths are 1 unless given."""
-        if isinstance(data, dict) and data.get("name") == "modadd" and "max_len" not in data:
-            return {**data, "max_len": 1}
-        return data
-
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
         if self.name not in TASKS:
@@ -100,40 +90,17 @@ class TaskConfig(Section):
         self._check_pairs_keys()
         if self.name == "pairs" and "max_len" not in self.model_fields_set:
             return self  # Config sets it to model.max_len, then this runs again
+        if self.name == "modadd" and "max_len" not in self.model_fields_set:
+            self.max_len = 1  # two one-symbol numbers; this runs again, with it set
         if self.min_len > self.max_len:
             raise ValueError(f"task.min_len ({self.min_len}) must be <= task.max_len "
                              f"({self.max_len})")
         if self.name == "add" and self.n_symbols > 10:
             raise ValueError(f"task.n_symbols ({self.n_symbols}) must be at most 10 for task "
                              f"'add': its symbols are the digits of base n_symbols")
-        self._check_modadd()
+        if (problem := modadd_problem(self)) is not None:
+            raise ValueError(problem)
         return self
-
-    def _check_modadd(self) -> None:
-        """task.train_fraction with modadd only, leaving a pair on each side; its lengths 1."""
-        fraction = self.train_fraction
-        if self.name != "modadd":
-            if fraction != MODADD_TRAIN_FRACTION:
-                raise ValueError(f"task.train_fraction ({fraction}) applies only to task "
-                                 f"'modadd' (task.name is {quote(self.name)})")
-            return
-        p = self.n_symbols
-        if p > MODADD_MAX_SYMBOLS:
-            raise ValueError(f"task.n_symbols ({p}) must be at most {MODADD_MAX_SYMBOLS} for "
-                             f"task 'modadd': its p² pairs are listed in memory")
-        if (self.min_len, self.max_len) != (1, 1):
-            raise ValueError(f"task.min_len ({self.min_len}) and task.max_len ({self.max_len}) "
-                             f"do not apply to task 'modadd' (each operand is one symbol): "
-                             f"leave them out")
-        if not 0 < fraction < 1:
-            raise ValueError(f"task.train_fraction ({fraction}) must be between 0 and 1: the "
-                             f"share of the p² pairs trained on, e.g. {MODADD_TRAIN_FRACTION}")
-        trained = round(fraction * p * p)
-        if not 1 <= trained <= p * p - 1:
-            side, fix = ("no pair", f"raise it to at least {1 / p**2:.3g}") if trained < 1 \
-                else ("every pair", f"lower it to at most {1 - 1 / p**2:.3g}")
-            raise ValueError(f"task.train_fraction ({fraction}) trains on {side} of the {p * p} "
-                             f"(task.n_symbols {p}, squared): {fix}")
 
     def _check_pairs_keys(self) -> None:
         """The keys of task pairs only with it; n_symbols not with it (its data has symbols)."""

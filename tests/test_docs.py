@@ -395,3 +395,24 @@ def test_the_notebooks_pointers_lead_somewhere():
         assert not fragment or fragment in anchors(target), link
     readme = {anchor(h) for h in re.findall(r"\*([^*]+)\* section", " ".join(text.split()))}
     assert readme <= anchors(ROOT / "README.md"), readme
+
+
+def test_grokking_section_quotes_make_figures_run():
+    """docs/looking-inside.md's "Grokking on a laptop" against figures.json `grokking`: where
+    each phase ended, where the run stopped, the gauges it quotes at the boundaries."""
+    run = figures().get("grokking")
+    if run is None:
+        pytest.skip("docs/figures.json has no grokking run yet: make figures runs it")
+    text = flat(ROOT / "docs" / "looking-inside.md")
+    section = text[text.index("## Grokking on a laptop"):text.index("## TensorBoard")]
+    memorised, jump, grokked = (run["phases"][k] for k in ("memorised", "jump_begins", "grokked"))
+    for phase in (f"**Memorisation** (steps 0-{memorised})",
+                  f"**Circuit formation** ({memorised}-{jump})",
+                  f"**Cleanup** ({jump}-{grokked})",
+                  f"| {memorised} | {grokked} ({percent(run['stopped']['exact_match'])}) |"):
+        assert phase in section, phase
+    gauges = run["gauges"]
+    for phase, name in (("memorised", "restricted_loss"), ("jump_begins", "restricted_loss"),
+                        ("memorised", "fourier_sparsity"), ("jump_begins", "fourier_sparsity"),
+                        ("grokked", "fourier_sparsity")):
+        assert f"{gauges[phase][name]:.2f}" in section, (phase, name)

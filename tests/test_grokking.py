@@ -232,7 +232,8 @@ def write_metrics(run_dir: Path, lines: list) -> None:
 
 
 def test_the_phases_are_read_from_the_eval_and_gauge_lines(tmp_path):
-    gauges = {"restricted_loss": 2.0, "excluded_loss": 0.01, "fourier_sparsity": 0.3}
+    gauges = {"exact": 0.1, "loss": 2.0, "token_accuracy": 0.5,  # every reading's own
+              "restricted_loss": 2.0, "excluded_loss": 0.01, "fourier_sparsity": 0.3}
     lines = [{"step": 100, "split": "train", "loss": 1.0},
              {"step": 100, "split": "gauges", "train_exact": 0.5, **gauges},
              {"step": 100, "split": "eval", "loss": 3.0, "exact_match": 0.1},

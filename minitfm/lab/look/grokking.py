@@ -39,7 +39,6 @@ Shapes: P = p² pairs, V vocab_size, D d_model, F frequencies 1..p//2.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from torch import Tensor
 
 from minitfm.book.metrics import evaluate
 from minitfm.book.model import eval_mode
+from minitfm.lab.curves import is_number, read_metrics
 from minitfm.lab.pictures import line_style, save_png
 from minitfm.tasks.base import Task, make_batch
 
@@ -156,21 +156,15 @@ DRAWN = (*GAUGES, "weight_norm")  # and the norm of the weight matrices, every r
 
 
 def read_phases(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """A run's curves from its metrics.jsonl: `held_out` (exact match at each evaluation) and
-    each gauge of its `gauges` lines, as (step, value) in order of step (a resumed run's later
-    line wins); lines that are not such records are skipped."""
+    """A run's curves from its metrics.jsonl (`curves.read_metrics`: records only):
+    `held_out` (exact match at each evaluation) and each gauge of its `gauges` lines, as
+    (step, value) in order of step (a resumed run's later line wins)."""
     curves: dict[str, dict[int, float]] = {name: {} for name in ("held_out", *DRAWN)}
-    for line in (Path(run_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a torn last line, left by a killed run
-            continue
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            continue
+    for record in read_metrics(Path(run_dir)):
         names = {"eval": {"exact_match": "held_out"},
-                 "gauges": {name: name for name in DRAWN}}.get(record.get("split"), {})
+                 "gauges": {name: name for name in DRAWN}}.get(record["split"], {})
         for key, name in names.items():
-            if isinstance(record.get(key), (int, float)):
+            if is_number(record.get(key)):
                 curves[name][record["step"]] = float(record[key])
     return {name: sorted(points.items()) for name, points in curves.items()}
 

@@ -232,3 +232,25 @@ def test_a_learners_run_is_the_default_only_when_there_is_no_other(trained_runs,
     assert result.exit_code == 0, result.stderr
     assert re.search(r"note: no RUN given: using runs/zoo \(best exact match \d+\.\d%\), a "
                      r"workbook's or bug zoo's run, as there is no other", result.stderr)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["eval", "--samples", "5", "--samples=7"], "--samples is given 2 times: give it once"),
+    (["sweep", "configs/copy.yaml", "--seeds", "0", "--stack", "--no-stack"],
+     "--stack and --no-stack are both given: give one of them"),
+    (["predict", "--threads", "1", "--threads", "2", "3 1"],
+     "--threads is given 2 times"),
+    (["ablate", "--mode", "zero", "--mode", "mean"], "--mode is given 2 times"),
+])
+def test_an_option_given_twice_is_one_line_not_the_last_one_kept(args, needle):
+    """Click keeps the last of an option given twice, silently: `--threads 1 --threads 2`
+    ran with 2. Refused before anything runs; an option that takes several is not counted."""
+    assert_clean_error(run_cli(*args), 2, needle)
+
+
+def test_a_value_that_looks_like_an_option_is_no_second_option():
+    """The token after a value option is its value: `--out --out` writes to a folder named
+    '--out' rather than counting the option twice."""
+    result = run_cli("sweep", "configs/copy.yaml", "--seeds", "0", "--out", "--out",
+                     "--dry-run")
+    assert "given 2 times" not in result.stderr

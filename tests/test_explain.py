@@ -203,6 +203,16 @@ def test_explain_out_names_its_files_as_in_the_runs_own_folder(quick, tmp_path):
                                                           f"best-step{step}.png"]
 
 
+@pytest.mark.parametrize("name", ["cards.png", "cards.JSON"])
+def test_explain_out_with_a_file_name_is_one_line_not_a_folder_of_that_name(quick, tmp_path,
+                                                                           name):
+    """--out is a folder for two files: a picture's name there would make a folder
+    'cards.png' (it did); said in one line, with the folder to give instead."""
+    result = run_cli("explain", str(quick), "--samples", "50", "--out", tmp_path / name)
+    assert_clean_error(result, 2, "names a folder", f"--out {tmp_path / 'cards'}")
+    assert not (tmp_path / name).exists()
+
+
 def test_patch_picks_a_corruption_that_changes_the_answer(quick):
     result = run_cli("patch", str(quick), "--clean", "1 2 3 4", "--json", "--force")
     assert result.exit_code == 0, result.stderr

@@ -15,12 +15,14 @@ from minitfm.config import TaskConfig, load_config
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
 from minitfm.lab.look.gauges import (
+    add_keys,
     alignment,
     click_accuracy,
     logit,
     make_forecast,
     read_gauges,
 )
+from minitfm.lab.look.probe import head_scores
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, run_cli
 
@@ -65,6 +67,9 @@ def test_exact_is_greedy_exact_match_without_decoding(run):
     assert reading.exact == pytest.approx(greedy.exact_match)
     assert reading.loss == pytest.approx(greedy.loss, rel=1e-4)
     assert reading.step == 50 and gauge_lines(run_dir)[-1]["exact"] == reading.exact
+    scores = head_scores(loaded.model, loaded.task, pairs)  # what visualize-attention prints
+    assert reading.heads[0] == pytest.approx(scores.soft[0].tolist(), abs=1e-6)
+    assert reading.align == pytest.approx(float(scores.soft.max()), abs=1e-6)
 
 
 def test_the_best_layer_covers_the_alignment_that_its_heads_share():
@@ -100,7 +105,12 @@ def test_tensorboard_plots_each_gauge(run):
 
 
 def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
-    result = run_cli("train", *QUICK, "task.name=add", "task.max_len=2", "train.steps=10",
+    """Pairs of one's own: no ideal alignment, so the line shows the token accuracy."""
+    pairs = tmp_path / "upper.tsv"
+    pairs.write_text("".join(f"{w}\t{w.upper()}\n" for w in ("ab", "cat", "dog", "emu", "fox")))
+    mine = [item for item in QUICK if not item.startswith(("task.n_symbols", "task.max_len"))]
+    result = run_cli("train", *mine, "task.name=pairs", f"task.train_path={pairs}",
+                     f"task.eval_path={pairs}", "model.max_len=16", "train.steps=10",
                      "log.gauge_every=5", "log.log_every=5", "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.stdout + result.stderr
     lines = gauge_lines(tmp_path / "run")
@@ -108,6 +118,22 @@ def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
     assert all(line["align"] is None and line["coverage"] is None and line["heads"] is None
                for line in lines)
     assert "tokens 0." in result.stdout and "align" not in result.stdout
+
+
+def test_an_output_digit_of_a_sum_should_read_both_digits_of_its_significance():
+    """add's ideal (carry-aware): 47+85 -> 132, the 3 reads 4 and 8, the 2 reads 7 and 5, the
+    carry-out 1 both leading digits; 123+4 -> 127, the 1 and 2 read a's digits alone."""
+    task = make_task(TaskConfig(name="add", n_symbols=10, min_len=1, max_len=3))
+    forty_seven = task.parse("47+85")
+    assert add_keys(task, forty_seven, 3) == [[0, 3], [0, 3], [1, 4]]
+    assert add_keys(task, task.parse("123+4"), 3) == [[0], [1], [2, 4]]
+    cross = torch.zeros(1, 2, 4, 5)  # (B, H, T, S): 3 digits and EOS over 4 7 + 8 5
+    cross[0, 0, :3, 0] = cross[0, 1, :3, 3] = 0.5  # each head: half on one leading digit
+    cross[0, 0, 2, :] = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0])  # head 0 reads 7 for the 2
+    cross[0, :, 3, 2] = 1.0  # EOS rests on '+'
+    align, heads = alignment([cross], task, [(forty_seven, task.target(forty_seven))], T=4)
+    assert heads == [[pytest.approx((0.5 + 0.5 + 1.0) / 3), pytest.approx(1.0 / 3)]]
+    assert align == pytest.approx((0.5 + 0.5 + 1.0) / 3)  # the best head covers each row best
 
 
 def test_gauges_off_read_nothing(tmp_path):

@@ -123,7 +123,50 @@ def reflowed(help_text: str) -> str:
 
 
 class Command(PlainHelp, TyperCommand):
-    """A minitfm command: see PlainHelp."""
+    """A minitfm command: see PlainHelp; an option given twice is refused (`once_each`)."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        once_each(self, ctx, args)
+        return super().parse_args(ctx, args)
+
+
+class GivenTwice(typer.TyperException):
+    """An option given more than once: a usage mistake (exit 2), said in one line."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, ctx) -> None:
+        super().__init__(message)
+        self.ctx = ctx
+
+
+def once_each(command, ctx, args: list[str]) -> None:
+    """Refuse an option given twice: Click would keep the last one alone, silently (`--threads
+    1 --threads 2` ran with 2; `--stack --no-stack` did not stack). Options that take several
+    (`--eval-lengths`, `--input`) are not counted. The token after a value option is its value,
+    never an option of its own."""
+    names = {opt: param for param in command.params if getattr(param, "opts", None)
+             and not getattr(param, "multiple", False) and not getattr(param, "count", False)
+             for opt in [*param.opts, *getattr(param, "secondary_opts", [])]}
+    given: dict[str, list[str]] = {}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":
+            break
+        name, has_value, _ = token.partition("=")
+        param = names.get(name)
+        if param is None:
+            continue
+        given.setdefault(param.name, []).append(name)
+        if not has_value and not param.is_flag:
+            next(tokens, None)  # its value
+    for used in given.values():
+        if len(set(used)) > 1:  # --stack and --no-stack
+            raise GivenTwice(f"{' and '.join(dict.fromkeys(used))} are both given: give one of "
+                             f"them (minitfm would keep only the last)", ctx)
+        if len(used) > 1:
+            raise GivenTwice(f"{used[0]} is given {len(used)} times: give it once (minitfm "
+                             f"would keep only the last)", ctx)
 
 
 class App(typer.Typer):

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from minitfm.book.metrics import EVAL_BATCH_SIZE, length_chunks, predict
 from minitfm.book.model import eval_mode
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
 from minitfm.lab.look.lens import logit_lens
@@ -265,6 +265,11 @@ def explain(loaded: Loaded, options: ExplainOptions = ExplainOptions()) -> Expla
     """`minitfm explain`: a role card for every head of a loaded run; write the PNG and,
     beside it, the JSON the explorer's page embeds."""
     name = f"step{loaded.step}.png"  # <checkpoint>-step<N>.png, in --out as in <run>/explain/
+    if options.out is not None and options.out.suffix.lower() in (".png", ".json"):
+        raise MinitfmError(f"--out ({shown_path(options.out)}) names a folder: explain writes two "
+                           f"files there, its PNG and the JSON the explorer embeds, named after "
+                           f"the checkpoint; give a folder, e.g. --out "
+                           f"{shown_path(options.out.with_suffix(''))}")
     png = options.out / f"{loaded.checkpoint.stem}-{name}" if options.out is not None else \
         loaded.picture_path("explain", name)
     check_output(png, "--out", options.force)

@@ -26,8 +26,11 @@ GAUGE_SAMPLES held-out pairs (those the attention scores use; no gradient) reads
   and TensorBoard's `4_alignment/best` give it; `heads` has every head's. Heads share the work
   (one reads the first outputs, another the rest), so `coverage` says how well a layer reads
   what it must: for each output row the most weight any head of the layer puts on the ideal
-  position, averaged over rows, in the best layer. All None for add, whose output digit reads
-  two digits and a carry, and for pairs of one's own;
+  position, averaged over rows, in the best layer. For add, whose output digit is the sum of
+  two digits and a carry, the ideal of a row is a pair of positions (`add_keys`): both
+  operands' digits of the significance it writes (the carry-out digit, a sum's extra leading
+  1: both leading digits), and a head's score is the weight it puts on the pair. None for pairs
+  of one's own;
 - `weight_norm`: the L2 norm of all weight matrices (what weight decay shrinks);
 - whatever the task's own gauges add (`TASK_GAUGES`).
 
@@ -60,13 +63,7 @@ from torch import Tensor
 from minitfm.book.model import eval_mode
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.look.grokking import modadd_gauges
-from minitfm.lab.look.probe import (
-    ALIGNMENT_SAMPLES,
-    alignment_score,
-    has_alignment,
-    ideal_mass,
-    ideal_positions,
-)
+from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, has_alignment
 from minitfm.run.files import append_metrics
 from minitfm.run.instruments import GaugesDue, Instrument, Started
 from minitfm.tasks.base import Pair, Task, make_batch
@@ -141,13 +138,46 @@ def alignment(cross: list[Tensor], task: Task, pairs: list[Pair],
               T: int) -> tuple[float | None, list[list[float]] | None]:
     """The best layer's coverage of the ideal alignment and each head's score (see the module
     docstring); (None, None) for a task without an ideal alignment."""
-    if not has_alignment(task, pairs):
+    keys = ideal_keys(task, pairs, T, cross[0].size(-1))
+    if keys is None:
         return None, None
-    ideal = ideal_positions(task, pairs, T).to(cross[0].device)  # (B, T)
-    rows = (ideal >= 0).sum().clamp(min=1)
-    coverage = [float(ideal_mass(c, ideal).amax(1).sum() / rows) for c in cross]  # per layer
-    heads = [alignment_score(c, ideal).tolist() for c in cross]
+    keys = keys.to(cross[0].device)
+    rows = keys.any(-1).sum().clamp(min=1)  # output rows that have an ideal (EOS, PAD: none)
+    coverage, heads = [], []
+    for layer in cross:  # (B, H, T, S)
+        mass = (layer.float() * keys[:, None]).sum(-1)  # (B, H, T): weight on the ideal keys
+        coverage.append(float(mass.amax(1).sum() / rows))
+        heads.append((mass.sum(dim=(0, 2)) / rows).tolist())
     return max(coverage), heads
+
+
+def ideal_keys(task: Task, pairs: list[Pair], T: int, S: int) -> Tensor | None:
+    """(B, T, S) True at the source positions each output row should read: the task's ideal
+    position (`task.alignment`), or add's pair (`add_keys`); None for a task without."""
+    if task.name == "add":
+        rows = [add_keys(task, src, len(target)) for src, target in pairs]
+    elif has_alignment(task, pairs):
+        rows = [[[position] for position in task.alignment(src)] for src, _ in pairs]
+    else:
+        return None
+    keys = torch.zeros(len(pairs), T, S, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        for t, positions in enumerate(row):
+            keys[b, t, positions] = True
+    return keys
+
+
+def add_keys(task: Task, src: list[int], n_out: int) -> list[list[int]]:
+    """For each digit of a sum (most significant first) the source positions of the operands'
+    digits of its significance: in 47+85 -> 132, the 3 reads 4 and 8, the 2 reads 7 and 5, and
+    the carry-out 1, which has no digits of its own, reads the leading 4 and 8."""
+    plus = src.index(task.plus_id)
+    length_a, length_b = plus, len(src) - plus - 1
+
+    def digits(j: int) -> list[int]:  # positions of significance j (0: the units)
+        return [plus - 1 - j] * (j < length_a) + [plus + length_b - j] * (j < length_b)
+
+    return [digits(j) or digits(j - 1) for j in range(n_out - 1, -1, -1)]
 
 
 # --- the forecast ---

@@ -103,15 +103,10 @@ def alignment_score(cross: Tensor, ideal: Tensor, hard: bool = False) -> Tensor:
     if hard:
         cross = F.one_hot(cross.argmax(dim=-1), cross.size(-1))  # (B, H, T, S)
     valid = ideal >= 0  # (B, T)
-    return ideal_mass(cross, ideal).sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
-
-
-def ideal_mass(cross: Tensor, ideal: Tensor) -> Tensor:
-    """The weight each row puts on its ideal source: cross (B, H, T, S), ideal (B, T) with
-    -1 = none -> (B, H, T), 0 on the rows without one (EOS, PAD)."""
     index = ideal.clamp(min=0)[:, None, :, None].expand(-1, cross.size(1), -1, 1)  # (B, H, T, 1)
     mass = cross.float().gather(-1, index).squeeze(-1)  # (B, H, T)
-    return mass * (ideal >= 0)[:, None, :]
+    mass = mass * valid[:, None, :]  # rows that are no target position (EOS, PAD) count 0
+    return mass.sum(dim=(0, 2)) / valid.sum().clamp(min=1)  # (H,)
 
 
 def attention_entropy(weights: Tensor, valid: Tensor) -> Tensor:

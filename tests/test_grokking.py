@@ -257,7 +257,8 @@ def test_the_phases_are_read_from_the_eval_and_gauge_lines(tmp_path):
 
 
 def test_a_modadd_run_writes_its_gauges_in_metrics_jsonl(tmp_path):
-    result = run_cli("train", *TINY_MODADD, "log.gauge_every=10", "--run-dir", tmp_path / "run")
+    result = run_cli("train", *TINY_MODADD, "log.gauge_every=10", "log.log_every=10",
+                     "--run-dir", tmp_path / "run")
     assert result.exit_code == 0, result.stderr
     readings = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text()
                                .splitlines()) if r["split"] == "gauges"]
@@ -265,3 +266,6 @@ def test_a_modadd_run_writes_its_gauges_in_metrics_jsonl(tmp_path):
     assert all(set(GAUGES) <= set(r) and "weight_norm" in r for r in readings)
     curves = read_phases(tmp_path / "run")
     assert [step for step, _ in curves["restricted_loss"]] == [10, 20]
+    # the progress line shows the gauge that moves in grokking's plateau, not the alignment
+    line = next(line for line in result.stdout.splitlines() if line.startswith("step "))
+    assert f"sparsity {readings[0]['fourier_sparsity']:.2f}" in line, line

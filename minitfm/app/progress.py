@@ -196,14 +196,14 @@ class ConsoleReporter(Instrument):
                         highlight=False)
 
     def on_gauges(self, due: GaugesDue) -> None:
-        """The gauge reader's reading: the best head's alignment (else the token accuracy)
-        with the way it moved since the reading a train line ago (the line above, in a log),
-        and the forecast; shown with the next train line."""
+        """The gauge reader's reading: the gauge it shows (the best head's alignment, else the
+        token accuracy, or the task's own) with the way it moved since the reading a train
+        line ago (the line above, in a log), and the forecast; shown with the next train
+        line."""
         reading = due.reading
         if not reading:
             return
-        name, value = ("align", reading["align"]) if reading.get("align") is not None \
-            else ("tokens", reading["token_accuracy"])
+        name, value = reading["shown"]  # the gauge reader's choice (lab/look/gauges.py)
         before = [step for step in self.gauges if step <= due.step - self.log_every]
         self.gauges[due.step] = value
         arrow = trend(self.gauges[max(before)], value) if before else ""

@@ -76,6 +76,9 @@ FORECAST_FROM = 0.2  # no forecast before this share of train.steps
 TASK_GAUGES: dict[str, Callable[[torch.nn.Module, Task], dict[str, float]]] = {
     "modadd": modadd_gauges,  # grokking's: train_exact, restricted/excluded loss, sparsity
 }
+# The gauge the progress line shows, by task name, where it is none of the usual (`shown`):
+# in grokking's plateau it is the Fourier sparsity that moves.
+SHOWN = {"modadd": ("fourier_sparsity", "sparsity")}
 
 
 @dataclass
@@ -268,4 +271,15 @@ class GaugeReader(Instrument):
         reading.forecast = make_forecast(self.history, self.click_logit, self.steps)
         record = reading.record()
         append_metrics(self.run_dir, record)
-        due.reading.update(record)
+        due.reading.update(record, shown=shown(record, self.task))
+
+
+def shown(record: dict, task: Task) -> tuple[str, float]:
+    """The gauge the progress line shows, named: the task's own (`SHOWN`), else the best head's
+    alignment, else (no ideal alignment) the token accuracy."""
+    if task.name in SHOWN:
+        key, name = SHOWN[task.name]
+        return name, record[key]
+    if record["align"] is not None:
+        return "align", record["align"]
+    return "tokens", record["token_accuracy"]

@@ -209,7 +209,7 @@ def test_explain_out_with_a_file_name_is_one_line_not_a_folder_of_that_name(quic
     """--out is a folder for two files: a picture's name there would make a folder
     'cards.png' (it did); said in one line, with the folder to give instead."""
     result = run_cli("explain", str(quick), "--samples", "50", "--out", tmp_path / name)
-    assert_clean_error(result, 2, "names a folder", f"--out {tmp_path / 'cards'}")
+    assert_clean_error(result, 2, "names a folder", f"--out {shown_path(tmp_path / 'cards')}")
     assert not (tmp_path / name).exists()
 
 

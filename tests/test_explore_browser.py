@@ -179,14 +179,10 @@ def test_held_out_exact_match_is_shown_under_the_heads_it_was_computed_for(pages
     run_dir, path = pages["copy"]
     run = load_run(run_dir, checkpoint="last")
     page, problems = open_page(browser, path, clock=True)
-    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
-    held = page.evaluate("() => window.minitfm.data.held_out")
-    sources, targets = ([" ".join(tokens[i] for i in ids) for ids in rows]
-                        for rows in (held["sources"], held["targets"]))
+    sources, targets = held_out_texts(page)
 
     def python_exact(off):
-        outputs = run.predict(sources, heads_off=off, mode="zero")
-        return sum(o == t for o, t in zip(outputs, targets, strict=True)) / len(targets)
+        return exact_in_python(run, sources, targets, off)
 
     def switch(*heads, mode):  # one after the other, before the page's next timer
         for kind, layer, head in heads:
@@ -217,6 +213,20 @@ def test_held_out_exact_match_is_shown_under_the_heads_it_was_computed_for(pages
     assert len({intact, python_exact([a]), python_exact([a, b])}) == 3  # the test can tell
 
 
+def held_out_texts(page) -> tuple[list[str], list[str]]:
+    """The page's held-out examples (sources, targets) as text."""
+    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
+    held = page.evaluate("() => window.minitfm.data.held_out")
+    return tuple([" ".join(tokens[i] for i in ids) for ids in rows]
+                 for rows in (held["sources"], held["targets"]))
+
+
+def exact_in_python(run, sources: list[str], targets: list[str], off) -> float:
+    """Python's exact match on the page's held-out examples with the heads `off` zeroed."""
+    outputs = run.predict(sources, heads_off=off, mode="zero")
+    return sum(o == t for o, t in zip(outputs, targets, strict=True)) / len(targets)
+
+
 def test_exact_match_asked_while_the_page_computes_ends_on_a_number(pages, browser):
     """window.minitfm.exactMatch() called while the page decodes its held-out examples: for the
     page's own state it joins the page's job (the same number, shown under the label); for heads
@@ -227,14 +237,10 @@ def test_exact_match_asked_while_the_page_computes_ends_on_a_number(pages, brows
     page, problems = open_page(browser, path, clock=True)
     page.clock.pause_at(datetime.now() + timedelta(days=1))  # slices run only in run_for
     page.clock.run_for(60_000)
-    tokens = page.evaluate("() => window.minitfm.data.task.tokens")
-    held = page.evaluate("() => window.minitfm.data.held_out")
-    sources, targets = ([" ".join(tokens[i] for i in ids) for ids in rows]
-                        for rows in (held["sources"], held["targets"]))
+    sources, targets = held_out_texts(page)
 
     def python_exact(off):
-        outputs = run.predict(sources, heads_off=off, mode="zero")
-        return sum(o == t for o, t in zip(outputs, targets, strict=True)) / len(targets)
+        return exact_in_python(run, sources, targets, off)
 
     def asked(before: str = "") -> float:
         """exactMatch() called while the page's job waits for its first slice; its value."""

@@ -165,10 +165,7 @@ class AddTask(Task):
 
     def _tokenize(self, text: str) -> list[str]:
         """Each operand is a number ("12") or its digits between spaces ("1 2")."""
-        tokens: list[str] = []
-        for k, operand in enumerate(text.split("+")):
-            tokens += ["+"] * (k > 0) + self._read_words(operand.split())
-        return tokens
+        return sum_tokens(self, text)
 
     def written_compact(self, text: str) -> bool:
         """Operands written as numbers ("12+34", "12 + 34"): the sum is printed as one too."""
@@ -276,10 +273,7 @@ class ModAddTask(Task):
 
     def _tokenize(self, text: str) -> list[str]:
         """Two numbers joined by '+', spaces optional ("40 + 25", "40+25")."""
-        tokens: list[str] = []
-        for k, operand in enumerate(text.split("+")):
-            tokens += ["+"] * (k > 0) + self._read_words(operand.split())
-        return tokens
+        return sum_tokens(self, text)
 
     def written_compact(self, text: str) -> bool:
         return False  # the answer is one symbol: written the same either way
@@ -309,6 +303,15 @@ def train_pair_count(p: int, fraction: float) -> int:
     """How many of the p² pairs of modadd are trained on: the share rounded, at least one,
     and at least one held out (the config refuses a share that rounds to neither)."""
     return min(max(round(fraction * p * p), 1), p * p - 1)
+
+
+def sum_tokens(task: Task, text: str) -> list[str]:
+    """The tokens of operands joined by '+' (add's and modadd's text): each operand's words as
+    the task reads them (`_read_words`), a '+' between two."""
+    tokens: list[str] = []
+    for k, operand in enumerate(text.split("+")):
+        tokens += ["+"] * (k > 0) + task._read_words(operand.split())
+    return tokens
 
 
 SYNTHETIC = (CopyTask, ReverseTask, SortTask, DuplicateTask, ShiftTask, AddTask, ModAddTask)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from minitfm.errors import CheckpointError
-from minitfm.lab.curves import read_eval, run_curves
+from minitfm.lab.curves import is_number, read_eval, run_curves
 from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.explain import CARDS_MARK, EFFECT_NAMES, weights_digest
 from minitfm.lab.look.probe import KINDS
@@ -80,8 +80,7 @@ def curves(run_dir: Path | None) -> dict | None:
 
 def finite_or_none(value) -> float | None:
     """A finite number as it is, anything else as None (a damaged or hand-made line)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return value if ok else None
+    return value if is_number(value) and math.isfinite(value) else None
 
 
 def forecast_text(forecast) -> str | None:

@@ -193,7 +193,7 @@ class ModelConfig(Section):
 class TrainConfig(Section):
     """Optimisation (AdamW), schedule, evaluation and checkpoint cadence."""
 
-    steps: int = Field(240, ge=1, le=10**9, description="optimizer steps in total")
+    steps: int = Field(280, ge=1, le=10**9, description="optimizer steps in total")
     batch_size: int = Field(128, ge=1, le=1_048_576, description="sequences per step")
     lr: float = Field(1e-2, gt=0.0, **FINITE, description="peak learning rate")
     warmup_steps: int = Field(80, ge=0, le=10**9, description="linear warmup steps")

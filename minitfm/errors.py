@@ -45,6 +45,11 @@ def shown_path(path: str | Path) -> str:
 OPTION_MARK = re.compile("\0(\\w+)\0([^\0]*)\0")  # a NUL never occurs in a path or a key
 
 
+def percent(value: float) -> str:
+    """0.99 -> `99%`, 0.995 -> `99.5%`: a share as messages print it."""
+    return f"{value * 100:.4g}%"
+
+
 def option(key: str, run: object = "") -> str:
     """An option named in a message by `key`: train's "resume", "run_dir", "overwrite", "book",
     "resume_of" and "again" (the option, and the whole call, that continue the run `run`); the

@@ -222,23 +222,25 @@ def test_figures_of_the_default_run_are_current():
     explore = " ".join((ROOT / "docs" / "explore.md").read_text(encoding="utf-8").split())
     assert f"reverse.yaml`, {params:,} parameters)" in explore, params
     inside = (ROOT / "docs" / "looking-inside.md").read_text(encoding="utf-8")
-    snapshots = len(figures()["default"]["snapshots"])  # every 25 steps, and the end (230)
-    every = cfg.log.attention_every
-    assert snapshots == len(range(every, cfg.train.steps, every)) + 1
+    snapshots = len(figures()["default"]["snapshots"])  # every 25 steps, and where it stopped
+    every, stopped = cfg.log.attention_every, figures()["default"]["stopped"]["step"]
+    assert snapshots == len(range(every, stopped, every)) + 1
     assert f"default reverse run at its {snapshots} snapshots" in inside, snapshots
 
 
 def test_the_rates_of_training_longer_are_the_schedules():
-    """docs/config.md's "Training a run longer" quotes the default run's rate at step 230 under
-    its own schedule and under train.steps=3000, and the suggestion a resume gives."""
+    """docs/config.md's "Training a run longer" quotes the default run's rate where seed 0
+    stops, under its own schedule and under train.steps=3000, and the suggestion a resume
+    gives."""
     from minitfm.run.resume import schedule_jump
 
-    cfg = Config()
+    cfg, stopped = Config(), figures()["default"]["stopped"]["step"]
     longer = cfg.train.model_copy(update={"steps": 3000})
-    note = schedule_jump({"step": 230, "best_exact_match": 0.5}, cfg.train, longer, None)
+    note = schedule_jump({"step": stopped, "best_exact_match": 0.5}, cfg.train, longer, None)
     page = " ".join((ROOT / "docs" / "config.md").read_text(encoding="utf-8").split())
     was, will = note.split("from ")[1].split(" at step")[0].split(" up to ")
-    assert f"at step 230, where seed 0 stops, it would jump from {was} to {will}," in page, note
+    assert f"at step {stopped}, where seed 0 stops, it would jump from {was} to {will}," in page, \
+        note
     assert f"`train.schedule=constant train.lr={was}`" in page, note
 
 

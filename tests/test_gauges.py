@@ -11,14 +11,16 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minitfm.book.metrics import evaluate
-from minitfm.config import TaskConfig, load_config
+from minitfm.config import TaskConfig, TrainConfig, load_config, to_yaml
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
+from minitfm.lab.look.forecasts import table
 from minitfm.lab.look.gauges import (
+    MARGIN,
+    Course,
     add_keys,
     alignment,
     click_accuracy,
-    logit,
     make_forecast,
     read_gauges,
 )
@@ -102,6 +104,11 @@ def test_tensorboard_plots_each_gauge(run):
     assert {"7_gauges/exact", "7_gauges/align", "7_gauges/hard_loss",
             "7_gauges/weight_norm", "7_gauges/token_accuracy"} <= tags
     assert [e.step for e in events.Scalars("7_gauges/align")] == [10, 20, 30, 40, 50]
+    forecasts = [(line["step"], line["forecast"]["end_exact"]) for line in gauge_lines(run_dir)
+                 if line["forecast"] and line["forecast"]["end_exact"] is not None]
+    assert forecasts  # the forecast's numbers too, at the readings that made them
+    assert [(e.step, e.value) for e in events.Scalars("7_gauges/forecast_end_exact")] == \
+        [(step, pytest.approx(value)) for step, value in forecasts]
 
 
 def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
@@ -172,33 +179,85 @@ def climb(steps: range, start: float, slope: float, dips=()) -> list[tuple]:
     return [(s, 0.1, accuracy(s)) for s in steps]
 
 
-def test_the_forecast_extrapolates_the_climb_to_the_click_and_ignores_the_dips():
-    click_logit = logit(0.9)
-    line = round((click_logit + 2.0) / 0.02)  # 210: where the line reaches the click
-    forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), click_logit, steps=240)
-    assert forecast.click_step == line and not forecast.clicked
-    assert forecast.text == f"click expected ~step {line}"
+def course(lengths=(4,), **train) -> Course:
+    """A run's course: the default's train section but for `train`."""
+    return Course(TrainConfig(**{"lr": 0.01, "warmup_steps": 0, "steps": 240, **train}),
+                  list(lengths))
+
+
+def test_the_schedule_areas_sum_the_learning_rate_and_how_far_it_came_down():
+    constant = course(schedule="constant", warmup_steps=40)
+    assert constant.lr_area(40) == pytest.approx(0.01 * 41 / 2)  # the warmup's ramp
+    assert constant.lr_area(140) == pytest.approx(0.01 * 41 / 2 + 0.01 * 100)
+    assert constant.annealing_area(240) == pytest.approx(0.0, abs=1e-12)  # it never comes down
+    cosine = course(warmup_steps=40)  # cosine from 0.01 to 0 over steps 40..240: mean 0.005
+    assert cosine.annealing_area(240) == pytest.approx(0.01 * 200 / 2, rel=0.01)
+    assert cosine.annealing_area(40) == 0.0 and cosine.annealing_area(140) > 0
+    # a long run sums on a grid of steps: the areas come out the same
+    long = course(warmup_steps=0, steps=1_000_000)
+    assert long.stride > 1
+    assert long.annealing_area(1_000_000) == pytest.approx(0.01 * 1_000_000 / 2, rel=1e-3)
+
+
+def test_the_forecast_extrapolates_the_climb_to_the_click_and_the_target():
+    """With a constant lr the areas grow with the steps, so a climb straight in the steps is
+    a straight line in the forecast's terms, and it says where that line reaches the click
+    accuracy and the target's."""
+    run = course(schedule="constant", steps=500)
+    click = math.ceil((run.click_logit + 2.0) / 0.02)  # where the line reaches the click
+    target = math.ceil((run.target_logit + 2.0) / 0.02)  # and 99% exact match
+    forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run)
+    assert (forecast.click_step, forecast.target_step, forecast.clicked) == (click, target, False)
+    assert forecast.on_course  # 400 with 100 of 500 steps to spare
+    assert forecast.text == f"click expected ~step {click}, 99% ~step {target}"
     # a reading knocked down counts as the best before it: the forecast barely moves
-    dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}),
-                           click_logit, steps=240)
-    assert abs(dipped.click_step - line) <= 10
+    dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}), run)
+    assert abs(dipped.click_step - click) <= 10
+
+
+def test_the_forecast_knows_the_schedule_a_decaying_lr_brings_the_click_sooner():
+    """The same climb under a cosine decay: the annealing area adds to the line, so the click
+    comes sooner and the target within the run; a budget cut short leaves it in the run's last
+    eighth (not on course: the target comes later than forecast often enough) or out of reach."""
+    readings = climb(range(10, 101, 10), -2.0, 0.02)
+    constant = make_forecast(readings, course(schedule="constant"))
+    cosine = make_forecast(readings, course())
+    assert cosine.click_step < constant.click_step
+    assert constant.target_step is None and cosine.target_step is not None  # 99% within 240
+    tight = make_forecast(readings, course(steps=200))  # 99% in the last eighth of the run
+    assert not tight.on_course and tight.target_step > 200 * (1 - MARGIN)
+    assert tight.text.endswith(f", 99% only just (~step {tight.target_step} of 200)")
+    short = make_forecast(readings, course(steps=140))
+    assert short.target_step is None and short.end_exact < 0.99
+    assert short.text.endswith(f"~{short.end_exact:.0%} at the end (target 99%)")
+    unset = make_forecast(readings, course(target_exact_match=None))
+    assert unset.target_step is None and unset.text.endswith("at the end")
 
 
 def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
-    click_logit = logit(0.9)
-    assert make_forecast(climb(range(10, 31, 10), -2.0, 0.02), click_logit, 240) is None
-    assert make_forecast(climb(range(10, 41, 10), -2.0, 0.02), click_logit, 240) is None  # < 48
-    slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), click_logit, 240)
-    assert slow.text == "no click by the run's end (step 240)" and slow.click_step is None
-    flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), click_logit, 240)
-    assert flat.text == "no click in sight"
+    run = course(schedule="constant", warmup_steps=80)
+    assert make_forecast(climb(range(10, 71, 10), -2.0, 0.02), run) is None  # in the warmup
+    # the line goes through readings after the warmup only, and it takes three of them
+    assert make_forecast(climb(range(10, 91, 10), -2.0, 0.02), run) is None
+    assert make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run) is not None
+    no_warmup = course(schedule="constant")  # from a fifth of the run, 48: the first is left out
+    assert make_forecast(climb(range(10, 41, 10), -2.0, 0.02), no_warmup) is None
+    assert make_forecast(climb(range(10, 51, 10), -2.0, 0.02), no_warmup) is not None
+    slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), run)
+    assert slow.click_step is None and slow.target_step is None
+    assert slow.text.startswith("no click by the run's end (step 240), ~")
+    flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), run)
+    assert flat.click_step is None and flat.end_exact == pytest.approx(run.exact(0.5))
     history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in climb(range(10, 101, 10), -2.0,
                                                                        0.02)]
-    seen = make_forecast(history, click_logit, 240)
-    assert (seen.text, seen.click_step, seen.clicked) == \
-        ("clicked at step 80, exact now 55%", 80, True)
+    seen = make_forecast(history, run)
+    assert (seen.click_step, seen.clicked) == (80, True)
+    assert seen.text == f"clicked at step 80, exact now 55%, ~{seen.end_exact:.0%} at the end " \
+        "(target 99%)"  # a constant lr and 140 steps left: this climb reaches 84%
     history[-1] = (100, 0.45, history[-1][2])  # knocked back under 50%: not clicked after all
-    assert make_forecast(history, click_logit, 240).text.startswith("click expected ~step")
+    assert make_forecast(history, run).text.startswith("click expected ~step")
+    history[-1] = (100, 0.995, history[-1][2])  # past the target: nothing left to forecast
+    assert make_forecast(history, run).text == "clicked at step 80, exact now 99.5%"
 
 
 def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
@@ -241,3 +300,35 @@ def test_a_stacked_run_reads_the_gauges_of_its_solo_run(tmp_path):
         for ours, theirs in zip(stacked, alone, strict=True):
             assert ours["token_accuracy"] == theirs["token_accuracy"]
             assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+
+
+# --- how well it forecasts (lab/look/forecasts.py) ---
+
+def fake_run(folder, name: str, readings: list[tuple], best: float, steps: int = 280):
+    """A run directory as a sweep leaves one: its config, its gauge readings, its summary."""
+    run_dir = folder / name
+    run_dir.mkdir(parents=True)
+    cfg = load_config(None, [f"train.steps={steps}"])
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "split": "gauges", "exact": e, "loss": 1.0, "token_accuracy": a})
+        + "\n"
+        for s, e, a in readings))
+    (run_dir / "summary.json").write_text(json.dumps({"best_exact_match": best,
+                                                      "status": "finished", "steps": steps}))
+
+
+def test_the_calibration_replays_each_runs_readings_and_counts_flags_and_false_alarms(tmp_path):
+    """Two seeds of one configuration climb alike and are flagged from step 100 on; the one
+    that reached its target counts as flagged in time, the other as a false alarm. A third,
+    flat, is never flagged; its configuration row counts it apart."""
+    climbing = climb(range(10, 161, 10), -2.0, 0.03)
+    clicked = [(s, 0.6 if s >= 140 else 0.1, a) for s, _, a in climbing]  # the click: 140
+    fake_run(tmp_path, "seed=0", clicked, best=0.995)
+    fake_run(tmp_path, "seed=1", clicked, best=0.97)
+    fake_run(tmp_path, "steps=150,seed=0", climb(range(10, 151, 10), 0.5, 0.0), best=0.4,
+             steps=150)
+    rows = table([tmp_path]).splitlines()
+    name = tmp_path.name
+    assert rows[2] == f"| {name} | 1 of 2 | 1 of 1 (29%) | 1 of 1 | 140-140 | 100% |"
+    assert rows[3] == f"| {name}/steps=150 | 0 of 1 | - | 0 of 1 | never | - |"

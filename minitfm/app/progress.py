@@ -11,7 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from minitfm.app.tables import printable, shell_quote
-from minitfm.errors import shown_path
+from minitfm.errors import percent, shown_path
 from minitfm.run.instruments import (
     Ended,
     Evaluation,
@@ -272,11 +272,6 @@ def ending(summary: dict, target: float | None) -> str:
         return f"finished all {steps} steps, reaching the {percent(target)} target"
     return (f"finished all {steps} steps (best exact match {best:.1%}, short of the "
             f"{percent(target)} target)")
-
-
-def percent(value: float) -> str:
-    """0.99 -> `99%`, 0.995 -> `99.5%`."""
-    return f"{value * 100:.4g}%"
 
 
 def summary_table(summary: dict) -> Table:

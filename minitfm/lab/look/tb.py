@@ -14,10 +14,12 @@ groups are numbered in the order a learner reads them:
 - `6_entropy/layer<L>/head<H>`: each cross-attention head's attention entropy (nats);
 - `7_gauges/<name>`: the gauges (see `gauges`) every log.gauge_every steps: exact, token
   accuracy, the hardest positions' loss, alignment, weight norm, the task's own; and the
-  forecast's step of the click (`7_gauges/forecast_click_step`) while it expects one.
+  forecast's numbers while it makes them: the step of the click (`forecast_click_step`), the
+  step of the target (`forecast_target_step`) and the exact match at the end
+  (`forecast_end_exact`).
 
 Pictures and per-head scores come from the attention snapshots that the attention recorder
-takes every `log.attention_every` steps (by default at every evaluation) and at the end (see
+takes every `log.attention_every` steps (by default every 25) and at the end (see
 `timeline`, which also records them to attention.jsonl); the pictures are drawn with numpy and
 Pillow (see `mapgrid.MapGrid`), so that they cost little next to training.
 Text: `config` and `samples`. At the end, the run's hyperparameters for the HPARAMS tab.
@@ -60,6 +62,7 @@ ALIGNMENT_TAG = "4_alignment/{name}"
 ENTROPY_TAG = "6_entropy/{name}"
 GAUGE_TAG = "7_gauges/{name}"
 NOT_PLOTTED = ("step", "split", "positions", "heads", "forecast", "shown")  # lists, words
+FORECAST_PLOTTED = ("click_step", "target_step", "end_exact")  # the forecast's numbers
 HPARAM_SECTIONS = ("task", "model", "train")  # with `seed`: what a run learns, not where
 LONGEST_STEP = 10**9  # train.steps' limit: the widest step number a title can show
 N_SAMPLES = 5
@@ -129,9 +132,11 @@ class TensorBoardLogger(Instrument):
         for name, value in due.reading.items():
             if name not in NOT_PLOTTED and value is not None:
                 self.writer.add_scalar(GAUGE_TAG.format(name=name), value, due.step)
-        click = (due.reading.get("forecast") or {}).get("click_step")
-        if click is not None:
-            self.writer.add_scalar(GAUGE_TAG.format(name="forecast_click_step"), click, due.step)
+        forecast = due.reading.get("forecast") or {}
+        for name in FORECAST_PLOTTED:
+            if forecast.get(name) is not None:
+                self.writer.add_scalar(GAUGE_TAG.format(name=f"forecast_{name}"), forecast[name],
+                                       due.step)
 
     def _samples_table(self, pairs: list, predictions: list) -> str:
         """The first held-out pairs and their predictions, a markdown table of text."""

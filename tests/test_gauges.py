@@ -208,8 +208,8 @@ def test_the_forecast_extrapolates_the_climb_to_the_click_and_the_target():
     target = math.ceil((run.target_logit + 2.0) / 0.02)  # and 99% exact match
     forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run)
     assert (forecast.click_step, forecast.target_step, forecast.clicked) == (click, target, False)
-    assert forecast.on_course  # 400 with 100 of 500 steps to spare
-    assert forecast.text == f"click expected ~step {click}, 99% ~step {target}"
+    assert forecast.verdict == "on course"  # 400 with 100 of 500 steps to spare
+    assert forecast.text == f"click expected ~step {click}, on course for 99% ~step {target}"
     # a reading knocked down counts as the best before it: the forecast barely moves
     dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}), run)
     assert abs(dipped.click_step - click) <= 10
@@ -225,13 +225,15 @@ def test_the_forecast_knows_the_schedule_a_decaying_lr_brings_the_click_sooner()
     assert cosine.click_step < constant.click_step
     assert constant.target_step is None and cosine.target_step is not None  # 99% within 240
     tight = make_forecast(readings, course(steps=200))  # 99% in the last eighth of the run
-    assert not tight.on_course and tight.target_step > 200 * (1 - MARGIN)
-    assert tight.text.endswith(f", 99% only just (~step {tight.target_step} of 200)")
+    assert tight.verdict == "close call" and tight.target_step > 200 * (1 - MARGIN)
+    assert tight.text.endswith(f", close call: 99% ~step {tight.target_step} of 200")
     short = make_forecast(readings, course(steps=140))
-    assert short.target_step is None and short.end_exact < 0.99
-    assert short.text.endswith(f"~{short.end_exact:.0%} at the end (target 99%)")
-    unset = make_forecast(readings, course(target_exact_match=None))
-    assert unset.target_step is None and unset.text.endswith("at the end")
+    assert short.verdict == "short" and short.target_step is None and short.end_exact < 0.99
+    assert short.text.endswith(f", short of 99%: ~{short.end_exact:.0%} at the end")
+    unset = make_forecast(readings, course(target_exact_match=None, steps=400))
+    assert unset.verdict is None and unset.target_step is None
+    # a line carried on may give 100%, which no run can promise: at most 99.9%
+    assert unset.end_exact > 0.9995 and unset.text.endswith(", ~99.9% at the end")
 
 
 def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
@@ -245,19 +247,26 @@ def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
     assert make_forecast(climb(range(10, 51, 10), -2.0, 0.02), no_warmup) is not None
     slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), run)
     assert slow.click_step is None and slow.target_step is None
-    assert slow.text.startswith("no click by the run's end (step 240), ~")
+    assert slow.text.startswith("no click by the run's end (step 240), short of 99%: ~")
     flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), run)
     assert flat.click_step is None and flat.end_exact == pytest.approx(run.exact(0.5))
     history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in climb(range(10, 101, 10), -2.0,
                                                                        0.02)]
     seen = make_forecast(history, run)
     assert (seen.click_step, seen.clicked) == (80, True)
-    assert seen.text == f"clicked at step 80, exact now 55%, ~{seen.end_exact:.0%} at the end " \
-        "(target 99%)"  # a constant lr and 140 steps left: this climb reaches 84%
+    assert seen.text == "clicked at step 80 (gauges: 55% exact), short of 99%: " \
+        f"~{seen.end_exact:.0%} at the end"  # a constant lr and 140 steps left: 84%
     history[-1] = (100, 0.45, history[-1][2])  # knocked back under 50%: not clicked after all
     assert make_forecast(history, run).text.startswith("click expected ~step")
-    history[-1] = (100, 0.995, history[-1][2])  # past the target: nothing left to forecast
-    assert make_forecast(history, run).text == "clicked at step 80, exact now 99.5%"
+    history[-1] = (100, 0.995, history[-1][2])  # past the target on these pairs
+    passed = make_forecast(history, run)
+    assert (passed.verdict, passed.target_step) == ("passed", 100)
+    assert passed.text == \
+        "clicked at step 80 (gauges: 99.5% exact, past 99%: an evaluation decides)"
+    # at the run's last step there is no end left to forecast
+    history[-1] = (100, 0.55, history[-1][2])
+    last = course(schedule="constant", warmup_steps=80, steps=100)
+    assert make_forecast(history, last).text == "clicked at step 80 (gauges: 55% exact)"
 
 
 def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):

@@ -7,7 +7,7 @@ run's GaugeReader made them while it trained, and held against what then came. D
 - the click: the first reading whose exact match passed CLICK; the plateau: the steps before it;
 - a run reached its target when an evaluation did (summary.json's best exact match);
 - a run that reached it is **flagged in time** when every forecast from one made at or before
-  three quarters of its plateau until its click says it is on course (`Forecast.on_course`: the
+  three quarters of its plateau until its click says it is on course (`Forecast.verdict`: the
   target with an eighth of the run to spare); the **lead** is the share of the plateau still
   ahead at the first of those forecasts;
 - a **false alarm**: a run that did not reach its target with a forecast, at any reading,
@@ -68,7 +68,8 @@ def replay(run_dir: Path) -> tuple[list[tuple], list, bool]:
 def count(tally: Tally, run_dir: Path) -> None:
     readings, forecasts, reached = replay(run_dir)
     click = next((step for step, exact, _ in readings if exact >= CLICK), None)
-    flags = [(step, f.on_course) for (step, *_), f in zip(readings, forecasts) if f is not None]
+    flags = [(step, f.verdict == "on course") for (step, *_), f in zip(readings, forecasts)
+             if f is not None]
     if click is not None:
         tally.clicks.append(click)
         for (step, *_), f in zip(readings, forecasts):

@@ -53,7 +53,7 @@ and 100 steps, lr 0.002; 2026-11-29); the runs it was measured on after that are
 (docs/looking-inside.md, "How well it forecasts"). The target is forecast on course when the
 line reaches it with MARGIN of the run to spare: in the 26 of those runs that reached it, it came
 later than the line said by 4% of the run at the median and 11% at the latest, so a target in
-the run's last eighth is a close call (`only just`). No forecast in the warmup
+the run's last eighth is a close call. No forecast in the warmup
 (the lr still rising) nor before a fifth of train.steps. `lab/look/forecasts.py` measures how
 well it forecasts, over finished runs.
 
@@ -212,7 +212,8 @@ class Forecast:
     clicked: bool  # seen: the latest readings' exact reached CLICK
     end_exact: float | None  # the exact match the line gives the run's last step
     target_step: int | None  # where it gives train.target_exact_match (None: not in the run)
-    on_course: bool  # the target comes with MARGIN of the run to spare: the run is flagged
+    verdict: str | None  # of the target: on course (MARGIN to spare), close call, short, or
+    # passed (on the gauges' pairs: the evaluations decide); None with no target
     text: str  # for the progress line
 
 
@@ -313,7 +314,8 @@ def first_step(line: Callable[[int], float], level: float, now: int, steps: int)
 def make_forecast(history: list[tuple[int, float, float]], course: Course) -> Forecast | None:
     """The forecast from readings (step, exact, token accuracy) so far; None while it is too
     early. A click is seen while the latest reading's exact is past CLICK (one knocked back
-    below it forecasts again), from the first of that streak."""
+    below it forecasts again), from the first of that streak. A reading past the target has
+    passed it on the gauges' pairs: the evaluations, on theirs, decide whether the run stops."""
     streak = 0
     while streak < len(history) and history[-1 - streak][1] >= CLICK:
         streak += 1
@@ -321,39 +323,49 @@ def make_forecast(history: list[tuple[int, float, float]], course: Course) -> Fo
     line = fit_line(history, course)
     if line is None and not streak:
         return None
+    target = course.train.target_exact_match
     end = target_step = None
     if line is not None:
         end = course.exact(line(course.steps))
-        if course.target_logit is not None:
+        if target is not None:
             target_step = first_step(line, course.target_logit, now, course.steps)
     if streak:
         click = history[-streak][0]
-        words = f"clicked at step {click}, exact now {share(exact_now)}"
+        words = f"clicked at step {click} (gauges: {share(exact_now)} exact"
     else:
         click = first_step(line, course.click_logit, now, course.steps)
         words = (f"click expected ~step {click}" if click is not None
                  else f"no click by the run's end (step {course.steps})")
-    on_course = target_step is not None and target_step <= (1 - MARGIN) * course.steps
-    target = course.train.target_exact_match
-    if line is not None and (target is None or exact_now < target):
-        words += ", " + ending_words(end, target, target_step, on_course, course.steps)
-    return Forecast(click, bool(streak), end, target_step, on_course, words)
+    verdict = None if target is None else (
+        "passed" if exact_now >= target else "short" if target_step is None
+        else "on course" if target_step <= (1 - MARGIN) * course.steps else "close call")
+    if verdict == "passed":
+        target_step = now
+        words += f", past {percent(target)}: an evaluation decides)"
+    elif streak:
+        words += ")"
+    if line is not None and verdict != "passed" and now < course.steps:
+        words += ", " + ending_words(end, target, target_step, verdict, course.steps)
+    return Forecast(click, bool(streak), end, target_step, verdict, words)
 
 
-def ending_words(end: float, target: float | None, target_step: int | None, on_course: bool,
-                 steps: int) -> str:
-    """How the forecast says the run ends: `99% ~step 225` (on course), `99% only just (~step
-    270 of 280)`, `~85% at the end (target 99%)`."""
-    if on_course:
-        return f"{percent(target)} ~step {target_step}"
-    if target_step is not None:
-        return f"{percent(target)} only just (~step {target_step} of {steps})"
-    return f"~{share(end)} at the end" + ("" if target is None else f" (target {percent(target)})")
+def ending_words(end: float, target: float | None, target_step: int | None,
+                 verdict: str | None, steps: int) -> str:
+    """How the forecast says the run ends: `on course for 99% ~step 225`, `close call: 99%
+    ~step 270 of 280` (in the run's last MARGIN), `short of 99%: ~85% at the end`."""
+    if verdict == "on course":
+        return f"on course for {percent(target)} ~step {target_step}"
+    if verdict == "close call":
+        return f"close call: {percent(target)} ~step {target_step} of {steps}"
+    if verdict == "short":
+        return f"short of {percent(target)}: ~{share(end)} at the end"
+    return f"~{share(end)} at the end"  # no target
 
 
 def share(exact: float) -> str:
-    """An exact match as the forecast writes it: `85%`, and near the top `98.5%`."""
-    return f"{exact:.1%}" if exact >= 0.95 else f"{exact:.0%}"
+    """An exact match as the forecast writes it: `85%`, near the top `98.5%`, at most `99.9%`
+    (a line carried on to the end may give 100%, which no run can promise)."""
+    return f"{min(exact, 0.999):.1%}" if exact >= 0.95 else f"{exact:.0%}"
 
 
 class GaugeReader(Instrument):

@@ -501,10 +501,10 @@
   // exact match did, and the forecast made from them at each reading.
   function gauges(readings, box) {
     if (!readings.length) { box.append(el("p", "No gauge readings in metrics.jsonl: train with log.gauge_every above 0 (the default, 10).", "hint")); return; }
-    const series = [{ name: "exact (held-out)", colour: "#009e73", points: readings.map(([s, e]) => [s, e]) },
+    const series = [{ name: "exact (teacher-forced)", colour: "#009e73", points: readings.map(([s, e]) => [s, e]) },
       { name: "token accuracy", colour: "#0072b2", dash: [5, 3], points: readings.map(([s, , a]) => [s, a]) }];
     if (readings.some(([, , , align]) => align != null)) series.push({ name: "alignment", colour: "#cc79a7", dash: [2, 2], points: readings.map(([s, , , align]) => [s, align]) });
-    box.append(chart("the gauges, read while training", series, false));
+    box.append(chart("the gauges, read while training (teacher-forced on 200 held-out pairs)", series, false));
     const said = readings.filter(([, , , , text]) => text);
     if (said.length) {
       const list = el("ul", null, "forecasts");

@@ -264,6 +264,10 @@ def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
     assert passed.text == \
         "clicked at step 80 (gauges: 99.5% exact, past 99%: an evaluation decides)"
     # at the run's last step there is no end left to forecast
+    warm = [(s, 0.55 if s >= 50 else 0.1, a) for s, _, a in history[:5]]
+    early = make_forecast(warm, run)  # a click in the warmup: seen, with no line to judge by
+    assert (early.click_step, early.verdict) == (50, None)
+    assert early.text == "clicked at step 50 (gauges: 55% exact)"
     history[-1] = (100, 0.55, history[-1][2])
     last = course(schedule="constant", warmup_steps=80, steps=100)
     assert make_forecast(history, last).text == "clicked at step 80 (gauges: 55% exact)"

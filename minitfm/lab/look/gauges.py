@@ -213,7 +213,7 @@ class Forecast:
     end_exact: float | None  # the exact match the line gives the run's last step
     target_step: int | None  # where it gives train.target_exact_match (None: not in the run)
     verdict: str | None  # of the target: on course (MARGIN to spare), close call, short, or
-    # passed (on the gauges' pairs: the evaluations decide); None with no target
+    # passed (on the gauges' pairs: the evaluations decide); None with no target, or no line yet
     text: str  # for the progress line
 
 
@@ -336,9 +336,9 @@ def make_forecast(history: list[tuple[int, float, float]], course: Course) -> Fo
         click = first_step(line, course.click_logit, now, course.steps)
         words = (f"click expected ~step {click}" if click is not None
                  else f"no click by the run's end (step {course.steps})")
-    verdict = None if target is None else (
-        "passed" if exact_now >= target else "short" if target_step is None
-        else "on course" if target_step <= (1 - MARGIN) * course.steps else "close call")
+    verdict = None if target is None else "passed" if exact_now >= target else None \
+        if line is None else "short" if target_step is None \
+        else "on course" if target_step <= (1 - MARGIN) * course.steps else "close call"
     if verdict == "passed":
         target_step = now
         words += f", past {percent(target)}: an evaluation decides)"

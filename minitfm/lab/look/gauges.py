@@ -217,14 +217,19 @@ class Forecast:
     text: str  # for the progress line
 
 
+def all_right(accuracy: float, lengths: list[int]) -> float:
+    """Exact match if each of a pair's tokens (`lengths`: how many each pair must get right, EOS
+    included) is right with probability `accuracy`, independently: mean(accuracy^n)."""
+    return sum(accuracy ** n for n in lengths) / len(lengths)
+
+
 def click_accuracy(lengths: list[int], click: float = CLICK) -> float:
-    """The token accuracy at which mean(acc^n) over `lengths` (tokens a pair must get right,
-    EOS included) is `click`: bisection on a function that rises with acc."""
+    """The token accuracy at which `all_right` is `click`: bisection on a function that rises
+    with the accuracy."""
     low, high = 0.0, 1.0
     for _ in range(50):
         middle = (low + high) / 2
-        low, high = (middle, high) if sum(middle ** n for n in lengths) / len(lengths) < click \
-            else (low, middle)
+        low, high = (middle, high) if all_right(middle, lengths) < click else (low, middle)
     return (low + high) / 2
 
 
@@ -264,8 +269,7 @@ class Course:
 
     def exact(self, y: float) -> float:
         """Exact match if every token is right with the probability whose logit is y."""
-        p = 1 / (1 + math.exp(-y))
-        return sum(p ** n for n in self.lengths) / len(self.lengths)
+        return all_right(1 / (1 + math.exp(-y)), self.lengths)
 
 
 def fit_line(history: list[tuple[int, float, float]],

@@ -6,9 +6,10 @@ names: every exercise keeps its name, signature and docstring, and its body beco
 functions call the learner's functions. `load_workbook` imports such a folder as a package of its
 own (never as `minitfm.book`) and fills each exercise still blank with the book's code, run in
 the workbook's namespace: so a run can train with whatever the learner has written so far. It
-imports only a workbook of the user's own (`trust`), compiled from its source (no bytecode is
-read from it or written into it); whatever the learner's code raises, at import or later
-(`learner_errors`), is one line naming its file and line.
+imports only a workbook of the user's own (`trust`), every file read once through its folder
+opened and checked (`pinned`), compiled from those bytes (no bytecode is read from it or written
+into it); whatever the learner's code raises, at import or later (`learner_errors`), is one line
+naming its file and line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import contextlib
 import errno
 import hashlib
 import importlib
-import importlib.machinery
 import importlib.util
 import json
 import os
@@ -40,7 +40,7 @@ import torch
 import minitfm.book
 from minitfm.errors import MinitfmError, from_signal, quote
 from minitfm.learn.exercises import BY_NAME, CHAPTERS, EXERCISES, Exercise
-from minitfm.learn.trust import check_trusted
+from minitfm.learn.pinned import Pin, install_finder, module_spec, pinned
 
 BOOK = Path(minitfm.book.__file__).parent
 MARK = "minitfm-workbook.json"  # what makes a folder a workbook: its kind and the book it came from
@@ -254,13 +254,16 @@ def read_marker(folder: Path, given: str) -> dict:
                             f"folder (minitfm learn start DIR)") from None
 
 
-def parse_chapters(folder: Path) -> dict[str, ast.Module]:
-    """Each chapter's syntax tree; a syntax error is one line naming its file and line."""
+def parse_chapters(folder: Path, read: Callable[[str], bytes] | None = None
+                   ) -> dict[str, ast.Module]:
+    """Each chapter's syntax tree, from the bytes `read(name)` gives (by default, the file in
+    `folder`); a syntax error is one line naming its file and line."""
     trees = {}
     for chapter in CHAPTERS:
         path = folder / f"{chapter}.py"
         try:
-            trees[chapter] = ast.parse(read_file(path).decode("utf-8-sig"), str(path))
+            data = read(path.name) if read else read_file(path)
+            trees[chapter] = ast.parse(data.decode("utf-8-sig"), str(path))
         except SyntaxError as err:
             raise syntax_error(path, err) from None
         except (OSError, UnicodeDecodeError) as err:
@@ -344,11 +347,12 @@ def learner_frames(err: BaseException, folder: Path) -> list[traceback.FrameSumm
     return [f for f in traceback.extract_tb(err.__traceback__) if in_folder(f.filename, folder)]
 
 
-def digest_of(folder: Path) -> str:
-    """A hash of the chapter files (what a run records of the code it trained)."""
+def digest_of(read: Callable[[str], bytes]) -> str:
+    """A hash of the chapter files, as `read(name)` gives them (what a run records of the code
+    it trained)."""
     sha = hashlib.sha256()
     for chapter in CHAPTERS:
-        sha.update(read_file(folder / f"{chapter}.py"))
+        sha.update(read(f"{chapter}.py"))
     return sha.hexdigest()
 
 
@@ -356,23 +360,23 @@ def load_workbook(folder: str | Path) -> Workbook:
     """Import a workbook (or a zoo) as a package of its own; blank exercises run the book's."""
     given, folder = str(folder), Path(folder).resolve()
     mark = read_marker(folder, given)
-    check_trusted(folder, [folder / "__init__.py", *(folder / f"{c}.py" for c in CHAPTERS)])
-    trees = parse_chapters(folder)
-    written = written_exercises(folder, trees)
-    check_kind(mark["kind"], written, given)
-    digest = digest_of(folder)
-    # A new name for every version of the files, and for every folder (two copies of one
-    # workbook are two packages, each naming its own files in errors).
-    version = hashlib.sha256(f"{folder}\0{digest}".encode("utf-8", "surrogateescape"))
-    package = f"minitfm_workbook_{version.hexdigest()[:16]}"
-    try:
-        modules = import_package(folder, package)
-    except WorkbookError:
-        raise
-    except BaseException as err:  # the learner's module code: anything can happen
-        if from_signal(err):
+    with pinned(folder) as pin:  # checked, and read from here on through this descriptor only
+        trees = parse_chapters(folder, pin.read)
+        written = written_exercises(folder, trees)
+        check_kind(mark["kind"], written, given)
+        digest = digest_of(pin.read)
+        # A new name for every version of the files, and for every folder (two copies of one
+        # workbook are two packages, each naming its own files in errors).
+        version = hashlib.sha256(f"{folder}\0{digest}".encode("utf-8", "surrogateescape"))
+        package = f"minitfm_workbook_{version.hexdigest()[:16]}"
+        try:
+            modules = import_package(pin, package)
+        except MinitfmError:  # ours: a file not the user's alone, say
             raise
-        raise import_error(err, folder) from None
+        except BaseException as err:  # the learner's module code: anything can happen
+            if from_signal(err):
+                raise
+            raise import_error(err, folder) from None
     for exercise in EXERCISES:
         if exercise.name not in written:
             fill(modules, exercise)
@@ -394,29 +398,16 @@ def fill(modules: dict[str, types.ModuleType], exercise: Exercise) -> None:
                 setattr(other, name, filled)
 
 
-class SourceOnly(importlib.machinery.SourceFileLoader):
-    """A chapter compiled from its source at every import: no `__pycache__` is written into the
-    learner's folder, and none is read (a .pyc is trusted by the source's size and time, which
-    a file swapped for another can share)."""
-
-    def get_code(self, fullname: str) -> types.CodeType:
-        return self.source_to_code(self.get_data(self.path), self.path)
-
-
-def import_package(folder: Path, package: str) -> dict[str, types.ModuleType]:
-    """The chapters of `folder` as modules of the package `package` (imported once a version),
-    each compiled from its source (`SourceOnly`)."""
-    # How Python finds the package's modules in `folder`: its .py files, with SourceOnly.
-    sys.path_importer_cache[str(folder)] = importlib.machinery.FileFinder(
-        str(folder), (SourceOnly, importlib.machinery.SOURCE_SUFFIXES))
+def import_package(pin: Pin, package: str) -> dict[str, types.ModuleType]:
+    """The chapters of the workbook `pin` holds as modules of the package `package` (imported
+    once a version), each compiled from the bytes read and checked (`pinned`)."""
+    install_finder()
     if package not in sys.modules:
-        init = str(folder / "__init__.py")
-        spec = importlib.util.spec_from_file_location(
-            package, init, loader=SourceOnly(package, init),
-            submodule_search_locations=[str(folder)])
-        if spec is None or not (folder / "__init__.py").is_file():
-            raise WorkbookError(f"{folder / '__init__.py'} is missing: a workbook is a package; "
-                                f"create the file (it may be empty)")
+        try:
+            spec = module_spec(package, pin, "__init__.py")
+        except FileNotFoundError:
+            raise WorkbookError(f"{pin.path / '__init__.py'} is missing: a workbook is a "
+                                f"package; create the file (it may be empty)") from None
         module = importlib.util.module_from_spec(spec)
         sys.modules[package] = module
         try:

@@ -1,10 +1,13 @@
 """Who runs what code: minitfm imports a learner's code only from a folder named on the
 command line (`--book DIR`, a `model.code=DIR` override, `learn check DIR`, or the workbook
 `learn check` finds where it is run), only when that folder and its chapters are the user's own
-and nobody else may write them; a config file never makes it import one; and the processes
-minitfm starts never import modules from the working folder."""
+and nobody else may write them (how each file is read and checked: test_trust_reading.py); a
+config file never makes it import one; and the processes minitfm starts never import modules
+from the working folder."""
 
+import grp
 import os
+import pwd
 import re
 import shlex
 import stat
@@ -97,6 +100,33 @@ def test_group_write_is_harmless_only_in_the_users_own_group(tmp_path, monkeypat
     monkeypatch.setattr(trust, "private_group", lambda gid: False)
     assert_clean_error(run_cli("learn", "check", folder), 2, f"{path} is writable by its group",
                        "-rw-rw-r--", f"chmod go-w {path}")
+
+
+def test_a_private_group_is_the_users_primary_group_with_no_one_else_in_it(monkeypatch):
+    """The group rule itself (not monkeypatched): the user's own primary group, listing no
+    other member, and no other user's primary group; a group with no name is no one's."""
+    from minitfm.learn import trust
+
+    def system(members, their_gid):
+        me = pwd.struct_passwd(("me", "x", 1000, 1000, "", "/home/me", "/bin/sh"))
+        ann = pwd.struct_passwd(("ann", "x", 1001, their_gid, "", "/home/ann", "/bin/sh"))
+        groups = {1000: grp.struct_group(("me", "x", 1000, members)),
+                  1001: grp.struct_group(("ann", "x", 1001, []))}
+        monkeypatch.setattr(os, "geteuid", lambda: 1000)
+        monkeypatch.setattr(pwd, "getpwuid", {1000: me, 1001: ann}.__getitem__)
+        monkeypatch.setattr(pwd, "getpwall", lambda: [me, ann])
+        monkeypatch.setattr(grp, "getgrgid", groups.__getitem__)
+
+    system([], 1001)
+    assert trust.private_group(1000) is True
+    assert trust.private_group(1001) is False  # ann's group, not this user's
+    assert trust.private_group(4242) is False  # a group with no name
+    system(["me"], 1001)  # listing the user itself changes nothing
+    assert trust.private_group(1000) is True
+    system(["me", "ann"], 1001)  # another member
+    assert trust.private_group(1000) is False
+    system([], 1000)  # ann's primary group too, though the group lists no member
+    assert trust.private_group(1000) is False
 
 
 # --- a config file never imports a workbook ---

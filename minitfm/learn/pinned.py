@@ -32,6 +32,7 @@ from pathlib import Path
 from minitfm.errors import MinitfmError
 from minitfm.learn.trust import check_above, check_trusted
 
+PACKAGE = "minitfm_workbook_"  # how the name of every workbook package begins
 FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 PASS_THROUGH = getattr(os, "O_PATH", None)  # Linux: a folder one may pass through, not list
 FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a FIFO's open: no wait
@@ -209,11 +210,13 @@ def module_spec(fullname: str, where: Pin, name: str) -> importlib.machinery.Mod
 
 class WorkbookFinder:
     """The finder of a workbook package's modules (`Pin.find`), first in `sys.meta_path`; it
-    finds nothing for any other module."""
+    finds nothing for any other module (nor looks further than its name)."""
 
     @classmethod
     def find_spec(cls, fullname: str, path: object = None,
                   target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(PACKAGE):
+            return None
         parent = fullname.rpartition(".")[0]
         pin = getattr(getattr(sys.modules.get(parent), "__spec__", None), "loader_state", None)
         return pin.find(fullname) if parent and isinstance(pin, Pin) else None

@@ -40,7 +40,7 @@ import torch
 import minitfm.book
 from minitfm.errors import MinitfmError, from_signal, quote
 from minitfm.learn.exercises import BY_NAME, CHAPTERS, EXERCISES, Exercise
-from minitfm.learn.pinned import Pin, install_finder, module_spec, pinned
+from minitfm.learn.pinned import PACKAGE, Pin, install_finder, module_spec, pinned
 
 BOOK = Path(minitfm.book.__file__).parent
 MARK = "minitfm-workbook.json"  # what makes a folder a workbook: its kind and the book it came from
@@ -368,7 +368,7 @@ def load_workbook(folder: str | Path) -> Workbook:
         # A new name for every version of the files, and for every folder (two copies of one
         # workbook are two packages, each naming its own files in errors).
         version = hashlib.sha256(f"{folder}\0{digest}".encode("utf-8", "surrogateescape"))
-        package = f"minitfm_workbook_{version.hexdigest()[:16]}"
+        package = f"{PACKAGE}{version.hexdigest()[:16]}"
         try:
             modules = import_package(pin, package)
         except MinitfmError:  # ours: a file not the user's alone, say

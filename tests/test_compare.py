@@ -305,6 +305,30 @@ def test_runs_keeps_working_beside_compare(tmp_path):
     assert result.exit_code == 0 and len(json.loads(result.stdout)) == 2
 
 
+def test_runs_lists_a_sweeps_runs_by_seed_not_by_finish_time(tmp_path):
+    import os
+
+    sweep = fake_sweep(tmp_path / "runs" / "sw",
+                       {"sinusoidal": [(s, 100, 0.99) for s in range(12)],
+                        "rope": [(s, 100, 0.99) for s in (1, 0)]})
+    lone = fake_run(tmp_path / "runs", "lone", 3, 100, 0.99)
+    finished = [11, 4, 0, 7, 2, 10, 1, 9, 3, 5, 8, 6]  # the order the sweep's runs ended in
+    for i, seed in enumerate(finished):
+        os.utime(sweep / f"positional=sinusoidal,seed={seed}" / "config.yaml", (1e9 + i,) * 2)
+    for i, seed in enumerate((1, 0)):
+        os.utime(sweep / f"positional=rope,seed={seed}" / "config.yaml", (1e9 + 20 + i,) * 2)
+    os.utime(lone / "config.yaml", (1e9 + 10,) * 2)  # before the sweep's last activity
+    result = run_cli("runs", tmp_path / "runs", "--json")
+    assert result.exit_code == 0, result.stderr
+    names = [row["name"] for row in json.loads(result.stdout)]
+    by_seed = [f"sw/positional={value},seed={seed}" for seed in range(12)
+               for value in (("rope", "sinusoidal") if seed < 2 else ("sinusoidal",))]
+    assert names == ["lone", *by_seed], names
+    result = run_cli("runs", sweep, "--json")  # the sweep folder's own runs: the same order
+    assert [row["name"] for row in json.loads(result.stdout)] == \
+        [name.removeprefix("sw/") for name in by_seed]
+
+
 @pytest.mark.parametrize("args, needle", [
     ([], "compare takes SWEEP A B, SWEEP_A A SWEEP_B B, or --a DIR --b DIR (got 0 arguments)"),
     (["{sw}", "1"], "(got 2 arguments)"),

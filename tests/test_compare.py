@@ -203,10 +203,8 @@ def test_two_identical_configurations_show_no_difference(tmp_path):
     assert result.exit_code == 0, result.stderr
     out = " ".join(result.stdout.split())
     assert "paired by seed (8 seeds)" in out
-    for name in ("held-out exact match", "steps to target", "seconds to target", "success rate"):
-        assert f"{name}: no difference detectable with n = 8 (smallest detectable:" in out, name
-    assert "no difference observed: give --effect" in out
-    # Every paired difference is 0: the interval [0, 0] touches 0, it never "excludes" it (C8).
+    # Each verdict whole, not a prefix. Every paired difference is 0: the interval [0, 0]
+    # touches 0, it never "excludes" it (C8).
     lines = result.stdout.splitlines()
     for sentence in ("held-out exact match: no difference detectable with n = 8 (smallest "
                      "detectable: any difference, as the runs do not vary)",

@@ -34,23 +34,24 @@ def fake_run(folder: Path, name: str, seed: int, steps: int | None, exact: float
                "wall_s": wall_s if wall_s is not None else (steps or BUDGET) / 10,
                "best_exact_match": 0.995 if reached else 0.6, "exact_match": exact}
     (run_dir / "summary.json").write_text(json.dumps(summary))
-    (run_dir / "eval-1-6.json").write_text(json.dumps({"exact_match": exact,
+    (run_dir / "eval-1-6.json").write_text(json.dumps({"exact_match": exact, "samples": 200,
                                                        "per_length": {}}))
     return run_dir
 
 
-def fake_sweep(folder: Path, configurations: dict[str, list[tuple]]) -> Path:
+def fake_sweep(folder: Path, configurations: dict[str, list[tuple]],
+               key: str = POSITIONAL) -> Path:
     """A sweep folder: sweep.json, results.jsonl, and a run per (seed, steps, exact) of each
-    configuration (`positional=VALUE`)."""
+    configuration (`KEY=VALUE`, `positional=VALUE` unless told)."""
     folder.mkdir(parents=True)
     (folder / "sweep.json").write_text(json.dumps({"grid": {}}))
     rows = []
     for value, runs in configurations.items():
         for seed, steps, exact in runs:
-            name = f"positional={value},seed={seed}"
-            fake_run(folder, name, seed, steps, exact)
-            rows.append({"run": name, "seed": seed, POSITIONAL: value,
-                         "configuration": f"{POSITIONAL}={value}"})
+            name = f"{key.rpartition('.')[2]}={value},seed={seed}"
+            fake_run(folder, name, seed, steps, exact, overrides=(f"{key}={value}",))
+            rows.append({"run": name, "seed": seed, key: value,
+                         "configuration": f"{key}={value}"})
     (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return folder
 
@@ -202,9 +203,20 @@ def test_two_identical_configurations_show_no_difference(tmp_path):
     assert result.exit_code == 0, result.stderr
     out = " ".join(result.stdout.split())
     assert "paired by seed (8 seeds)" in out
-    for name in ("held-out exact match", "steps to target", "seconds to target", "success rate"):
-        assert f"{name}: no difference detectable with n = 8 (smallest detectable:" in out, name
-    assert "no difference observed: give --effect" in out
+    # Each verdict whole, not a prefix. Every paired difference is 0: the interval [0, 0]
+    # touches 0, it never "excludes" it (C8).
+    lines = result.stdout.splitlines()
+    for sentence in ("held-out exact match: no difference detectable with n = 8 (smallest "
+                     "detectable: any difference, as the runs do not vary)",
+                     "steps to target: no difference detectable with n = 8 (smallest "
+                     "detectable: 18 steps)",
+                     "seconds to target: no difference detectable with n = 8 (smallest "
+                     "detectable: 1.8 s)",
+                     "success rate: no difference detectable with n = 8 (smallest detectable: "
+                     "41.5%)"):
+        assert sentence in lines, sentence  # the whole line: no clause appended
+    assert lines.count("  seeds: no difference observed: give --effect to size one") == 4
+    assert "excludes 0" not in result.stdout
     report = json.loads(compare(sweep, "1", "2", "--json").stdout)
     assert report["paired"] and report["seeds"] == list(range(8))
     assert all(f["p_value"] == 1.0 and f["difference"] == 0 for f in report["figures"])
@@ -289,6 +301,30 @@ def test_runs_keeps_working_beside_compare(tmp_path):
     fake_sweep(tmp_path / "sw", {"rope": SAME[:2]})
     result = run_cli("runs", tmp_path / "sw", "--json")
     assert result.exit_code == 0 and len(json.loads(result.stdout)) == 2
+
+
+def test_runs_lists_a_sweeps_runs_by_seed_not_by_finish_time(tmp_path):
+    import os
+
+    sweep = fake_sweep(tmp_path / "runs" / "sw",
+                       {"sinusoidal": [(s, 100, 0.99) for s in range(12)],
+                        "rope": [(s, 100, 0.99) for s in (1, 0)]})
+    lone = fake_run(tmp_path / "runs", "lone", 3, 100, 0.99)
+    finished = [11, 4, 0, 7, 2, 10, 1, 9, 3, 5, 8, 6]  # the order the sweep's runs ended in
+    for i, seed in enumerate(finished):
+        os.utime(sweep / f"positional=sinusoidal,seed={seed}" / "config.yaml", (1e9 + i,) * 2)
+    for i, seed in enumerate((1, 0)):
+        os.utime(sweep / f"positional=rope,seed={seed}" / "config.yaml", (1e9 + 20 + i,) * 2)
+    os.utime(lone / "config.yaml", (1e9 + 10,) * 2)  # before the sweep's last activity
+    result = run_cli("runs", tmp_path / "runs", "--json")
+    assert result.exit_code == 0, result.stderr
+    names = [row["name"] for row in json.loads(result.stdout)]
+    by_seed = [f"sw/positional={value},seed={seed}" for seed in range(12)
+               for value in (("rope", "sinusoidal") if seed < 2 else ("sinusoidal",))]
+    assert names == ["lone", *by_seed], names
+    result = run_cli("runs", sweep, "--json")  # the sweep folder's own runs: the same order
+    assert [row["name"] for row in json.loads(result.stdout)] == \
+        [name.removeprefix("sw/") for name in by_seed]
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -551,3 +587,133 @@ def test_an_interval_within_the_test_s_reach_is_not_questioned_when_it_spans_0(t
     assert steps["verdict"].startswith("no difference detectable with n = 8 (smallest")
     assert "excludes 0" not in steps["verdict"]
     assert steps["seeds_needed"] == steps["seeds_needed_power"] >= 6
+
+
+# --- what compare says it did, and what else moved the figures (#55) ---
+
+def edit_summary(run_dir: Path, **values) -> None:
+    """Set keys of a run's summary.json (as a stacked run or a run that ended at a time
+    writes them)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, **values}))
+
+
+def test_one_seed_a_side_is_unpaired_because_it_is_one_seed(tmp_path):
+    """L5, C2: two one-seed sweeps that both hold seed 0: unpaired, for that reason."""
+    one = fake_sweep(tmp_path / "s1", {"sinusoidal": SAME[:1]})
+    two = fake_sweep(tmp_path / "s2", {"rope": [(0, 300, 0.9)]})
+    result = compare(one, "1", two, "1")
+    assert result.exit_code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "), unpaired (one seed a side)" in out
+    assert "paired by seed" not in out and "do not hold the same seeds" not in out
+    report = json.loads(compare(one, "1", two, "1", "--json").stdout)
+    assert (report["paired"], report["seeds"], report["unpaired"]) == \
+        (False, None, "one seed a side")
+    assert all("unpaired" in f["test"] for f in report["figures"])
+    other = fake_sweep(tmp_path / "s3", {"rope": [(1, 300, 0.9)]})
+    report = json.loads(compare(one, "1", other, "1", "--json").stdout)
+    assert report["unpaired"] == "the sides do not hold the same seeds"
+    report = json.loads(compare("--a", one, "--b", two, "--json").stdout)
+    assert report["unpaired"] == "one seed a side" and not report["paired"]
+
+
+def test_a_setting_swept_in_one_sweep_only_is_noted_across_two_sweeps(tmp_path):
+    """C6: only the keys that name both configurations of one sweep are exempt."""
+    samples = fake_sweep(tmp_path / "s1", {"100": SAME[:3], "200": SAME[:3]},
+                         key="train.eval_samples")
+    plain = fake_sweep(tmp_path / "s2", {"rope": SAME[:3]})  # train.eval_samples 200 (TINY)
+    needle = "train.eval_samples (100 vs 200)"
+    result = compare(samples, "train.eval_samples=100", plain, "rope")
+    assert result.exit_code == 0, result.stderr
+    assert needle in result.stderr, result.stderr
+    # Swept in both sweeps, the key still names no configuration of one sweep: noted.
+    other = fake_sweep(tmp_path / "s3", {"200": SAME[:3], "300": SAME[:3]},
+                       key="train.eval_samples")
+    assert needle in compare(samples, "1", other, "1").stderr
+    # Two configurations of one sweep: what the comparison is about, not noted.
+    result = compare(samples, "1", "2")
+    assert result.exit_code == 0 and "note:" not in result.stderr, result.stderr
+
+
+def test_p_exactly_0_05_is_no_difference(tmp_path):
+    """C4: 3 runs against 7, unpaired: 6 of the C(10, 3) = 120 splits are as far apart as the
+    one observed, p = 0.05 exactly, which is not below alpha."""
+    three = [(seed, steps, 0.99) for seed, steps in zip(range(3), (140, 175, 180))]
+    seven = [(seed + 10, 100 + 10 * seed, 0.99) for seed in range(7)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": three, "rope": seven})
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    steps = {f["figure"]: f for f in report["figures"]}["steps"]
+    assert steps["p_value"] == 0.05 and steps["test"].endswith("(exact over 120 splits)")
+    assert steps["verdict"].startswith("no difference detectable with n = 3 and 7 (smallest "
+                                       "detectable: "), steps["verdict"]
+
+
+def test_stacked_against_unstacked_seconds_name_the_stack_and_only_what_differs(tmp_path):
+    plain = fake_sweep(tmp_path / "plain", {"rope": SAME[:4]})
+    stacked = fake_sweep(tmp_path / "stacked", {"rope": SAME[:4]})
+    for run in stacked.glob("positional=*"):
+        edit_summary(run, stack=4)
+    result = compare("--a", plain, "--b", stacked)
+    assert result.exit_code == 0, result.stderr
+    (line,) = [x for x in result.stderr.splitlines() if "seconds to target were" in x]
+    assert (f"(A: jobs side by side in the sweep {plain}; B: stacks of 4 runs in the sweep "
+            f"{stacked} (a run's seconds are its whole stack's)): their difference is no "
+            f"timing") in line, line
+    assert "threads=" not in line  # the same on both sides: not named
+    # Two sweeps that ran alike: no conditions to tell apart, no note listing the same twice.
+    again = fake_sweep(tmp_path / "again", {"rope": SAME[:4]})
+    result = compare("--a", plain, "--b", again)
+    assert result.exit_code == 0 and "seconds to target were" not in result.stderr, \
+        result.stderr
+
+
+def test_an_observed_difference_too_small_to_resolve_is_not_sized_in_seeds(tmp_path):
+    """`a difference of 0.0% (the observed one) needs 9428 seeds a side` read as advice."""
+    close = [(seed, 100 + 5 * seed + (seed == 3), 0.99 + 0.0004 * (seed % 2))
+             for seed in range(8)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME, "rope": close})
+    result = compare(sweep, "1", "2")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert ("  seeds: no difference observed to chase (A - B = -0.02%, less than one held-out "
+            "sequence in 200): give --effect to size one") in lines, result.stdout
+    assert ("  seeds: no difference observed to chase (A - B = -0.12 steps, less than a step): "
+            "give --effect to size one") in lines
+    assert "needs" not in "".join(line for line in lines if "seeds: no difference" in line)
+    figures = {f["figure"]: f for f in json.loads(compare(sweep, "1", "2", "--json").stdout)
+               ["figures"]}
+    assert figures["exact_match"]["resolution"] == 1 / 200
+    assert figures["exact_match"]["seeds_needed"] is None
+    sized = json.loads(compare(sweep, "1", "2", "--effect", "exact_match=0.01", "--json")
+                       .stdout)["figures"][0]
+    assert sized["seeds_needed"] >= 6 and "(as --effect) needs" in sized["seeds_line"]
+
+
+def test_seconds_of_sides_that_ran_one_after_the_other_say_so(tmp_path):
+    """Newcomer §8: a sweep ran every sinusoidal run, then every rope run, while the load
+    changed: the seconds' verdict says so, its figures kept."""
+    slow = [(seed, 100 + 5 * seed, 0.99) for seed in range(6)]
+    sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": slow, "rope": slow})
+    for seed in range(6):  # two jobs side by side: sinusoidal 0..5 then rope 0..5
+        for i, value in enumerate(("sinusoidal", "rope")):
+            end = f"2026-12-07T{10 + i:02d}:{seed * 5:02d}:00"
+            edit_summary(sweep / f"positional={value},seed={seed}", ended=end,
+                         wall_s=10.0 + seed + 3 * i)
+    clause = "; A's runs ran before B's: the seconds also measure the machine's load then"
+    figures = {f["figure"]: f for f in json.loads(compare(sweep, "1", "2", "--json").stdout)
+               ["figures"]}
+    seconds = figures["seconds"]
+    assert seconds["ran_first"] == "A" and seconds["difference"] == -3
+    assert seconds["verdict"].startswith("a difference: A - B = -3.0 s [-3.0, -3.0], p = 0.031")
+    assert seconds["verdict"].endswith(clause), seconds["verdict"]
+    assert clause not in figures["steps"]["verdict"]  # steps have no clock
+    result = compare(sweep, "2", "1")
+    assert "; B's runs ran before A's: the seconds also" in result.stdout
+    for seed in range(6):  # interleaved: seed by seed, one configuration after the other
+        for i, value in enumerate(("sinusoidal", "rope")):
+            edit_summary(sweep / f"positional={value},seed={seed}",
+                         ended=f"2026-12-07T10:{seed * 10 + 5 * i:02d}:00")
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    assert all(f.get("ran_first") is None and "ran before" not in f["verdict"]
+               for f in report["figures"])

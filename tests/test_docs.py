@@ -418,3 +418,20 @@ def test_grokking_section_quotes_make_figures_run():
                         ("memorised", "fourier_sparsity"), ("jump_begins", "fourier_sparsity"),
                         ("grokked", "fourier_sparsity")):
         assert f"{gauges[phase][name]:.2f}" in section, (phase, name)
+
+
+def test_the_grokking_steps_say_they_repeat_on_one_cpu_and_torch_build_only():
+    """A newcomer's seed 0 of configs/grokking.yaml grokked at step 4200, not the 5020 quoted:
+    another CPU rounds differently. Every claim that the run repeats step for step (or bit for
+    bit), in the section and in the config's comments, says on what."""
+    text = flat(ROOT / "docs" / "looking-inside.md")
+    section = text[text.index("## Grokking on a laptop"):text.index("## TensorBoard")]
+    assert "only on the same CPU and torch build" in section
+    comments = " ".join(line.partition("#")[2].strip() for line in
+                        (ROOT / "configs" / "grokking.yaml").read_text().splitlines()
+                        if "#" in line)
+    claims = [sentence for prose in (section, comments) for sentence in prose.split(". ")
+              if re.search(r"(step for step|bit for bit)", sentence)]
+    assert len(claims) >= 3, claims  # the section's two, the config's one
+    for sentence in claims:
+        assert "same CPU and torch build" in sentence, sentence

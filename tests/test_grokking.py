@@ -16,6 +16,7 @@ from minitfm.errors import ConfigError, TaskInputError
 from minitfm.lab.look.grokking import (
     GAUGES,
     KEY_FREQUENCIES,
+    answer_logits,
     draw_phases,
     fourier_sparsity,
     key_frequencies,
@@ -158,6 +159,19 @@ def test_predict_reads_a_sum_and_refuses_a_bad_one(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.strip() in {str(v) for v in range(7)} for line in lines)
     assert_clean_error(run_cli("predict", run_dir, "3 4 + 5"), 2, "one number on each side")
+    # M4: a number after the second is no part of a sum, never read as 3 + 4 and dropped.
+    assert_clean_error(run_cli("predict", run_dir, "3 + 4 5"), 2,
+                       "input 1 ('3 + 4 5'): '3 + 4 5' needs one number on each side of '+'")
+    # An input that begins with '-' is an input (minitfm has no one-letter options), in its
+    # place among the others, the options around it honoured.
+    assert_clean_error(run_cli("predict", run_dir, "-1+2"), 2,
+                       "input 1 ('-1+2'): '-' is not a symbol of task 'modadd'")
+    result = run_cli("predict", run_dir, "3 + 5", "-1+2", "--json")
+    assert_clean_error(result, 2, "input 2 ('-1+2'): '-' is not a symbol")
+    assert json.loads(result.stdout)["input"] == "3 + 5"
+    assert_clean_error(run_cli("predict", run_dir, "-1+2", "--checkpoint"), 2,
+                       "'--checkpoint': needs a value")
+    assert_clean_error(run_cli("predict", run_dir, "--jsn", "-1+2"), 2, "No such option: --jsn")
     assert_clean_error(run_cli("eval", run_dir, "--max-len", "4"), 2,
                        "lengths 1..4 do not apply to task 'modadd'")
     assert run_cli("eval", run_dir, "--samples", "20").exit_code == 0
@@ -191,6 +205,26 @@ def test_restricted_loss_of_key_frequency_logits_is_their_loss():
     assert worse > restricted and better < excluded
 
 
+def test_the_excluded_loss_is_the_training_pairs_and_the_restricted_keeps_each_outputs_bias():
+    """K3: a memorised bump at the answer of each training pair, which no key frequency
+    carries: with the keys taken out the training pairs are still answered (below log V), the
+    held-out ones are not. K2: a constant per output (a bias) is no wave: the restricted logits
+    keep it, so their loss is still the logits' own."""
+    p, keys, vocab, first = 17, [2, 5, 7], 21, 4
+    a = torch.arange(p)
+    answers = ((a[:, None] + a[None, :]) % p).flatten() + first
+    train = torch.rand(p * p, generator=torch.Generator().manual_seed(0)) < 0.3
+    bumped = wave_logits(p, keys, vocab, first)
+    bumped[train, answers[train]] += 6.0  # memory of the training pairs
+    _, excluded = restricted_and_excluded(bumped, answers, train, p, keys)
+    _, held_out = restricted_and_excluded(bumped, answers, ~train, p, keys)
+    assert excluded < 0.5 < math.log(vocab) < held_out
+    biased = wave_logits(p, keys, vocab, first)
+    biased[:, [0, first, first + 3]] += 2.0  # the same for every input: each output's bias
+    restricted, _ = restricted_and_excluded(biased, answers, train, p, keys)
+    assert restricted == pytest.approx(F.cross_entropy(biased, answers).item(), abs=1e-9)
+
+
 def test_sparsity_of_a_few_waves_is_one_and_of_noise_is_low():
     p = 31
     a = torch.arange(p, dtype=torch.float64)
@@ -199,28 +233,56 @@ def test_sparsity_of_a_few_waves_is_one_and_of_noise_is_low():
     assert fourier_sparsity(waves) == pytest.approx(1.0, abs=1e-9)
     noise = torch.randn(p, 64, generator=torch.Generator().manual_seed(0))
     assert fourier_sparsity(noise) < 2 * KEY_FREQUENCIES / (p // 2)
+    # K7: the share is that of the 5 strongest frequencies, as many as Nanda et al.'s model used.
+    def equal_waves(*frequencies):  # (p, len): a cosine each, all of the same energy
+        return torch.stack([torch.cos(2 * math.pi * k * a / p) for k in frequencies], dim=1)
+
+    assert fourier_sparsity(equal_waves(1, 3, 4, 6, 8)) == pytest.approx(1.0, abs=1e-9)
+    assert fourier_sparsity(equal_waves(1, 2, 3, 4, 6, 8)) == pytest.approx(5 / 6, abs=1e-9)
 
 
-def test_the_gauges_of_a_tiny_model_are_in_range(tmp_path):
+def test_the_gauges_of_a_tiny_model_are_those_of_its_own_logits(tmp_path):
+    """Each pair (a, b) through the model alone, its answer's logits a row: `answer_logits`
+    holds them in the order a * p + b (K4), on both sides of the split; the restricted and
+    excluded losses are those of these logits, their key-frequency waves projected out by hand."""
     from minitfm import load_run
+    from minitfm.book.metrics import predict
 
     run_dir = tmp_path / "run"
     train_bare(load_config(None, TINY_MODADD), run_dir=run_dir)
     run = load_run(run_dir, checkpoint="last")
-    gauges = modadd_gauges(run.model, run.task)
+    model, task, p, first = run.model, run.task, run.task.n_symbols, run.task.first_data_id
+    model.eval()
+    with torch.no_grad():
+        alone = torch.stack([model(torch.tensor([task.parse(f"{a} + {b}")]),
+                                   torch.tensor([[task.vocab.bos_id]]))[0, 0]
+                             for a in range(p) for b in range(p)]).double()  # (P, V)
+    assert task.held_out.any() and (~task.held_out).any()  # both sides of the split
+    assert torch.allclose(answer_logits(model, task).double(), alone, atol=1e-5)
+    gauges = modadd_gauges(model, task)
     assert set(gauges) == {"train_exact", "restricted_loss", "excluded_loss", "fourier_sparsity"}
-    assert 0 <= gauges["train_exact"] <= 1 and 0 < gauges["fourier_sparsity"] <= 1
-    assert all(math.isfinite(gauges[key]) and gauges[key] >= 0
-               for key in ("restricted_loss", "excluded_loss"))
-    from minitfm.book.metrics import predict
-
-    pairs = run.task.pairs("train")
-    decoded = predict(run.model, run.task, [src for src, _ in pairs], "cpu")
+    keys = key_frequencies(alone, p)
+    total = torch.tensor([(a + b) % p for a in range(p) for b in range(p)], dtype=torch.float64)
+    keyed = torch.zeros_like(alone)
+    for k in keys:
+        angle = 2 * math.pi * k * total / p
+        for wave in (torch.cos(angle), torch.sin(angle)):
+            wave = wave / wave.norm()
+            keyed += wave[:, None] * (wave @ alone)[None, :]  # the logits' part along it
+    answers = total.long() + first
+    train = ~task.held_out
+    assert gauges["restricted_loss"] == pytest.approx(
+        F.cross_entropy(alone.mean(dim=0) + keyed, answers).item(), rel=1e-4)
+    assert gauges["excluded_loss"] == pytest.approx(
+        F.cross_entropy((alone - keyed)[train], answers[train]).item(), rel=1e-4)
+    assert gauges["fourier_sparsity"] == pytest.approx(1.0)  # p = 7: 3 frequencies, all kept
+    pairs = task.pairs("train")
+    decoded = predict(model, task, [src for src, _ in pairs], "cpu")
     right = sum(pred == target for pred, (_, target) in zip(decoded, pairs, strict=True))
     assert gauges["train_exact"] == right / len(pairs)
-    run.model.train()
-    modadd_gauges(run.model, run.task)
-    assert run.model.training  # measured in eval mode, given back as it was
+    model.train()
+    modadd_gauges(model, task)
+    assert model.training  # measured in eval mode, given back as it was
 
 
 # --- the figure of the three phases ---

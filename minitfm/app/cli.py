@@ -8,13 +8,12 @@ success, 1 runtime failure, 2 bad input, 130 interrupted by Ctrl-C, 143 by SIGTE
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import typer
 
 from minitfm import __version__
-from minitfm.app import compare, explain, stacked
+from minitfm.app import compare, explain, predict, stacked
 from minitfm.app.console import (
     App,
     OneLineErrors,
@@ -35,8 +34,6 @@ from minitfm.app.console import (
     say,
     show,
     split_config_args,
-    split_run_and_inputs,
-    stdin_lines,
     threads_option,
     warn,
     widest,
@@ -208,53 +205,7 @@ def eval_command(
         wrote(plot, err_console if as_json else console)  # --json: stdout stays one document
 
 
-@app.command()
-@clean_errors
-def predict(
-    run: Path | None = run_argument(),
-    inputs: list[str] | None = typer.Argument(
-        None, metavar="[INPUT]...", help="Inputs in task syntax, e.g. '3 1 4', '314' or "
-        "'12+34'; none: read one per line from stdin."),
-    checkpoint: str = checkpoint_option(),
-    as_json: bool = json_option("One JSON object per input, with the expected output and "
-                                "whether it matches."),
-    threads: str = threads_option(),
-    book: Path | None = book_option(),
-) -> None:
-    """Decode your own inputs with a trained model, one output line per input.
-
-    Inputs are decoded in order up to the first one that cannot be read: the outputs before
-    it are printed, then the error names it (exit 2). Stdin is read as UTF-8, a line ending
-    at each newline; blank lines are skipped. Control and format characters of an output are
-    printed escaped (\\n, \\u202e); --json writes it exactly."""
-    run, inputs = split_run_and_inputs(run, inputs or [])
-    if inputs:
-        lines, where = list(enumerate(inputs, 1)), "input"
-    elif sys.stdin is None or sys.stdin.closed:
-        raise MinitfmError("no input: stdin is closed; give INPUT arguments or pipe one input "
-                           "per line")
-    else:
-        lines, where = stdin_lines(), "line"
-    with claimed_threads(threads):
-        from minitfm.lab.measure.evaluate import predict_lines
-
-        loaded = loaded_run(run, checkpoint, book)
-        if not lines:
-            raise MinitfmError("no input: give INPUT arguments or pipe one input per line on "
-                               "stdin")
-        with loaded.running(as_json):
-            result = predict_lines(loaded, lines, where)
-    if result.warning:
-        warn(result.warning)
-    for (number, _), row in zip(lines, result.rows):
-        if row.get("unknown"):
-            note(f"{where} {number}: {', '.join(map(repr, row['unknown']))} never seen in "
-                 f"training, read as <unk>")
-    for row in result.rows:
-        print(to_json(row) if as_json else printable(row["output"]))
-    if result.error is not None:
-        sys.stdout.flush()  # the outputs before the bad input come first
-        raise result.error
+app.registered_commands += predict.app.registered_commands  # predict (app/predict.py)
 
 
 @app.command("visualize-attention")

@@ -67,10 +67,10 @@ def compare(
 def compare_table(report: dict[str, Any]) -> Table:
     """A row per figure: each side's mean ± the half-width of its interval, A - B with its
     interval, the p-value; the caption names the interval and the test."""
-    from minitfm.lab.many.compare import amount, ends
+    from minitfm.lab.many.verdicts import amount, ends
 
     pairing = (f"paired by seed ({len(report['seeds'])} seeds)" if report["paired"]
-               else "unpaired (the sides do not hold the same seeds)")
+               else f"unpaired ({report['unpaired']})")
     title = (f"A: {report['a']['label']} (n = {report['a']['n']})  vs  B: "
              f"{report['b']['label']} (n = {report['b']['n']}), {pairing}")
     table = Table(title=printable(title), caption=caption(report))
@@ -90,7 +90,7 @@ def compare_table(report: dict[str, Any]) -> Table:
 
 def side_cell(figure: str, side: dict[str, Any]) -> str:
     """`97.3% ± 1.2%` (`7/8 47-100%` for a rate): a side's mean and its interval."""
-    from minitfm.lab.many.compare import amount
+    from minitfm.lab.many.verdicts import amount
 
     if side["lo"] is None:
         return amount(figure, side["mean"])

@@ -9,7 +9,9 @@ match, steps and seconds to the target, success rate): each side's mean and 95% 
 the difference A - B with its 95% interval, a permutation test and its p-value, paired by seed
 when both sides hold the same seeds, and, when the test finds nothing, the smallest
 difference these n could have found; then how many seeds a difference needs (the observed
-one, or `--effect`). The maths is `stats.py`'s. No torch here.
+one, or `--effect`). The maths is `stats.py`'s, the sentences `verdicts.py`'s, the notes on
+what else may move the figures (settings, how and when the seconds were measured)
+`conditions.py`'s. No torch here.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from statistics import mean
 from typing import Any
 
 from minitfm.errors import MinitfmError, quote, shown_path
+from minitfm.lab.many.conditions import ran_first, settings_note, timing_note
 from minitfm.lab.many.results import by_configuration
 from minitfm.lab.many.runs import HIDDEN_KEYS, SWEEP_FILE, find_runs, short_label
 from minitfm.lab.many.seeds import ended, named, run_outcome
 from minitfm.lab.many.stats import (
     ALPHA,
-    MAX_SEEDS,
     POWER,
     Interval,
     detectable,
@@ -45,13 +47,12 @@ from minitfm.lab.many.stats import (
     unpaired_test,
     welch_interval,
 )
+from minitfm.lab.many.verdicts import resolution, seeds_line, verdict
 from minitfm.run.files import open_run_file, unreadable
 from minitfm.run.rundir import DONE
 
 FIGURES = {"exact_match": "held-out exact match", "steps": "steps to target",
            "seconds": "seconds to target", "success": "success rate"}
-# Besides task.*: what the steps, seconds and success rate count to and how exact match is found.
-MEASURED_BY = ("train.target_exact_match", "train.steps", "train.eval_samples")
 MAX_RESULTS_BYTES = 200_000_000  # results.jsonl of the largest grid, per-length figures and all
 
 
@@ -65,13 +66,15 @@ class Side:
     left_out: list[str] = field(default_factory=list)
     mixed: list[str] = field(default_factory=list)  # config keys in which its runs differ
     swept: tuple[str, ...] = ()  # the keys its configuration of a sweep is named by
+    sweep: Any = None  # that sweep folder (`identity`)
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "n": len(self.runs), "runs": [r["run"] for r in self.runs],
                 "left_out": self.left_out, "differ_in": self.mixed}
 
 
-def make_side(name: str, label: str, run_dirs: list[Path], swept: tuple[str, ...] = ()) -> Side:
+def make_side(name: str, label: str, run_dirs: list[Path], swept: tuple[str, ...] = (),
+              sweep: Any = None) -> Side:
     """The side's runs read (`seeds.run_outcome`), each once however its path is spelled;
     those that did not end are left out, named."""
     once: dict[Any, Path] = {}
@@ -88,7 +91,7 @@ def make_side(name: str, label: str, run_dirs: list[Path], swept: tuple[str, ...
     mixed = [key for key in dict.fromkeys(k for config in configs for k in config)
              if key not in (*HIDDEN_KEYS, "seed")
              and len({repr(config.get(key)) for config in configs}) > 1]
-    return Side(name, label, done, left, mixed, swept)
+    return Side(name, label, done, left, mixed, swept, sweep)
 
 
 def identity(run_dir: Path | str) -> Any:
@@ -154,7 +157,8 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
                            f"(1..{len(labels)}) or its label: {known}")
     label = f"#{labels.index(chosen) + 1} {named(chosen)}"
     swept = tuple(part.partition("=")[0] for part in chosen.split(", ") if "=" in part)
-    return make_side(name, label, [folder / row["run"] for row in groups[chosen]], swept)
+    return make_side(name, label, [folder / row["run"] for row in groups[chosen]], swept,
+                     identity(folder))
 
 
 def values_of(label: str) -> str:
@@ -228,6 +232,18 @@ def paired_seeds(a: Side, b: Side) -> list[int] | None:
     return sorted(seeds_a) if len(seeds_a) >= 2 else None
 
 
+def unpaired_why(a: Side, b: Side) -> str | None:
+    """Why the runs are not paired by seed, in words; None when they are."""
+    seeds_a, seeds_b = [r["seed"] for r in a.runs], [r["seed"] for r in b.runs]
+    if paired_seeds(a, b) is not None:
+        return None
+    if None in seeds_a or None in seeds_b:
+        return "a run's seed is not known"
+    if len(set(seeds_a)) < len(seeds_a) or len(set(seeds_b)) < len(seeds_b):
+        return "a side holds a seed more than once"
+    return "one seed a side" if seeds_a == seeds_b else "the sides do not hold the same seeds"
+
+
 def value(row: dict[str, Any], figure: str) -> float | None:
     """A run's figure: exact match, steps, seconds (misses at the budget), or 1/0 reached."""
     if figure == "success":
@@ -240,56 +256,12 @@ def compare_sides(a: Side, b: Side, effects: dict[str, float]) -> dict[str, Any]
     """The whole comparison, as `minitfm compare --json` prints it."""
     seeds = paired_seeds(a, b)
     figures = [compare_figure(figure, a, b, seeds, effects.get(figure)) for figure in FIGURES]
+    one_sweep = a.sweep is not None and a.sweep == b.sweep  # then its keys name A and B
+    exempt = tuple(key for key in a.swept if key in b.swept) if one_sweep else ()
+    notes = (settings_note(a.runs, b.runs, exempt), timing_note(a.runs, b.runs))
     return {"a": a.as_dict(), "b": b.as_dict(), "paired": seeds is not None,
-            "seeds": seeds, "alpha": ALPHA, "power": POWER,
-            "figures": [f for f in figures if f is not None],
-            "notes": [n for n in (settings_note(a, b), timing_note(a, b)) if n]}
-
-
-def settings_note(a: Side, b: Side) -> str | None:
-    """The settings the figures depend on (`MEASURED_BY`, the evaluation) in which A and B
-    differ, each side's values; None when they agree. Keys the two configurations of a sweep
-    are named by are what the comparison is about: not noted."""
-    keys = dict.fromkeys(key for side in (a, b) for run in side.runs for key in run["config"]
-                         if key.startswith("task.") or key in MEASURED_BY)
-    differ = []
-    for key in [*keys, "evaluation"]:
-        if key in a.swept and key in b.swept:
-            continue
-        shown = [side_values(side, key) for side in (a, b)]
-        if shown[0] != shown[1]:
-            differ.append(f"{key} ({shown[0]} vs {shown[1]})")
-    if not differ:
-        return None
-    return (f"A and B differ in settings their figures depend on: {'; '.join(differ)}; a "
-            f"difference may come from these, not only from what A and B compare")
-
-
-def side_values(side: Side, key: str) -> str:
-    """A side's values of a config key (or its runs' `evaluation`), in order, once each."""
-    found = [run.get(key) if key == "evaluation" else run["config"].get(key)
-             for run in side.runs]
-    return ", ".join(dict.fromkeys(str(value) for value in found))
-
-
-def timing_note(a: Side, b: Side) -> str | None:
-    """The conditions each side's seconds were measured under (a sweep's jobs side by side,
-    the threads); None when the sides' conditions are the same."""
-    shown = [", ".join(dict.fromkeys(conditions(run) for run in side.runs)) for side in (a, b)]
-    if shown[0] == shown[1]:
-        return None
-    return (f"seconds to target were measured under different conditions (A: {shown[0]}; "
-            f"B: {shown[1]}): their difference is no timing of A against B; compare steps, "
-            f"or time runs alone")
-
-
-def conditions(run: dict[str, Any]) -> str:
-    """How a run's seconds were measured: beside other jobs of a sweep, or alone; threads."""
-    folder = Path(run["run_dir"]).parent
-    threads = run["config"].get("threads")
-    where = (f"jobs side by side in the sweep {shown_path(folder)}"
-             if (folder / SWEEP_FILE).is_file() else "a run alone")
-    return f"{where}, threads={threads}"
+            "seeds": seeds, "unpaired": unpaired_why(a, b), "alpha": ALPHA, "power": POWER,
+            "figures": [f for f in figures if f is not None], "notes": [n for n in notes if n]}
 
 
 def compare_figure(figure: str, a: Side, b: Side, seeds: list[int] | None,
@@ -324,6 +296,11 @@ def compare_figure(figure: str, a: Side, b: Side, seeds: list[int] | None,
              "test": f"permutation test, {'paired by seed' if seeds else 'unpaired'} ({how})",
              "p_value": p, "n": [len(xa), len(xb)]}
     found.update(sizes(figure, xa, xb, seeds is not None, effect, difference))
+    found["resolution"] = resolution(figure, [*a.runs, *b.runs])
+    if found["effect_from"] == "observed" and found["effect_size"] < found["resolution"]:
+        found.update(seeds_needed=None, seeds_needed_power=None)  # no difference to chase
+    if figure == "seconds":
+        found["ran_first"] = ran_first(a.runs, b.runs)
     return {**found, "verdict": verdict(found), "seeds_line": seeds_line(found)}
 
 
@@ -359,80 +336,3 @@ def sizes(figure: str, xa: list[float], xb: list[float], paired: bool, effect: f
             "seeds_needed_power": needed,
             "smallest_p": smallest_p(na, None if paired else nb),
             "seeds_for_any_test": floor}
-
-
-def amount(figure: str, number: float, sign: bool = False, unit: bool = True) -> str:
-    """A figure's number in its unit: `+1.2%`, `31 steps`, `4.2 s` (`unit` False: `31`)."""
-    plus = "+" if sign else ""
-    if figure in ("exact_match", "success"):
-        return f"{number:{plus}.1%}"
-    if figure == "steps":
-        return f"{number:{plus}.0f}" + (" steps" if unit else "")
-    return f"{number:{plus}.1f}" + (" s" if unit else "")
-
-
-def ends(figure: str, lo: float | None, hi: float | None) -> str:
-    """An interval's ends, signed, `[-0.2%, +0.5%]` or `[+17, +48]` (empty without one)."""
-    if lo is None:
-        return ""
-    return f"[{amount(figure, lo, True, False)}, {amount(figure, hi, True, False)}]"
-
-
-def verdict(found: dict[str, Any]) -> str:
-    """What the data supports about one figure, in one sentence: the test's answer (or that it
-    cannot give one with these n), and an interval that excludes 0 when the test does not
-    confirm it."""
-    figure, (na, nb) = found["figure"], found["n"]
-    n = f"n = {na}" if na == nb else f"n = {na} and {nb}"
-    if found["p_value"] < ALPHA:
-        interval = ends(figure, found["lo"], found["hi"])
-        return (f"a difference: A - B = {amount(figure, found['difference'], True)}"
-                f"{' ' + interval if interval else ''}, p = {found['p_value']:.2g}")
-    if found["smallest_p"] > ALPHA:
-        reached = " (these runs reach it)" \
-            if found["p_value"] <= found["smallest_p"] * (1 + 1e-9) else ""
-        return (f"the test cannot decide with {n}: its smallest possible p-value, "
-                f"{found['smallest_p']:.2g}, is above {ALPHA}{reached}, so it needs at least "
-                f"{found['seeds_for_any_test']} seeds a side{unconfirmed(found)}")
-    smallest = found["smallest_detectable"]
-    if smallest is None:
-        what = "not known: " + ("a rate this close to 0 or 1 needs more seeds" if figure ==
-                                "success" else "each side needs 2 runs to show its spread")
-    elif found.get("pooled_sd") == 0:
-        what = "any difference, as the runs do not vary"
-    else:
-        what = amount(figure, smallest)
-    return f"no difference detectable with {n} (smallest detectable: {what}){unconfirmed(found)}"
-
-
-def unconfirmed(found: dict[str, Any]) -> str:
-    """`; the 95% interval ... excludes 0, but ...` when the interval of A - B excludes 0 and
-    the test does not confirm it (empty otherwise): the interval rests on what the permutation
-    test does not assume."""
-    lo, hi, (na, nb) = found["lo"], found["hi"], found["n"]
-    if lo is None or lo <= 0 <= hi:
-        return ""
-    runs = f"{na} seeds" if "paired by seed" in found["test"] else \
-        f"{na} runs a side" if na == nb else f"{na} and {nb} runs"
-    rests = (f"it is a large-sample approximation, rough at {runs}" if found["figure"] ==
-             "success" else f"it assumes normally distributed figures, which {runs} cannot show")
-    return f"; the 95% interval {ends(found['figure'], lo, hi)} excludes 0, but {rests}"
-
-
-def seeds_line(found: dict[str, Any]) -> str:
-    """How many seeds a difference of the effect size needs, in one line."""
-    figure, size = found["figure"], found["effect_size"]
-    if size == 0:
-        return "no difference observed: give --effect to size one"
-    which = "as --effect" if found["effect_from"] == "--effect" else "the observed one"
-    needed = found["seeds_needed"]
-    if needed is None:
-        return (f"a difference of {amount(figure, size)} ({which}) cannot be sized here"
-                + (f": it needs more than {MAX_SEEDS:,} seeds a side"
-                   if found.get("pooled_sd") is not None or figure == "success"
-                   else ": each side needs 2 runs to show its spread"))
-    floor, power = found["seeds_for_any_test"], found.get("seeds_needed_power")
-    why = (f" (the test needs at least {floor} to reach p < {ALPHA} at all; the power estimate "
-           f"alone says {power})" if power is not None and power < floor else "")
-    return (f"a difference of {amount(figure, size)} ({which}) needs {needed} seeds a side to "
-            f"be found {POWER:.0%} of the time at alpha {ALPHA}{why}")

@@ -143,6 +143,19 @@ def updated(path: Path) -> str:
 
 
 def list_runs(root: Path) -> list[dict[str, Any]]:
-    """Every run under `root`, oldest activity first."""
-    rows = [describe_run(run, root) for run in find_runs(root)]
-    return sorted(rows, key=lambda row: row["updated"])
+    """Every run under `root`, oldest activity first; the runs of a sweep together (where its
+    latest activity falls), in order of seed, then of name, however they finished."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for run in find_runs(root):
+        folder = run.parent if (run.parent / SWEEP_FILE).is_file() else run
+        groups.setdefault(str(folder), []).append(describe_run(run, root))
+    ordered = sorted(groups.values(), key=lambda rows: max(row["updated"] for row in rows))
+    return [row for rows in ordered for row in sorted(rows, key=seed_then_name)]
+
+
+def seed_then_name(row: dict[str, Any]) -> tuple:
+    """A row's place among its sweep's: its seed (the default where unchanged; an unreadable
+    run's is not known: after the others), then its name."""
+    default = Config.model_fields["seed"].default
+    seed = None if row["status"] == UNREADABLE else row["changes"].get("seed", default)
+    return (seed is None, seed if isinstance(seed, int) else 0, row["name"])

@@ -50,10 +50,11 @@ def reached(summary: dict[str, Any], target: float | None) -> bool | None:
 
 def run_outcome(run_dir: Path) -> dict[str, Any]:
     """A run directory's figures as `minitfm compare` reads them: seed, status, steps and
-    seconds (`summary.json`), whether it reached its target, the budget and target
-    (`config.yaml`), held-out exact match on the trained lengths: the sweep's evaluation
-    (`eval-A-B.json`) where there is one, else the run's last evaluation (`summary.json`),
-    and which (`evaluation`); and its config, flat. A run that cannot be read is
+    seconds, when it ended and the size of its stack if stacked (`summary.json`), whether it
+    reached its target, the budget and target (`config.yaml`), held-out exact match on the
+    trained lengths: the sweep's evaluation (`eval-A-B.json`) where there is one, else the
+    run's last evaluation (`summary.json`), and which (`evaluation`, of `samples` sequences);
+    and its config, flat. A run that cannot be read is
     `unreadable` (`note` says why), a folder that is not there `missing`."""
     row: dict[str, Any] = {"run": run_dir.name, "run_dir": str(run_dir)}
     if not os.path.exists(run_dir):  # a sweep's row whose run is gone (or a dangling link)
@@ -73,13 +74,19 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     evaluation = ("minitfm eval" if report else "the training's last evaluation") + (
         f" of {samples:,} sequences" if type(samples) is int else "")
     status = run_status(run_dir)
-    seed = config.get("seed")
-    return {**row, "seed": seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
+    seed, stack = config.get("seed"), summary.get("stack")
+    return {**row, "seed": seed if is_int(seed) else None,
             "status": status, "steps": summary.get("step"), "wall_s": summary.get("wall_s"),
+            "ended": summary.get("ended"), "stack": stack if is_int(stack) else None,
             "reached": reached(summary, target) if status in DONE else None,
             "budget": summary.get("steps", train.get("steps")), "target": target,
             "exact_match": exact if is_fraction(exact) else None, "evaluation": evaluation,
-            "config": flatten(config)}
+            "samples": samples if is_int(samples) else None, "config": flatten(config)}
+
+
+def is_int(value: Any) -> bool:
+    """An int that is no bool (a seed, a stack's size, a count of samples)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def ended(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,16 +14,9 @@ from minitfm.book.metrics import evaluate
 from minitfm.config import TaskConfig, TrainConfig, load_config, to_yaml
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
+from minitfm.lab.look.forecast import MARGIN, Course, click_accuracy, make_forecast
 from minitfm.lab.look.forecasts import table
-from minitfm.lab.look.gauges import (
-    MARGIN,
-    Course,
-    add_keys,
-    alignment,
-    click_accuracy,
-    make_forecast,
-    read_gauges,
-)
+from minitfm.lab.look.gauges import add_keys, alignment, read_gauges
 from minitfm.lab.look.probe import head_scores
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, run_cli

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from minitfm.config import load_config
 from minitfm.lab.curves import read_metrics
-from minitfm.lab.look.gauges import CLICK, GAUGE_SAMPLES, Course, make_forecast
+from minitfm.lab.look.forecast import CLICK, Course, make_forecast
+from minitfm.lab.look.gauges import GAUGE_SAMPLES
 from minitfm.run.rundir import read_run_config, read_summary
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set

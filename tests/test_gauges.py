@@ -15,8 +15,8 @@ from minitfm.config import TaskConfig, TrainConfig, load_config, to_yaml
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
 from minitfm.lab.look.forecast import MARGIN, Course, click_accuracy, make_forecast
-from minitfm.lab.look.forecasts import table
-from minitfm.lab.look.gauges import add_keys, alignment, read_gauges
+from minitfm.lab.look.forecasts import replay, table
+from minitfm.lab.look.gauges import GAUGE_SAMPLES, add_keys, alignment, read_gauges
 from minitfm.lab.look.probe import head_scores
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, run_cli
@@ -42,12 +42,34 @@ def test_a_reading_every_gauge_every_steps_in_metrics_jsonl(run):
     assert [line["step"] for line in lines] == [10, 20, 30, 40, 50]
     for line in lines:
         assert 0 <= line["exact"] <= line["token_accuracy"] <= 1
-        assert line["hard_loss"] >= line["loss"] > 0
+        assert line["loss"] > 0
         assert 0 < line["align"] <= line["coverage"] <= 1 and line["weight_norm"] > 0
         assert len(line["heads"]) == 1 and len(line["heads"][0]) == 2  # layers x heads
         assert line["align"] == max(line["heads"][0])  # the best head's score
         assert len(line["positions"]) == 7  # copy of up to 6 symbols: 6 tokens and EOS
     assert {record["split"] for record in read_metrics(run_dir)} == {"train", "eval", "gauges"}
+
+
+def test_hard_loss_is_the_mean_loss_of_the_hardest_quarter_of_positions(run):
+    """The last reading's hard_loss, against the model it read (last.pt, the same step): each
+    held-out pair through the model alone, the mean loss at each of the 7 output positions,
+    and the mean of the 2 highest (a quarter of 7, rounded)."""
+    run_dir, _ = run
+    loaded = load(run_dir, checkpoint="last")
+    vocab = loaded.task.vocab
+    by_position: dict[int, list[float]] = {}
+    with torch.no_grad():
+        for src, target in loaded.held_out()[:GAUGE_SAMPLES]:
+            logits = loaded.model(torch.tensor([src]), torch.tensor([[vocab.bos_id, *target]]))
+            losses = torch.nn.functional.cross_entropy(
+                logits[0], torch.tensor([*target, vocab.eos_id]), reduction="none")
+            for t, loss in enumerate(losses.tolist()):
+                by_position.setdefault(t, []).append(loss)
+    means = sorted((sum(v) / len(v) for v in by_position.values()), reverse=True)
+    assert len(means) == 7 and means[1] > means[3]  # a quarter and a half would differ
+    line = gauge_lines(run_dir)[-1]
+    assert line["step"] == loaded.step == 50
+    assert line["hard_loss"] == pytest.approx((means[0] + means[1]) / 2, rel=1e-4)
 
 
 def test_exact_is_greedy_exact_match_without_decoding(run):
@@ -266,6 +288,26 @@ def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
     assert make_forecast(history, last).text == "clicked at step 80 (gauges: 55% exact)"
 
 
+def test_the_line_leaves_out_the_first_reading_the_untrained_models():
+    """With no warmup, a first reading far below the climb (the untrained model's) moves
+    nothing: the click is where the climb alone puts it."""
+    run = course(schedule="constant")
+    straight = climb(range(10, 51, 10), -2.0, 0.02)  # from step 48 on: a line through 20..50
+    low_first = [(10, 0.1, 1 / (1 + math.exp(6.0))), *straight[1:]]  # logit -6 at step 10
+    click = make_forecast(straight, run).click_step
+    assert click is not None and make_forecast(low_first, run).click_step == click
+
+
+def test_flat_readings_under_a_decaying_lr_forecast_no_unlearning():
+    """Flat readings under the cosine decay: the line never falls below today's accuracy,
+    and the decay only adds to what a constant lr would give (a run does not unlearn)."""
+    flat = climb(range(10, 101, 10), 0.5, 0.0)
+    cosine, constant = course(), course(schedule="constant")
+    decaying = make_forecast(flat, cosine)
+    assert decaying.end_exact >= cosine.exact(0.5)
+    assert decaying.end_exact >= make_forecast(flat, constant).end_exact
+
+
 def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
     """Paused at step 30 and resumed, a run's readings and forecasts are the straight run's."""
     from minitfm.app.api import train_run
@@ -338,3 +380,35 @@ def test_the_calibration_replays_each_runs_readings_and_counts_flags_and_false_a
     name = tmp_path.name
     assert rows[2] == f"| {name} | 1 of 2 | 1 of 1 (29%) | 1 of 1 | 140-140 | 100% |"
     assert rows[3] == f"| {name}/steps=150 | 0 of 1 | - | 0 of 1 | never | - |"
+
+
+def bent(steps: range, start: float, slope: float, bend: int, after: float) -> list[tuple]:
+    """Readings whose token accuracy's logit climbs by `slope` a step up to `bend`, by `after`
+    from there; exact match flat at 10%."""
+    def accuracy(s):
+        y = start + slope * min(s, bend) + after * max(s - bend, 0)
+        return 1 / (1 + math.exp(-y))
+    return [(s, 0.1, accuracy(s)) for s in steps]
+
+
+def test_a_flag_raised_late_is_not_in_time_and_one_on_course_reading_is_a_false_alarm(tmp_path):
+    """A run that reached its target, flagged only from step 120 with its click at 140 (past
+    three quarters of its plateau, 105): reached, not flagged in time. A run that missed it,
+    its climb flattening after step 90, on course at step 100 alone: a false alarm."""
+    late = [(s, 0.6 if s >= 140 else 0.1, a)
+            for s, _, a in bent(range(10, 161, 10), -2.0, 0.012, 110, 0.1)]
+    fake_run(tmp_path / "late", "seed=0", late, best=0.995)
+    fake_run(tmp_path / "flattening", "seed=0", bent(range(10, 161, 10), -2.0, 0.03, 90, 0.0),
+             best=0.4)
+    def verdicts(name):  # the forecasts' verdicts on the target at steps 100-130
+        readings, forecasts, _ = replay(tmp_path / name / "seed=0")
+        return [(step, f.verdict) for (step, *_), f in zip(readings, forecasts)
+                if 100 <= step <= 130]
+
+    assert verdicts("late") == [(100, "close call"), (110, "close call"), (120, "on course"),
+                                (130, "on course")]
+    assert verdicts("flattening") == [(100, "on course"), (110, "close call"),
+                                      (120, "close call"), (130, "close call")]
+    rows = table([tmp_path / "late", tmp_path / "flattening"]).splitlines()
+    assert rows[2:] == ["| late | 1 of 1 | 0 of 1 | - | 140-140 | 0% |",
+                        "| flattening | 0 of 1 | - | 1 of 1 | never | - |"]

@@ -1,28 +1,18 @@
 """The gauges (lab/look/gauges.py): read live every log.gauge_every steps, in metrics.jsonl,
-TensorBoard and the progress line; and the forecast made from them."""
+TensorBoard and the progress line (the forecast made from them: test_forecast.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minitfm.book.metrics import evaluate
-from minitfm.config import TaskConfig, TrainConfig, load_config, to_yaml
+from minitfm.config import TaskConfig, load_config
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
-from minitfm.lab.look.forecast import (
-    ANNEALING_GAIN,
-    MARGIN,
-    Course,
-    click_accuracy,
-    fit_line,
-    make_forecast,
-)
-from minitfm.lab.look.forecasts import replay, table
 from minitfm.lab.look.gauges import GAUGE_SAMPLES, add_keys, alignment, read_gauges
 from minitfm.lab.look.probe import head_scores
 from minitfm.tasks import make_task
@@ -182,142 +172,6 @@ def test_the_explorer_page_embeds_the_readings_and_their_forecasts(run):
          r["forecast"]["text"] if r["forecast"] else None] for r in gauge_lines(run_dir)]
 
 
-# --- the forecast ---
-
-def test_the_click_accuracy_is_where_every_token_right_gives_half_the_pairs():
-    assert click_accuracy([4]) == pytest.approx(0.5 ** (1 / 4))
-    mixed = click_accuracy([2, 17])  # mean(acc^2, acc^17) = 1/2
-    assert (mixed ** 2 + mixed ** 17) / 2 == pytest.approx(0.5)
-    lengths = list(range(2, 18))  # reverse 1..16 and EOS: the default's
-    assert click_accuracy(lengths) == pytest.approx(0.9231, abs=1e-4)
-
-
-def climb(steps: range, start: float, slope: float, dips=()) -> list[tuple]:
-    """Readings whose token accuracy's logit rises in a straight line (knocked down at
-    `dips`), exact match flat at 10%."""
-    def accuracy(s):
-        y = start + slope * s - (3.0 if s in dips else 0.0)
-        return 1 / (1 + math.exp(-y))
-    return [(s, 0.1, accuracy(s)) for s in steps]
-
-
-def course(lengths=(4,), **train) -> Course:
-    """A run's course: the default's train section but for `train`."""
-    return Course(TrainConfig(**{"lr": 0.01, "warmup_steps": 0, "steps": 240, **train}),
-                  list(lengths))
-
-
-def test_the_schedule_areas_sum_the_learning_rate_and_how_far_it_came_down():
-    constant = course(schedule="constant", warmup_steps=40)
-    assert constant.lr_area(40) == pytest.approx(0.01 * 41 / 2)  # the warmup's ramp
-    assert constant.lr_area(140) == pytest.approx(0.01 * 41 / 2 + 0.01 * 100)
-    assert constant.annealing_area(240) == pytest.approx(0.0, abs=1e-12)  # it never comes down
-    cosine = course(warmup_steps=40)  # cosine from 0.01 to 0 over steps 40..240: mean 0.005
-    assert cosine.annealing_area(240) == pytest.approx(0.01 * 200 / 2, rel=0.01)
-    assert cosine.annealing_area(40) == 0.0 and cosine.annealing_area(140) > 0
-    # a long run sums on a grid of steps: the areas come out the same
-    long = course(warmup_steps=0, steps=1_000_000)
-    assert long.stride > 1
-    assert long.annealing_area(1_000_000) == pytest.approx(0.01 * 1_000_000 / 2, rel=1e-3)
-
-
-def test_the_forecast_extrapolates_the_climb_to_the_click_and_the_target():
-    """With a constant lr the areas grow with the steps, so a climb straight in the steps is
-    a straight line in the forecast's terms, and it says where that line reaches the click
-    accuracy and the target's."""
-    run = course(schedule="constant", steps=500)
-    click = math.ceil((run.click_logit + 2.0) / 0.02)  # where the line reaches the click
-    target = math.ceil((run.target_logit + 2.0) / 0.02)  # and 99% exact match
-    forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run)
-    assert (forecast.click_step, forecast.target_step, forecast.clicked) == (click, target, False)
-    assert forecast.verdict == "on course"  # 400 with 100 of 500 steps to spare
-    assert forecast.text == f"click expected ~step {click}, on course for 99% ~step {target}"
-    # a reading knocked down counts as the best before it: the forecast barely moves
-    dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}), run)
-    assert abs(dipped.click_step - click) <= 10
-
-
-def test_the_forecast_knows_the_schedule_a_decaying_lr_brings_the_click_sooner():
-    """The same climb under a cosine decay: the annealing area adds to the line, so the click
-    comes sooner and the target within the run; a budget cut short leaves it in the run's last
-    eighth (not on course: the target comes later than forecast often enough) or out of reach."""
-    readings = climb(range(10, 101, 10), -2.0, 0.02)
-    constant = make_forecast(readings, course(schedule="constant"))
-    cosine = make_forecast(readings, course())
-    assert cosine.click_step < constant.click_step
-    assert constant.target_step is None and cosine.target_step is not None  # 99% within 240
-    tight = make_forecast(readings, course(steps=200))  # 99% in the last eighth of the run
-    assert tight.verdict == "close call" and tight.target_step > 200 * (1 - MARGIN)
-    assert tight.text.endswith(f", close call: 99% ~step {tight.target_step} of 200")
-    short = make_forecast(readings, course(steps=140))
-    assert short.verdict == "short" and short.target_step is None and short.end_exact < 0.99
-    assert short.text.endswith(f", short of 99%: ~{short.end_exact:.0%} at the end")
-    unset = make_forecast(readings, course(target_exact_match=None, steps=400))
-    assert unset.verdict is None and unset.target_step is None
-    # a line carried on may give 100%, which no run can promise: at most 99.9%
-    assert unset.end_exact > 0.9995 and unset.text.endswith(", ~99.9% at the end")
-
-
-def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
-    run = course(schedule="constant", warmup_steps=80)
-    assert make_forecast(climb(range(10, 71, 10), -2.0, 0.02), run) is None  # in the warmup
-    # the line goes through readings after the warmup only, and it takes three of them
-    assert make_forecast(climb(range(10, 91, 10), -2.0, 0.02), run) is None
-    assert make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run) is not None
-    no_warmup = course(schedule="constant")  # from a fifth of the run, 48: the first is left out
-    assert make_forecast(climb(range(10, 41, 10), -2.0, 0.02), no_warmup) is None
-    assert make_forecast(climb(range(10, 51, 10), -2.0, 0.02), no_warmup) is not None
-    slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), run)
-    assert slow.click_step is None and slow.target_step is None
-    assert slow.text.startswith("no click by the run's end (step 240), short of 99%: ~")
-    flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), run)
-    assert flat.click_step is None and flat.end_exact == pytest.approx(run.exact(0.5))
-    history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in climb(range(10, 101, 10), -2.0,
-                                                                       0.02)]
-    seen = make_forecast(history, run)
-    assert (seen.click_step, seen.clicked) == (80, True)
-    assert seen.text == "clicked at step 80 (gauges: 55% exact), short of 99%: " \
-        f"~{seen.end_exact:.0%} at the end"  # a constant lr and 140 steps left: 84%
-    history[-1] = (100, 0.45, history[-1][2])  # knocked back under 50%: not clicked after all
-    assert make_forecast(history, run).text.startswith("click expected ~step")
-    history[-1] = (100, 0.995, history[-1][2])  # past the target on these pairs
-    passed = make_forecast(history, run)
-    assert (passed.verdict, passed.target_step) == ("passed", 100)
-    assert passed.text == \
-        "clicked at step 80 (gauges: 99.5% exact, past 99%: an evaluation decides)"
-    # at the run's last step there is no end left to forecast
-    warm = [(s, 0.55 if s >= 50 else 0.1, a) for s, _, a in history[:5]]
-    early = make_forecast(warm, run)  # a click in the warmup: seen, with no line to judge by
-    assert (early.click_step, early.verdict) == (50, None)
-    assert early.text == "clicked at step 50 (gauges: 55% exact)"
-    history[-1] = (100, 0.55, history[-1][2])
-    last = course(schedule="constant", warmup_steps=80, steps=100)
-    assert make_forecast(history, last).text == "clicked at step 80 (gauges: 55% exact)"
-
-
-def test_the_line_leaves_out_the_first_reading_the_untrained_models():
-    """With no warmup, a first reading far below the climb (the untrained model's) moves
-    nothing: the click is where the climb alone puts it."""
-    run = course(schedule="constant")
-    straight = climb(range(10, 51, 10), -2.0, 0.02)  # from step 48 on: a line through 20..50
-    low_first = [(10, 0.1, 1 / (1 + math.exp(6.0))), *straight[1:]]  # logit -6 at step 10
-    click = make_forecast(straight, run).click_step
-    assert click is not None and make_forecast(low_first, run).click_step == click
-
-
-def test_flat_readings_under_a_decaying_lr_forecast_no_unlearning():
-    """Flat readings under the cosine decay, whose line against the lr's area (the annealing
-    taken out) falls: a run does not unlearn, so from today on the line rises by the annealing
-    to come at least, and the end is no lower than today's accuracy."""
-    flat = climb(range(10, 101, 10), 0.5, 0.0)
-    run = course()
-    line = fit_line(flat, run)
-    for t in range(110, 241, 10):
-        lift = ANNEALING_GAIN * (run.annealing_area(t) - run.annealing_area(100))
-        assert line(t) - line(100) >= lift - 1e-9
-    assert make_forecast(flat, run).end_exact >= run.exact(0.5)
-
-
 def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
     """Paused at step 30 and resumed, a run's readings and forecasts are the straight run's."""
     from minitfm.app.api import train_run
@@ -359,66 +213,3 @@ def test_a_stacked_run_reads_the_gauges_of_its_solo_run(tmp_path):
             assert ours["token_accuracy"] == theirs["token_accuracy"]
             assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
 
-
-# --- how well it forecasts (lab/look/forecasts.py) ---
-
-def fake_run(folder, name: str, readings: list[tuple], best: float, steps: int = 280):
-    """A run directory as a sweep leaves one: its config, its gauge readings, its summary."""
-    run_dir = folder / name
-    run_dir.mkdir(parents=True)
-    cfg = load_config(None, [f"train.steps={steps}"])
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "split": "gauges", "exact": e, "loss": 1.0, "token_accuracy": a})
-        + "\n"
-        for s, e, a in readings))
-    (run_dir / "summary.json").write_text(json.dumps({"best_exact_match": best,
-                                                      "status": "finished", "steps": steps}))
-
-
-def test_the_calibration_replays_each_runs_readings_and_counts_flags_and_false_alarms(tmp_path):
-    """Two seeds of one configuration climb alike and are flagged from step 100 on; the one
-    that reached its target counts as flagged in time, the other as a false alarm. A third,
-    flat, is never flagged; its configuration row counts it apart."""
-    climbing = climb(range(10, 161, 10), -2.0, 0.03)
-    clicked = [(s, 0.6 if s >= 140 else 0.1, a) for s, _, a in climbing]  # the click: 140
-    fake_run(tmp_path, "seed=0", clicked, best=0.995)
-    fake_run(tmp_path, "seed=1", clicked, best=0.97)
-    fake_run(tmp_path, "steps=150,seed=0", climb(range(10, 151, 10), 0.5, 0.0), best=0.4,
-             steps=150)
-    rows = table([tmp_path]).splitlines()
-    name = tmp_path.name
-    assert rows[2] == f"| {name} | 1 of 2 | 1 of 1 (29%) | 1 of 1 | 140-140 | 100% |"
-    assert rows[3] == f"| {name}/steps=150 | 0 of 1 | - | 0 of 1 | never | - |"
-
-
-def bent(steps: range, start: float, slope: float, bend: int, after: float) -> list[tuple]:
-    """Readings whose token accuracy's logit climbs by `slope` a step up to `bend`, by `after`
-    from there; exact match flat at 10%."""
-    def accuracy(s):
-        y = start + slope * min(s, bend) + after * max(s - bend, 0)
-        return 1 / (1 + math.exp(-y))
-    return [(s, 0.1, accuracy(s)) for s in steps]
-
-
-def test_a_flag_raised_late_is_not_in_time_and_one_on_course_reading_is_a_false_alarm(tmp_path):
-    """A run that reached its target, flagged only from step 120 with its click at 140 (past
-    three quarters of its plateau, 105): reached, not flagged in time. A run that missed it,
-    its climb flattening after step 90, on course at step 100 alone: a false alarm."""
-    late = [(s, 0.6 if s >= 140 else 0.1, a)
-            for s, _, a in bent(range(10, 161, 10), -2.0, 0.012, 110, 0.1)]
-    fake_run(tmp_path / "late", "seed=0", late, best=0.995)
-    fake_run(tmp_path / "flattening", "seed=0", bent(range(10, 161, 10), -2.0, 0.03, 90, 0.0),
-             best=0.4)
-    def verdicts(name):  # the forecasts' verdicts on the target at steps 100-130
-        readings, forecasts, _ = replay(tmp_path / name / "seed=0")
-        return [(step, f.verdict) for (step, *_), f in zip(readings, forecasts)
-                if 100 <= step <= 130]
-
-    assert verdicts("late") == [(100, "close call"), (110, "close call"), (120, "on course"),
-                                (130, "on course")]
-    assert verdicts("flattening") == [(100, "on course"), (110, "close call"),
-                                      (120, "close call"), (130, "close call")]
-    rows = table([tmp_path / "late", tmp_path / "flattening"]).splitlines()
-    assert rows[2:] == ["| late | 1 of 1 | 0 of 1 | - | 140-140 | 0% |",
-                        "| flattening | 0 of 1 | - | 1 of 1 | never | - |"]

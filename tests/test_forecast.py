@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -180,7 +182,8 @@ def test_the_calibration_replays_each_runs_readings_and_counts_flags_and_false_a
     fake_run(tmp_path, "seed=1", clicked, best=0.97)
     fake_run(tmp_path, "steps=150,seed=0", climb(range(10, 151, 10), 0.5, 0.0), best=0.4,
              steps=150)
-    rows = table([tmp_path]).splitlines()
+    rows = table([tmp_path], notes := []).splitlines()
+    assert notes == []
     name = tmp_path.name
     assert rows[2] == f"| {name} | 1 of 2 | 1 of 1 (29%) | 1 of 1 | 140-140 | 100% |"
     assert rows[3] == f"| {name}/steps=150 | 0 of 1 | - | 0 of 1 | never | - |"
@@ -213,6 +216,80 @@ def test_a_flag_raised_late_is_not_in_time_and_one_on_course_reading_is_a_false_
                                 (130, "on course")]
     assert verdicts("flattening") == [(100, "on course"), (110, "close call"),
                                       (120, "close call"), (130, "close call")]
-    rows = table([tmp_path / "late", tmp_path / "flattening"]).splitlines()
+    rows = table([tmp_path / "late", tmp_path / "flattening"], []).splitlines()
     assert rows[2:] == ["| late | 1 of 1 | 0 of 1 | - | 140-140 | 0% |",
                         "| flattening | 0 of 1 | - | 1 of 1 | never | - |"]
+
+
+def replay_cli(cwd, *folders):
+    """`python -m minitfm.lab.look.forecasts FOLDER...` run in `cwd`."""
+    return subprocess.run([sys.executable, "-m", "minitfm.lab.look.forecasts", *folders],
+                          cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+CLIMBING = [(s, 0.6 if s >= 140 else 0.1, a) for s, _, a in climb(range(10, 161, 10), -2.0, 0.03)]
+ROW = "| sweep | 1 of 1 | 1 of 1 (29%) | - | 140-140 | 100% |"  # CLIMBING's, its target reached
+
+
+def test_a_run_whose_summary_is_damaged_is_skipped_with_a_note(tmp_path):
+    fake_run(tmp_path / "sweep", "seed=0", CLIMBING, best=0.995)
+    fake_run(tmp_path / "sweep", "seed=1", CLIMBING, best=0.995)
+    (tmp_path / "sweep" / "seed=1" / "summary.json").write_text("{oops")
+    done = replay_cli(tmp_path, "sweep")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.splitlines()[2:] == [ROW]
+    assert done.stderr.startswith("note: run 'sweep/seed=1' skipped: summary.json is not valid "
+                                  "JSON") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("step,exact,tokens", [(10 ** 400, 0.9, 0.99), (281, 0.9, 0.99),
+                                               (95, 7.0, -5.0), (95, 0.1, 1.5), (95, -0.1, 0.999)],
+                         ids=["401-digit-step", "past-train-steps", "exact-7", "tokens-1.5",
+                              "exact-below-0"])
+def test_readings_out_of_range_are_skipped_never_a_traceback_nor_a_click(tmp_path, step, exact,
+                                                                         tokens):
+    """A reading no run makes (a step past train.steps, an accuracy outside 0..1), put among
+    the readings of a run that never clicked nor was on course, changes nothing: no click, no
+    false alarm, no traceback."""
+    flat = climb(range(10, 161, 10), 0.5, 0.0)
+    fake_run(tmp_path / "sweep", "seed=0", flat[:9] + [(step, exact, tokens)] + flat[9:], best=0.4)
+    done = replay_cli(tmp_path, "sweep")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[2:] == ["| sweep | 0 of 1 | - | 0 of 1 | never | - |"]
+
+
+def test_a_reading_written_again_after_a_resume_counts_once(tmp_path):
+    """A run killed between checkpoints with an older minitfm has its readings past the
+    checkpoint twice, the resumed run's last: the replay takes each step once, in step
+    order, as the resumed run made it."""
+    doubled = CLIMBING[:12] + [(s, 0.9, 0.999) for s, *_ in CLIMBING[10:13]] + CLIMBING[10:]
+    fake_run(tmp_path / "sweep", "seed=0", doubled, best=0.995)
+    readings, _, _ = replay(tmp_path / "sweep" / "seed=0")
+    assert readings == [(s, e, pytest.approx(a)) for s, e, a in CLIMBING]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["no-such-dir"], "no finished runs in 'no-such-dir' (no such folder)"),
+    (["a-file"], "no finished runs in 'a-file' (a file, not a folder)"),
+    (["empty"], "no finished runs in 'empty' (no run folder in it holds a summary.json"),
+    ([], "give one or more folders of finished runs")])
+def test_no_finished_runs_to_replay_is_one_line_and_exit_2(tmp_path, args, needle):
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    done = replay_cli(tmp_path, *args)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert needle in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_folder_whose_runs_are_all_skipped_has_no_finished_runs(tmp_path):
+    """An unfinished run is skipped too: with no other, the folder has none to replay."""
+    fake_run(tmp_path / "sweep", "seed=0", CLIMBING, best=0.995)
+    summary = tmp_path / "sweep" / "seed=0" / "summary.json"
+    summary.write_text(json.dumps({"status": "interrupted", "best_exact_match": 0.5}))
+    done = replay_cli(tmp_path, "sweep")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "note: run 'sweep/seed=0' skipped: it is interrupted, not finished",
+        "error: no finished runs in 'sweep' (1 skipped: see the notes above): give folders of "
+        "finished runs, such as a sweep's"]

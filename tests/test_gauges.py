@@ -185,6 +185,30 @@ def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
     assert any(line["forecast"] for line in straight)  # it forecast something to compare
 
 
+def test_a_resumed_run_forecasts_only_from_readings_a_run_makes(tmp_path):
+    """Lines among the earlier readings that no run writes (an exact match of 7, a token
+    accuracy of -5, a step of 401 digits) are left out of the resumed run's forecasts."""
+    from minitfm.app.api import train_run
+
+    cfg = load_config(None, [*QUICK, "log.tensorboard=false", "train.target_exact_match=null"])
+    train_run(cfg, run_dir=tmp_path / "straight")
+    train_run(cfg, run_dir=tmp_path / "paused", stop_at=30)
+    metrics = tmp_path / "paused" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    after = next(i for i, line in enumerate(lines) if '"gauges"' in line and '"step": 20,' in line)
+    bad = [{"step": 25, "split": "gauges", "exact": 7.0, "loss": 1.0, "token_accuracy": -5.0},
+           {"step": 10 ** 400, "split": "gauges", "exact": 0.9, "loss": 1.0,
+            "token_accuracy": 0.99}]
+    metrics.write_text("".join(lines[:after + 1] + [json.dumps(b) + "\n" for b in bad] +
+                               lines[after + 1:]))
+    train_run(None, resume=tmp_path / "paused" / "checkpoints" / "last.pt")
+    straight = gauge_lines(tmp_path / "straight")
+    resumed = [line for line in gauge_lines(tmp_path / "paused") if 30 < line["step"] <= 50]
+    assert [line["forecast"] for line in resumed] == \
+        [line["forecast"] for line in straight if line["step"] > 30]
+    assert any(line["forecast"] for line in resumed)  # it forecast something to compare
+
+
 def test_reading_the_gauges_changes_no_number_of_the_run(tmp_path):
     """No random draw, no state: a run's losses are the same with the gauges on and off."""
     losses = {}

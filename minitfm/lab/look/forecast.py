@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from minitfm.book.loop import lr_factor
 from minitfm.config import TrainConfig
@@ -151,6 +152,16 @@ def first_step(line: Callable[[int], float], level: float, now: int, steps: int)
         middle = (low + high) // 2
         low, high = (middle + 1, high) if line(middle) < level else (low, middle)
     return low
+
+
+def gauge_readings(records: list[dict[str, Any]], last: int) -> list[tuple[int, float, float]]:
+    """The readings (step, exact, token accuracy) a forecast is made from, out of a run's
+    records of metrics.jsonl (`curves.read_metrics`: exact and token accuracy within 0..1):
+    one per step from 1 to `last` (train.steps; a resumed run's step), the last written of a
+    step, in step order. A record past `last` (a hand edit, a damaged copy) is left out."""
+    by_step = {r["step"]: (r["step"], r["exact"], r["token_accuracy"]) for r in records
+               if r["split"] == "gauges" and 1 <= r["step"] <= last}
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def make_forecast(history: list[tuple[int, float, float]], course: Course) -> Forecast | None:

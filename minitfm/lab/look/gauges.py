@@ -52,7 +52,7 @@ from torch import Tensor
 
 from minitfm.book.model import eval_mode
 from minitfm.lab.curves import read_metrics
-from minitfm.lab.look.forecast import Course, Forecast, make_forecast
+from minitfm.lab.look.forecast import Course, Forecast, gauge_readings, make_forecast
 from minitfm.lab.look.grokking import modadd_gauges
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, has_alignment
 from minitfm.run.files import append_metrics
@@ -190,9 +190,7 @@ class GaugeReader(Instrument):
         if self.pairs:
             self.course = Course(run.cfg.train, [len(t) + 1 for _, t in self.pairs])
         # a resumed run forecasts from its earlier readings too
-        self.history = [(r["step"], r["exact"], r["token_accuracy"])
-                        for r in read_metrics(run.run_dir)
-                        if r["split"] == "gauges" and r["step"] <= run.step] if run.step else []
+        self.history = gauge_readings(read_metrics(run.run_dir), run.step) if run.step else []
 
     def on_gauges(self, due: GaugesDue) -> None:
         if self.task is None or not self.pairs:

@@ -39,10 +39,10 @@ def climb(steps: range, start: float, slope: float, dips=()) -> list[tuple]:
     return [(s, 0.1, accuracy(s)) for s in steps]
 
 
-def course(lengths=(4,), **train) -> Course:
+def course(lengths=(4,), task="reverse", **train) -> Course:
     """A run's course: the default's train section but for `train`."""
     return Course(TrainConfig(**{"lr": 0.01, "warmup_steps": 0, "steps": 240, **train}),
-                  list(lengths))
+                  list(lengths), task)
 
 
 def test_the_schedule_areas_sum_the_learning_rate_and_how_far_it_came_down():
@@ -131,6 +131,44 @@ def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
     history[-1] = (100, 0.55, history[-1][2])
     last = course(schedule="constant", warmup_steps=80, steps=100)
     assert make_forecast(history, last).text == "clicked at step 80 (gauges: 55% exact)"
+
+
+def test_on_a_task_it_was_never_measured_on_the_forecast_says_uncalibrated():
+    """The forecast was measured on reverse, sort and copy (docs/looking-inside.md, "How well it
+    forecasts"). On another task its line's figures come behind `uncalibrated for TASK:`, with
+    no verdict; the numbers are the same (the replay measures the verdict there too)."""
+    readings = climb(range(10, 101, 10), -2.0, 0.02)
+    for task in ("reverse", "sort", "copy"):  # the default's words: a verdict, no caveat
+        said = make_forecast(readings, course(task=task, schedule="constant", steps=500))
+        assert said.text.startswith("click expected ~step ") and ", on course for 99%" in said.text
+    measured = make_forecast(readings, course(schedule="constant", steps=500))
+    grokking = make_forecast(readings, course(task="modadd", schedule="constant", steps=500))
+    assert grokking.text == f"uncalibrated for modadd: click expected ~step " \
+        f"{measured.click_step}, 99% ~step {measured.target_step}"
+    assert (grokking.click_step, grokking.target_step, grokking.end_exact, grokking.verdict) == \
+        (measured.click_step, measured.target_step, measured.end_exact, "on course")
+    short = make_forecast(readings, course(task="pairs", steps=140))
+    assert short.verdict == "short" and short.text == \
+        f"uncalibrated for pairs: click expected ~step {short.click_step}, " \
+        f"~{short.end_exact:.0%} at the end"
+    run = course(task="add", schedule="constant", warmup_steps=80)
+    history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in readings]
+    seen = make_forecast(history, run)  # what the readings show is said as it is
+    assert seen.text == "clicked at step 80 (gauges: 55% exact), uncalibrated for add: " \
+        f"~{seen.end_exact:.0%} at the end"
+    history[-1] = (100, 0.995, history[-1][2])
+    assert make_forecast(history, run).text == \
+        "clicked at step 80 (gauges: 99.5% exact, past 99%: an evaluation decides)"
+
+
+def test_a_target_below_the_click_passed_says_so_in_the_gauges_words():
+    """train.target_exact_match=0.3 passed at 35% on the gauges' pairs, no click yet."""
+    readings = [(s, 0.35 if s == 100 else 0.1, a) for s, _, a in climb(range(10, 101, 10),
+                                                                        -2.0, 0.02)]
+    passed = make_forecast(readings, course(schedule="constant", target_exact_match=0.3))
+    assert (passed.verdict, passed.target_step, passed.clicked) == ("passed", 100, False)
+    assert passed.text == f"click expected ~step {passed.click_step} (gauges: 35% exact, past " \
+        "30%: an evaluation decides)"
 
 
 def test_the_line_leaves_out_the_first_reading_the_untrained_models():

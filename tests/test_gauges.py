@@ -139,6 +139,25 @@ def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
     assert "tokens 0." in result.stdout and "align" not in result.stdout
 
 
+def test_the_progress_line_says_the_forecast_is_uncalibrated_for_pairs_of_ones_own(tmp_path):
+    """The forecast was measured on reverse, sort and copy: on pairs of one's own the progress
+    line says so before the line's words, in the plain log as in metrics.jsonl."""
+    pairs = tmp_path / "upper.tsv"
+    pairs.write_text("".join(f"{w}\t{w.upper()}\n" for w in ("ab", "cat", "dog", "emu", "fox")))
+    mine = [item for item in QUICK if not item.startswith(("task.n_symbols", "task.max_len",
+                                                           "train.steps", "train.warmup_steps",
+                                                           "train.lr"))]
+    result = run_cli("train", *mine, "task.name=pairs", f"task.train_path={pairs}",
+                     f"task.eval_path={pairs}", "model.max_len=16", "train.steps=30",
+                     "train.warmup_steps=0", "train.lr=0.002", "log.gauge_every=5",
+                     "log.log_every=10", "--run-dir", tmp_path / "run")  # no click by step 30
+    assert result.exit_code == 0, result.stdout + result.stderr
+    said = [line["forecast"]["text"] for line in gauge_lines(tmp_path / "run")
+            if line["forecast"] and not line["forecast"]["clicked"]]
+    assert said and all(text.startswith("uncalibrated for pairs: ") for text in said), said
+    assert "uncalibrated for pairs: " in result.stdout
+
+
 def test_an_output_digit_of_a_sum_should_read_both_digits_of_its_significance():
     """add's ideal (carry-aware): 47+85 -> 132, the 3 reads 4 and 8, the 2 reads 7 and 5, the
     carry-out 1 both leading digits; 123+4 -> 127, the 1 and 2 read a's digits alone."""

@@ -74,7 +74,7 @@ def replay(run_dir: Path) -> tuple[list[tuple], list, bool]:
     cfg = load_config(settings)
     task = make_task(cfg.task)
     pairs = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)[:GAUGE_SAMPLES]
-    course = Course(cfg.train, [len(target) + 1 for _, target in pairs])
+    course = Course(cfg.train, [len(target) + 1 for _, target in pairs], task.name)
     readings = gauge_readings(read_metrics(run_dir), cfg.train.steps)
     forecasts = [make_forecast(readings[:i + 1], course) for i in range(len(readings))]
     target = cfg.train.target_exact_match

@@ -188,7 +188,8 @@ class GaugeReader(Instrument):
         self.task, self.run_dir = run.task, run.run_dir
         self.pairs = run.eval_pairs[:GAUGE_SAMPLES]
         if self.pairs:
-            self.course = Course(run.cfg.train, [len(t) + 1 for _, t in self.pairs])
+            self.course = Course(run.cfg.train, [len(t) + 1 for _, t in self.pairs],
+                                 run.task.name)
         # a resumed run forecasts from its earlier readings too
         self.history = gauge_readings(read_metrics(run.run_dir), run.step) if run.step else []
 

@@ -197,21 +197,20 @@ def make_forecast(history: list[tuple[int, float, float]], course: Course) -> Fo
     if verdict == "passed":
         target_step = now
     forecast = Forecast(click, bool(streak), end, target_step, verdict, "")
-    forecast.text = forecast_words(forecast, history[-1], course, ended=line is None or
+    forecast.text = forecast_words(forecast, exact_now, course, ended=line is None or
                                    verdict == "passed" or now >= course.steps)
     return forecast
 
 
-def forecast_words(forecast: Forecast, latest: tuple[int, float, float], course: Course,
-                   ended: bool) -> str:
+def forecast_words(forecast: Forecast, exact_now: float, course: Course, ended: bool) -> str:
     """The forecast as the progress line says it: what the readings show (`clicked at step 160
-    (gauges: 70% exact)`), then what the line says of the click and, unless `ended` (no line,
-    the target passed, the run's last step), of the end. On a task the forecast was never
-    measured on (not in CALIBRATED) the line's words come behind `uncalibrated for TASK:`, with
-    its figures and no verdict: `uncalibrated for modadd: click expected ~step 7767, 99% ~step
-    7974`."""
+    (gauges: 70% exact)`: `exact_now`, the latest reading's), then what the line says of the
+    click and, unless `ended` (no line, the target passed, the run's last step), of the end. On
+    a task the forecast was never measured on (not in CALIBRATED) the line's words come behind
+    `uncalibrated for TASK:`, with its figures and no verdict: `uncalibrated for modadd: click
+    expected ~step 7767, 99% ~step 7974`."""
     target = course.train.target_exact_match
-    gauges = f"(gauges: {share(latest[1])} exact" + \
+    gauges = f"(gauges: {share(exact_now)} exact" + \
         (f", past {percent(target)}: an evaluation decides)" if forecast.verdict == "passed"
          else ")")
     if forecast.clicked:

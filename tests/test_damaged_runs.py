@@ -142,6 +142,14 @@ BAD_LINES = {
     "split_unknown": '{"step": 30, "split": 5, "loss": 1.0}',
     "deep": "[" * 100_000 + "]" * 100_000,
     "long": '{"step": 30, "split": "train", "loss": 1.0, "pad": "' + "x" * 70_000 + '"}',
+    # numbers no run writes (M4, L4): a step past train.steps' limit, accuracies outside 0..1
+    "step_401_digits": '{"step": 1' + "0" * 400 + ', "split": "train", "loss": 1.0}',
+    "step_negative": '{"step": -1, "split": "train", "loss": 1.0}',
+    "exact_7": '{"step": 30, "split": "gauges", "exact": 7.0, "loss": 1.0, '
+               '"token_accuracy": 0.5}',
+    "tokens_negative": '{"step": 30, "split": "gauges", "exact": 0.5, "loss": 1.0, '
+                       '"token_accuracy": -5}',
+    "exact_match_1.5": '{"step": 30, "split": "eval", "loss": 1.0, "exact_match": 1.5}',
 }
 
 

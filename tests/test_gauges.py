@@ -1,29 +1,19 @@
 """The gauges (lab/look/gauges.py): read live every log.gauge_every steps, in metrics.jsonl,
-TensorBoard and the progress line; and the forecast made from them."""
+TensorBoard and the progress line (the forecast made from them: test_forecast.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minitfm.book.metrics import evaluate
-from minitfm.config import TaskConfig, TrainConfig, load_config, to_yaml
+from minitfm.config import TaskConfig, load_config
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
-from minitfm.lab.look.forecasts import table
-from minitfm.lab.look.gauges import (
-    MARGIN,
-    Course,
-    add_keys,
-    alignment,
-    click_accuracy,
-    make_forecast,
-    read_gauges,
-)
+from minitfm.lab.look.gauges import GAUGE_SAMPLES, add_keys, alignment, read_gauges
 from minitfm.lab.look.probe import head_scores
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, run_cli
@@ -49,12 +39,34 @@ def test_a_reading_every_gauge_every_steps_in_metrics_jsonl(run):
     assert [line["step"] for line in lines] == [10, 20, 30, 40, 50]
     for line in lines:
         assert 0 <= line["exact"] <= line["token_accuracy"] <= 1
-        assert line["hard_loss"] >= line["loss"] > 0
+        assert line["loss"] > 0
         assert 0 < line["align"] <= line["coverage"] <= 1 and line["weight_norm"] > 0
         assert len(line["heads"]) == 1 and len(line["heads"][0]) == 2  # layers x heads
         assert line["align"] == max(line["heads"][0])  # the best head's score
         assert len(line["positions"]) == 7  # copy of up to 6 symbols: 6 tokens and EOS
     assert {record["split"] for record in read_metrics(run_dir)} == {"train", "eval", "gauges"}
+
+
+def test_hard_loss_is_the_mean_loss_of_the_hardest_quarter_of_positions(run):
+    """The last reading's hard_loss, against the model it read (last.pt, the same step): each
+    held-out pair through the model alone, the mean loss at each of the 7 output positions,
+    and the mean of the 2 highest (a quarter of 7, rounded)."""
+    run_dir, _ = run
+    loaded = load(run_dir, checkpoint="last")
+    vocab = loaded.task.vocab
+    by_position: dict[int, list[float]] = {}
+    with torch.no_grad():
+        for src, target in loaded.held_out()[:GAUGE_SAMPLES]:
+            logits = loaded.model(torch.tensor([src]), torch.tensor([[vocab.bos_id, *target]]))
+            losses = torch.nn.functional.cross_entropy(
+                logits[0], torch.tensor([*target, vocab.eos_id]), reduction="none")
+            for t, loss in enumerate(losses.tolist()):
+                by_position.setdefault(t, []).append(loss)
+    means = sorted((sum(v) / len(v) for v in by_position.values()), reverse=True)
+    assert len(means) == 7 and means[1] > means[3]  # a quarter and a half would differ
+    line = gauge_lines(run_dir)[-1]
+    assert line["step"] == loaded.step == 50
+    assert line["hard_loss"] == pytest.approx((means[0] + means[1]) / 2, rel=1e-4)
 
 
 def test_exact_is_greedy_exact_match_without_decoding(run):
@@ -127,6 +139,25 @@ def test_a_task_without_an_ideal_alignment_shows_its_token_accuracy(tmp_path):
     assert "tokens 0." in result.stdout and "align" not in result.stdout
 
 
+def test_the_progress_line_says_the_forecast_is_uncalibrated_for_pairs_of_ones_own(tmp_path):
+    """The forecast was measured on reverse, sort and copy: on pairs of one's own the progress
+    line says so before the line's words, in the plain log as in metrics.jsonl."""
+    pairs = tmp_path / "upper.tsv"
+    pairs.write_text("".join(f"{w}\t{w.upper()}\n" for w in ("ab", "cat", "dog", "emu", "fox")))
+    mine = [item for item in QUICK if not item.startswith(("task.n_symbols", "task.max_len",
+                                                           "train.steps", "train.warmup_steps",
+                                                           "train.lr"))]
+    result = run_cli("train", *mine, "task.name=pairs", f"task.train_path={pairs}",
+                     f"task.eval_path={pairs}", "model.max_len=16", "train.steps=30",
+                     "train.warmup_steps=0", "train.lr=0.002", "log.gauge_every=5",
+                     "log.log_every=10", "--run-dir", tmp_path / "run")  # no click by step 30
+    assert result.exit_code == 0, result.stdout + result.stderr
+    said = [line["forecast"]["text"] for line in gauge_lines(tmp_path / "run")
+            if line["forecast"] and not line["forecast"]["clicked"]]
+    assert said and all(text.startswith("uncalibrated for pairs: ") for text in said), said
+    assert "uncalibrated for pairs: " in result.stdout
+
+
 def test_an_output_digit_of_a_sum_should_read_both_digits_of_its_significance():
     """add's ideal (carry-aware): 47+85 -> 132, the 3 reads 4 and 8, the 2 reads 7 and 5, the
     carry-out 1 both leading digits; 123+4 -> 127, the 1 and 2 read a's digits alone."""
@@ -160,119 +191,6 @@ def test_the_explorer_page_embeds_the_readings_and_their_forecasts(run):
          r["forecast"]["text"] if r["forecast"] else None] for r in gauge_lines(run_dir)]
 
 
-# --- the forecast ---
-
-def test_the_click_accuracy_is_where_every_token_right_gives_half_the_pairs():
-    assert click_accuracy([4]) == pytest.approx(0.5 ** (1 / 4))
-    mixed = click_accuracy([2, 17])  # mean(acc^2, acc^17) = 1/2
-    assert (mixed ** 2 + mixed ** 17) / 2 == pytest.approx(0.5)
-    lengths = list(range(2, 18))  # reverse 1..16 and EOS: the default's
-    assert click_accuracy(lengths) == pytest.approx(0.9231, abs=1e-4)
-
-
-def climb(steps: range, start: float, slope: float, dips=()) -> list[tuple]:
-    """Readings whose token accuracy's logit rises in a straight line (knocked down at
-    `dips`), exact match flat at 10%."""
-    def accuracy(s):
-        y = start + slope * s - (3.0 if s in dips else 0.0)
-        return 1 / (1 + math.exp(-y))
-    return [(s, 0.1, accuracy(s)) for s in steps]
-
-
-def course(lengths=(4,), **train) -> Course:
-    """A run's course: the default's train section but for `train`."""
-    return Course(TrainConfig(**{"lr": 0.01, "warmup_steps": 0, "steps": 240, **train}),
-                  list(lengths))
-
-
-def test_the_schedule_areas_sum_the_learning_rate_and_how_far_it_came_down():
-    constant = course(schedule="constant", warmup_steps=40)
-    assert constant.lr_area(40) == pytest.approx(0.01 * 41 / 2)  # the warmup's ramp
-    assert constant.lr_area(140) == pytest.approx(0.01 * 41 / 2 + 0.01 * 100)
-    assert constant.annealing_area(240) == pytest.approx(0.0, abs=1e-12)  # it never comes down
-    cosine = course(warmup_steps=40)  # cosine from 0.01 to 0 over steps 40..240: mean 0.005
-    assert cosine.annealing_area(240) == pytest.approx(0.01 * 200 / 2, rel=0.01)
-    assert cosine.annealing_area(40) == 0.0 and cosine.annealing_area(140) > 0
-    # a long run sums on a grid of steps: the areas come out the same
-    long = course(warmup_steps=0, steps=1_000_000)
-    assert long.stride > 1
-    assert long.annealing_area(1_000_000) == pytest.approx(0.01 * 1_000_000 / 2, rel=1e-3)
-
-
-def test_the_forecast_extrapolates_the_climb_to_the_click_and_the_target():
-    """With a constant lr the areas grow with the steps, so a climb straight in the steps is
-    a straight line in the forecast's terms, and it says where that line reaches the click
-    accuracy and the target's."""
-    run = course(schedule="constant", steps=500)
-    click = math.ceil((run.click_logit + 2.0) / 0.02)  # where the line reaches the click
-    target = math.ceil((run.target_logit + 2.0) / 0.02)  # and 99% exact match
-    forecast = make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run)
-    assert (forecast.click_step, forecast.target_step, forecast.clicked) == (click, target, False)
-    assert forecast.verdict == "on course"  # 400 with 100 of 500 steps to spare
-    assert forecast.text == f"click expected ~step {click}, on course for 99% ~step {target}"
-    # a reading knocked down counts as the best before it: the forecast barely moves
-    dipped = make_forecast(climb(range(10, 101, 10), -2.0, 0.02, dips={60, 90}), run)
-    assert abs(dipped.click_step - click) <= 10
-
-
-def test_the_forecast_knows_the_schedule_a_decaying_lr_brings_the_click_sooner():
-    """The same climb under a cosine decay: the annealing area adds to the line, so the click
-    comes sooner and the target within the run; a budget cut short leaves it in the run's last
-    eighth (not on course: the target comes later than forecast often enough) or out of reach."""
-    readings = climb(range(10, 101, 10), -2.0, 0.02)
-    constant = make_forecast(readings, course(schedule="constant"))
-    cosine = make_forecast(readings, course())
-    assert cosine.click_step < constant.click_step
-    assert constant.target_step is None and cosine.target_step is not None  # 99% within 240
-    tight = make_forecast(readings, course(steps=200))  # 99% in the last eighth of the run
-    assert tight.verdict == "close call" and tight.target_step > 200 * (1 - MARGIN)
-    assert tight.text.endswith(f", close call: 99% ~step {tight.target_step} of 200")
-    short = make_forecast(readings, course(steps=140))
-    assert short.verdict == "short" and short.target_step is None and short.end_exact < 0.99
-    assert short.text.endswith(f", short of 99%: ~{short.end_exact:.0%} at the end")
-    unset = make_forecast(readings, course(target_exact_match=None, steps=400))
-    assert unset.verdict is None and unset.target_step is None
-    # a line carried on may give 100%, which no run can promise: at most 99.9%
-    assert unset.end_exact > 0.9995 and unset.text.endswith(", ~99.9% at the end")
-
-
-def test_the_forecast_waits_says_when_no_click_comes_and_when_one_came():
-    run = course(schedule="constant", warmup_steps=80)
-    assert make_forecast(climb(range(10, 71, 10), -2.0, 0.02), run) is None  # in the warmup
-    # the line goes through readings after the warmup only, and it takes three of them
-    assert make_forecast(climb(range(10, 91, 10), -2.0, 0.02), run) is None
-    assert make_forecast(climb(range(10, 101, 10), -2.0, 0.02), run) is not None
-    no_warmup = course(schedule="constant")  # from a fifth of the run, 48: the first is left out
-    assert make_forecast(climb(range(10, 41, 10), -2.0, 0.02), no_warmup) is None
-    assert make_forecast(climb(range(10, 51, 10), -2.0, 0.02), no_warmup) is not None
-    slow = make_forecast(climb(range(10, 101, 10), -2.0, 0.005), run)
-    assert slow.click_step is None and slow.target_step is None
-    assert slow.text.startswith("no click by the run's end (step 240), short of 99%: ~")
-    flat = make_forecast(climb(range(10, 101, 10), 0.5, 0.0), run)
-    assert flat.click_step is None and flat.end_exact == pytest.approx(run.exact(0.5))
-    history = [(s, 0.55 if s >= 80 else 0.1, a) for s, _, a in climb(range(10, 101, 10), -2.0,
-                                                                       0.02)]
-    seen = make_forecast(history, run)
-    assert (seen.click_step, seen.clicked) == (80, True)
-    assert seen.text == "clicked at step 80 (gauges: 55% exact), short of 99%: " \
-        f"~{seen.end_exact:.0%} at the end"  # a constant lr and 140 steps left: 84%
-    history[-1] = (100, 0.45, history[-1][2])  # knocked back under 50%: not clicked after all
-    assert make_forecast(history, run).text.startswith("click expected ~step")
-    history[-1] = (100, 0.995, history[-1][2])  # past the target on these pairs
-    passed = make_forecast(history, run)
-    assert (passed.verdict, passed.target_step) == ("passed", 100)
-    assert passed.text == \
-        "clicked at step 80 (gauges: 99.5% exact, past 99%: an evaluation decides)"
-    # at the run's last step there is no end left to forecast
-    warm = [(s, 0.55 if s >= 50 else 0.1, a) for s, _, a in history[:5]]
-    early = make_forecast(warm, run)  # a click in the warmup: seen, with no line to judge by
-    assert (early.click_step, early.verdict) == (50, None)
-    assert early.text == "clicked at step 50 (gauges: 55% exact)"
-    history[-1] = (100, 0.55, history[-1][2])
-    last = course(schedule="constant", warmup_steps=80, steps=100)
-    assert make_forecast(history, last).text == "clicked at step 80 (gauges: 55% exact)"
-
-
 def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
     """Paused at step 30 and resumed, a run's readings and forecasts are the straight run's."""
     from minitfm.app.api import train_run
@@ -284,6 +202,30 @@ def test_a_resumed_run_forecasts_from_its_earlier_readings(tmp_path):
     straight, resumed = gauge_lines(tmp_path / "straight"), gauge_lines(tmp_path / "paused")
     assert [line["forecast"] for line in resumed] == [line["forecast"] for line in straight]
     assert any(line["forecast"] for line in straight)  # it forecast something to compare
+
+
+def test_a_resumed_run_forecasts_only_from_readings_a_run_makes(tmp_path):
+    """Lines among the earlier readings that no run writes (an exact match of 7, a token
+    accuracy of -5, a step of 401 digits) are left out of the resumed run's forecasts."""
+    from minitfm.app.api import train_run
+
+    cfg = load_config(None, [*QUICK, "log.tensorboard=false", "train.target_exact_match=null"])
+    train_run(cfg, run_dir=tmp_path / "straight")
+    train_run(cfg, run_dir=tmp_path / "paused", stop_at=30)
+    metrics = tmp_path / "paused" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    after = next(i for i, line in enumerate(lines) if '"gauges"' in line and '"step": 20,' in line)
+    bad = [{"step": 25, "split": "gauges", "exact": 7.0, "loss": 1.0, "token_accuracy": -5.0},
+           {"step": 10 ** 400, "split": "gauges", "exact": 0.9, "loss": 1.0,
+            "token_accuracy": 0.99}]
+    metrics.write_text("".join(lines[:after + 1] + [json.dumps(b) + "\n" for b in bad] +
+                               lines[after + 1:]))
+    train_run(None, resume=tmp_path / "paused" / "checkpoints" / "last.pt")
+    straight = gauge_lines(tmp_path / "straight")
+    resumed = [line for line in gauge_lines(tmp_path / "paused") if 30 < line["step"] <= 50]
+    assert [line["forecast"] for line in resumed] == \
+        [line["forecast"] for line in straight if line["step"] > 30]
+    assert any(line["forecast"] for line in resumed)  # it forecast something to compare
 
 
 def test_reading_the_gauges_changes_no_number_of_the_run(tmp_path):
@@ -314,34 +256,3 @@ def test_a_stacked_run_reads_the_gauges_of_its_solo_run(tmp_path):
             assert ours["token_accuracy"] == theirs["token_accuracy"]
             assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
 
-
-# --- how well it forecasts (lab/look/forecasts.py) ---
-
-def fake_run(folder, name: str, readings: list[tuple], best: float, steps: int = 280):
-    """A run directory as a sweep leaves one: its config, its gauge readings, its summary."""
-    run_dir = folder / name
-    run_dir.mkdir(parents=True)
-    cfg = load_config(None, [f"train.steps={steps}"])
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    (run_dir / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": s, "split": "gauges", "exact": e, "loss": 1.0, "token_accuracy": a})
-        + "\n"
-        for s, e, a in readings))
-    (run_dir / "summary.json").write_text(json.dumps({"best_exact_match": best,
-                                                      "status": "finished", "steps": steps}))
-
-
-def test_the_calibration_replays_each_runs_readings_and_counts_flags_and_false_alarms(tmp_path):
-    """Two seeds of one configuration climb alike and are flagged from step 100 on; the one
-    that reached its target counts as flagged in time, the other as a false alarm. A third,
-    flat, is never flagged; its configuration row counts it apart."""
-    climbing = climb(range(10, 161, 10), -2.0, 0.03)
-    clicked = [(s, 0.6 if s >= 140 else 0.1, a) for s, _, a in climbing]  # the click: 140
-    fake_run(tmp_path, "seed=0", clicked, best=0.995)
-    fake_run(tmp_path, "seed=1", clicked, best=0.97)
-    fake_run(tmp_path, "steps=150,seed=0", climb(range(10, 151, 10), 0.5, 0.0), best=0.4,
-             steps=150)
-    rows = table([tmp_path]).splitlines()
-    name = tmp_path.name
-    assert rows[2] == f"| {name} | 1 of 2 | 1 of 1 (29%) | 1 of 1 | 140-140 | 100% |"
-    assert rows[3] == f"| {name}/steps=150 | 0 of 1 | - | 0 of 1 | never | - |"

@@ -529,3 +529,107 @@ def test_the_progress_after_a_resume_shows_the_last_evaluation_not_a_dash(run):
     lines = [x for x in result.stdout.splitlines() if x.startswith("step ")]
     assert lines and lines[0].startswith("step      5 ")
     assert f"exact {last['exact_match']:.1%} (step {last['step']})" in lines[0], lines[0]
+
+
+# --- M7: a hard kill between checkpoints, then --resume: each step once ---
+
+KILLED = """
+import os, signal, sys
+from pathlib import Path
+from minitfm.app.api import instruments
+from minitfm.config import load_config
+from minitfm.run.instruments import Instrument
+from minitfm.run.session import RunOptions, start_training
+
+class Kill(Instrument):
+    '''SIGKILL after step 13, as a crash would: the last save was step 10's.'''
+    def __init__(self, watching):
+        self.watching = watching
+    def on_step(self, stepped):
+        if stepped.step == 13:
+            for instrument in self.watching:  # TensorBoard's events so far on disk
+                if getattr(instrument, "writer", None) is not None:
+                    instrument.writer.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+watching = instruments()
+start_training(load_config(None, sys.argv[2:]), RunOptions(run_dir=Path(sys.argv[1])),
+               [*watching, Kill(watching)])
+"""
+EVERY_STEP = [*TINY, "train.steps=20", "train.checkpoint_every=5", "train.eval_every=0",
+              "train.target_exact_match=null", "log.log_every=1", "log.gauge_every=1",
+              "log.attention_every=1", "log.tensorboard=true"]
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_hard_kill_then_resume_leaves_each_step_once_for_every_reader(tmp_path):
+    """Killed (SIGKILL) at step 13, after step 10's checkpoint, then resumed: metrics.jsonl,
+    attention.jsonl and TensorBoard hold each step once, in order, as the resumed run made
+    it; the lines up to step 10 and a line of the user's stay byte for byte."""
+    from tensorboard.backend.event_processing import event_accumulator, plugin_event_accumulator
+
+    run_dir = tmp_path / "run"
+    killed = subprocess.run([sys.executable, "-c", KILLED, str(run_dir), *EVERY_STEP],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    metrics = run_dir / "metrics.jsonl"
+    assert last_step(run_dir) == 10
+    assert [r["step"] for r in records(metrics) if r["split"] == "gauges"] == list(range(1, 14))
+    lines = metrics.read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["step"] <= 10]
+    mine = b'{"note": "lr 3e-3 looks slow"}\n'  # a line of the user's, no record
+    metrics.write_bytes(b"".join(kept[:3] + [mine] + lines[3:]))
+    assert run_cli("train", "--resume", run_dir).exit_code == 0
+    assert metrics.read_bytes().startswith(b"".join(kept[:3] + [mine] + kept[3:]))
+    found = [r for r in records(metrics) if "split" in r]
+    for split in ("train", "gauges"):
+        assert [r["step"] for r in found if r["split"] == split] == list(range(1, 21)), split
+    assert [r["step"] for r in found if r["split"] == "eval"] == [20]
+    assert [r["step"] for r in records(run_dir / ATTENTION_FILE)] == list(range(1, 21))
+    legacy = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    legacy.Reload()
+    served = plugin_event_accumulator.EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    served.Reload()  # what the tensorboard server reads
+    assert "7_gauges/exact" in legacy.Tags()["scalars"]
+    for tag in legacy.Tags()["scalars"]:
+        steps = [event.step for event in legacy.Scalars(tag)]
+        assert steps == sorted(set(steps)) and steps[-1] == 20, (tag, steps)
+        served_steps = [event.step for event in served.Tensors(tag)]
+        assert served_steps == steps, (tag, served_steps)
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b'{"step": 1, "split": "train"}\n{"step": 2, "split": "train"}\n',
+     b'{"step": 1, "split": "train"}\n'),
+    (b'{"step":1,"exact_match":null}\n{"step":3,"exact_match":0.5}\n',  # attention.jsonl's
+     b'{"step":1,"exact_match":null}\n'),
+    (b'{"step": 1, "split": "train"}\n{"step": 2, "spl', b'{"step": 1, "split": "train"}\n'),
+    (b'{"step": 1, "split": "train"}\n{"st', b'{"step": 1, "split": "train"}\n'),  # torn
+    (b'[1]\n{"step": 3}\n{"split": "train", "step": 3}\nnot json\n',  # only minitfm's go
+     b'[1]\n{"split": "train", "step": 3}\nnot json\n'),
+    (b'{"step": 2, "pad": "' + b"x" * 200_000 + b'"}\n{"step": 1, "pad": "' + b"y" * 200_000
+     + b'"}\n', b'{"step": 1, "pad": "' + b"y" * 200_000 + b'"}\n'),  # lines longer than a read
+], ids=["metrics", "attention", "torn-record", "torn-head", "others-stay", "long-lines"])
+def test_a_resume_drops_the_records_past_its_step(tmp_path, content, expected):
+    from minitfm.run.files import drop_records_after
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(content)
+    drop_records_after(path, 1)
+    assert path.read_bytes() == expected
+
+
+def test_a_file_with_nothing_past_the_step_is_left_as_it_is(tmp_path):
+    from minitfm.run.files import drop_records_after
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "split": "train"}\nmine\n')
+    before = os.stat(path)
+    drop_records_after(path, 1)
+    drop_records_after(tmp_path / "attention.jsonl", 1)  # none: nothing to do, none made
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert not (tmp_path / "attention.jsonl").exists()

@@ -25,6 +25,8 @@ MAX_LINE = 65_536  # characters of one metrics.jsonl line; a record is about 200
 MAX_EVAL_BYTES = 1_000_000  # an eval-A-B.json: a few hundred bytes per length evaluated
 NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match"),  # what plot and runs read
            "gauges": ("exact", "loss", "token_accuracy")}  # and the explorer (lab/look/gauges)
+FRACTIONS = {"eval": ("exact_match",), "gauges": ("exact", "token_accuracy")}  # within 0..1
+LAST_STEP = 10**9  # train.steps' limit: no record minitfm writes has a later step
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -65,17 +67,21 @@ def capped_lines(f) -> Iterator[tuple[str, bool]]:
 
 
 def parse_record(line: str) -> dict[str, Any] | None:
-    """A metrics line as minitfm writes it: an object with an integer `step`, a `split`
-    (train, eval, gauges) and numbers where `plot` and `runs` read them; else None."""
+    """A metrics line as minitfm writes it: an object with an integer `step` from 0 to
+    LAST_STEP, a `split` (train, eval, gauges) and numbers where `plot` and `runs` read them,
+    exact match and token accuracy within 0..1; else None."""
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # not JSON, or nested deeper than json can read
         return None
     if not isinstance(record, dict) or record.get("split") not in NUMBERS:
         return None
-    numbers = all(is_number(record.get(key)) for key in NUMBERS[record["split"]])
+    split = record["split"]
+    numbers = all(is_number(record.get(key)) for key in NUMBERS[split]) and \
+        all(is_fraction(record[key]) for key in FRACTIONS.get(split, ()))
     elapsed = is_number(record.get("elapsed_s", 0.0))
-    step = isinstance(record.get("step"), int) and not isinstance(record["step"], bool)
+    step = record.get("step")  # a 400-digit step is an int too: the maths cannot take it
+    step = type(step) is int and 0 <= step <= LAST_STEP
     return record if numbers and elapsed and step else None
 
 

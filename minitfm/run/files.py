@@ -8,7 +8,8 @@ one, never half of it; a link in its place is replaced, never followed. Every fi
 that is read, appended to or locked where it is (`.lock`, metrics.jsonl, attention.jsonl,
 eval-*.json, a sweep's logs...) is opened by `open_run_file`: never through a symbolic link
 (one planted in a shared run folder would make minitfm write into a file of yours), and only
-when it is a regular file (a FIFO would hang the read). `remove_files` removes only regular
+when it is a regular file (a FIFO would hang the read); a resumed run rewrites its record files
+without the lines past its checkpoint (`drop_records_after`). `remove_files` removes only regular
 files, never through a linked folder. Every JSON document minitfm writes or prints goes through
 `to_json`: strict JSON, a number that is not finite (NaN, infinity) written as null. No torch
 here.
@@ -24,9 +25,9 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from minitfm.errors import MinitfmError
 
@@ -35,6 +36,8 @@ NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 OPEN_FLAGS = {"r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
               "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT}  # by open()'s mode, without "b"
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+PIECE = 65_536  # bytes of a record file read at once
+RECORD_STEP = re.compile(rb'\{"step": ?(\d{1,10})[,}]')  # a record's start as minitfm writes it
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -42,12 +45,20 @@ def write_atomic(path: Path, data: bytes) -> None:
 
     A full disk or a kill midway leaves the previous file as it was (never an empty one).
     """
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """`write_atomic` for a file written piece by piece: the temp file to write, which
+    replaces `path` once the block ends (left as it was if the block raises)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp's 0600 would hide it from TensorBoard
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -191,6 +202,55 @@ def make_dirs(path: Path) -> None:
         for folder in reversed(created):
             folder.rmdir()
         raise
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """A run's file of records (metrics.jsonl, attention.jsonl) without the lines of steps past
+    `step`: what a process killed after its last checkpoint wrote, which the run resumed from
+    that checkpoint writes again. The file is rewritten (atomically) only when a line must go,
+    and every line kept stays byte for byte: a line that is no record minitfm writes (a hand
+    edit) stays, a torn last line (a write cut short) goes."""
+    try:
+        with open_run_file(path) as f:
+            if not any_past(f, step):
+                return
+            f.seek(0)
+            with atomic_file(path) as out:
+                piece, keep, begun = b"\n", True, 0
+                for piece, starts in line_pieces(f):
+                    if starts:
+                        keep, begun = not is_past(piece, step), out.tell()
+                    if keep:
+                        out.write(piece)
+                if not piece.endswith(b"\n"):  # torn: the line ends with the file
+                    out.truncate(begun)
+    except FileNotFoundError:  # a run that never wrote one
+        pass
+
+
+def any_past(f: BinaryIO, step: int) -> bool:
+    """Whether `f` holds a record past `step`, or a torn last line."""
+    piece = b"\n"
+    for piece, starts in line_pieces(f):
+        if starts and is_past(piece, step):
+            return True
+    return not piece.endswith(b"\n")
+
+
+def line_pieces(f: BinaryIO) -> Iterator[tuple[bytes, bool]]:
+    """`f` in pieces of at most PIECE bytes (a huge line costs no memory), each with whether
+    it starts a line."""
+    starts = True
+    while piece := f.readline(PIECE):
+        yield piece, starts
+        starts = piece.endswith(b"\n")
+
+
+def is_past(head: bytes, step: int) -> bool:
+    """Whether the line that begins with `head` is a record minitfm wrote (`to_json` puts the
+    step first) of a step past `step`."""
+    found = RECORD_STEP.match(head)
+    return found is not None and int(found[1]) > step
 
 
 def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:

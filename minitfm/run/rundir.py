@@ -32,6 +32,7 @@ from minitfm.config import Config, to_yaml
 from minitfm.errors import CheckpointError, MinitfmError, RunFailed, option, quote
 from minitfm.run.files import (
     check_writable,
+    drop_records_after,
     make_dirs,
     open_run_file,
     remove_files,
@@ -49,6 +50,7 @@ UNREADABLE = "unreadable"  # a run whose summary.json or config.yaml is damaged
 MAX_SUMMARY_BYTES = 1_000_000  # a summary is a few hundred bytes
 # What training writes where it is (locked, appended to); every other file is replaced whole.
 IN_PLACE = (".lock", "metrics.jsonl", "attention.jsonl")
+RECORDS = ("metrics.jsonl", "attention.jsonl")  # of those, a record per line, step first
 SECTIONS = ("task", "model", "train", "log")  # config.yaml's mappings of keys
 
 
@@ -156,8 +158,9 @@ class RunLock:
 
 
 def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwrite: bool,
-                 held: ExitStack) -> Path:
-    """Pick, check, lock (until `held` closes) and prepare the run directory."""
+                 held: ExitStack, step: int = 0) -> Path:
+    """Pick, check, lock (until `held` closes) and prepare the run directory (`step`: the
+    checkpoint's, which a resumed run goes on from)."""
     try:
         if resume is not None:
             run_dir = resume_run_dir(resume, run_dir, overwrite)
@@ -174,7 +177,7 @@ def open_run_dir(cfg: Config, run_dir: Path | None, resume: Path | None, overwri
         raise CheckpointError(f"cannot create the run directory '{where}' ({err.strerror}): "
                               f"check log.dir, name or {option('run_dir')}") from None
     try:
-        write_run_files(run_dir, cfg, fresh=resume is None)
+        write_run_files(run_dir, cfg, None if resume is None else step)
     except OSError as err:
         if created:  # a disk full from the start: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -245,12 +248,17 @@ def resume_run_dir(checkpoint: Path, run_dir: Path | None, overwrite: bool = Fal
     return run_dir
 
 
-def write_run_files(run_dir: Path, cfg: Config, fresh: bool) -> None:
-    """The resolved config.yaml; a fresh run also clears what an overwritten run left."""
+def write_run_files(run_dir: Path, cfg: Config, resumed_at: int | None) -> None:
+    """The resolved config.yaml; a fresh run (`resumed_at` None) also clears what an
+    overwritten run left, a resumed one the records past its checkpoint's step (`RECORDS`:
+    a process killed after its last save wrote them, and the run writes them again)."""
     for folder in (run_dir, run_dir / "checkpoints"):  # left by writes killed midway
         remove_files(folder, TEMP_FILE)
-    if fresh:
+    if resumed_at is None:
         clear_made_files(run_dir)
+    else:
+        for name in RECORDS:
+            drop_records_after(run_dir / name, resumed_at)
     (run_dir / "checkpoints").mkdir(exist_ok=True)
     write_atomic(run_dir / "config.yaml", to_yaml(cfg).encode("utf-8"))
 

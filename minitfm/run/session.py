@@ -134,7 +134,7 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
             restore(state, resumed.checkpoint, options.resume)
         # rank 0 picks the run directory and tells the others (or its error)
         run_dir = dist.from_main(lambda: open_run_dir(cfg, options.run_dir, options.resume,
-                                                      options.overwrite, held))
+                                                      options.overwrite, held, state.step))
         watching = [MetricsFile(), *instruments] if dist.is_main else []
         for text in warnings(cfg, resumed, run_dir):
             tell(watching, Note(text, warning=True))

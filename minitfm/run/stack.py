@@ -142,7 +142,7 @@ def prepare(member: StackMember, device: torch.device, claim: ThreadClaim,
     if resumed is not None:
         restore(state, resumed.checkpoint, member.checkpoint)
     run_dir = open_run_dir(cfg, member.run_dir, member.checkpoint if resumed else None,
-                           resumed is None, held)
+                           resumed is None, held, state.step)
     watching = [MetricsFile(), *instruments()]
     held.enter_context(closing(watching))
     for text in warnings(cfg, resumed, run_dir):

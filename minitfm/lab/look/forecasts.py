@@ -16,7 +16,11 @@ run's GaugeReader made them while it trained, and held against what then came. D
   from half the plateau on, until the click.
 
 It prints one row per configuration (the runs of a folder whose names differ only in their seed,
-as a sweep names them), as a Markdown table.
+as a sweep names them), as a Markdown table. The readings are those a resumed run forecasts from
+(`gauge_readings`: one per step, within train.steps; a line of metrics.jsonl that holds no record
+minitfm writes, such as an exact match of 7, is left out). A run that cannot be replayed (not
+finished, a damaged summary.json or config.yaml) is skipped with a note; a folder without a
+finished run is an error, exit 2.
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minitfm.config import load_config
+from minitfm.errors import CheckpointError, MinitfmError, shown_path
 from minitfm.lab.curves import read_metrics
-from minitfm.lab.look.gauges import CLICK, GAUGE_SAMPLES, Course, make_forecast
-from minitfm.run.rundir import read_run_config, read_summary
+from minitfm.lab.look.forecast import CLICK, Course, gauge_readings, make_forecast
+from minitfm.lab.look.gauges import GAUGE_SAMPLES
+from minitfm.run.files import name_text
+from minitfm.run.rundir import DONE, load_summary, read_run_config
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
 
@@ -52,21 +59,31 @@ class Tally:
 
 
 def replay(run_dir: Path) -> tuple[list[tuple], list, bool]:
-    """A run's readings (step, exact, token accuracy), the forecast after each, and whether
-    the run reached its target."""
-    cfg = load_config(read_run_config(run_dir))
+    """A finished run's readings (step, exact, token accuracy), the forecast after each, and
+    whether the run reached its target. A run that cannot be replayed (not finished, a damaged
+    summary.json or config.yaml, its data gone) is a MinitfmError saying why."""
+    summary = load_summary(run_dir) or {"status": "gone (no summary.json)"}
+    if summary["status"] not in DONE:
+        raise CheckpointError(f"it is {summary['status']}, not finished")
+    best = summary.get("best_exact_match")
+    if best is None:
+        raise CheckpointError("summary.json has no best_exact_match")
+    settings = read_run_config(run_dir)
+    if settings is None:
+        raise CheckpointError("it has no config.yaml")
+    cfg = load_config(settings)
     task = make_task(cfg.task)
     pairs = eval_set(task, cfg.train.eval_samples, cfg.task.eval_seed)[:GAUGE_SAMPLES]
-    course = Course(cfg.train, [len(target) + 1 for _, target in pairs])
-    readings = [(r["step"], r["exact"], r["token_accuracy"]) for r in read_metrics(run_dir)
-                if r["split"] == "gauges"]
+    course = Course(cfg.train, [len(target) + 1 for _, target in pairs], task.name)
+    readings = gauge_readings(read_metrics(run_dir), cfg.train.steps)
     forecasts = [make_forecast(readings[:i + 1], course) for i in range(len(readings))]
-    best, target = read_summary(run_dir)["best_exact_match"], cfg.train.target_exact_match
+    target = cfg.train.target_exact_match
     return readings, forecasts, target is not None and best >= target
 
 
-def count(tally: Tally, run_dir: Path) -> None:
-    readings, forecasts, reached = replay(run_dir)
+def count(tally: Tally, replayed: tuple[list[tuple], list, bool]) -> None:
+    """Add a run's replay (see `replay`) to its configuration's tally."""
+    readings, forecasts, reached = replayed
     click = next((step for step, exact, _ in readings if exact >= CLICK), None)
     flags = [(step, f.verdict == "on course") for (step, *_), f in zip(readings, forecasts)
              if f is not None]
@@ -95,14 +112,29 @@ def count(tally: Tally, run_dir: Path) -> None:
 def configuration(run_dir: Path) -> str:
     """The folder and the run's name without its seed: `sweep/steps=150`."""
     name = re.sub(r"(^|,)seed=\d+", "", run_dir.name).strip(",")
-    return f"{run_dir.parent.name}/{name}" if name else run_dir.parent.name
+    return name_text(f"{run_dir.parent.name}/{name}" if name else run_dir.parent.name)
 
 
-def table(folders: list[Path]) -> str:
+def table(folders: list[Path], notes: list[str]) -> str:
+    """The Markdown table of the finished runs in `folders`, a row per configuration. A run
+    that cannot be replayed is skipped, and said in `notes`; a folder with no finished run to
+    replay is a MinitfmError."""
     tallies: dict[str, Tally] = {}
     for folder in folders:
-        for run_dir in sorted(p.parent for p in folder.glob("*/summary.json")):
-            count(tallies.setdefault(configuration(run_dir), Tally()), run_dir)
+        runs = sorted(p.parent for p in folder.glob("*/summary.json"))
+        replayed = 0
+        for run_dir in runs:
+            try:
+                run = replay(run_dir)
+            except MinitfmError as err:
+                notes.append(f"run '{name_text(shown_path(run_dir))}' skipped: {err}")
+                continue
+            count(tallies.setdefault(configuration(run_dir), Tally()), run)
+            replayed += 1
+        if not replayed:
+            raise MinitfmError(f"no finished runs in '{name_text(shown_path(folder))}' "
+                               f"({no_runs(folder, len(runs))}): give folders of finished "
+                               f"runs, such as a sweep's")
     rows = ["| runs | reached the target | flagged in time (median lead) | false alarms | "
             "click at step | click forecasts within 20 steps, from half the plateau on |",
             "|---|---|---|---|---|---|"]
@@ -118,5 +150,35 @@ def table(folders: list[Path]) -> str:
     return "\n".join(rows)
 
 
+def no_runs(folder: Path, skipped: int) -> str:
+    """Why `folder` gave no run to replay, in words."""
+    if not folder.exists():
+        return "no such folder"
+    if not folder.is_dir():
+        return "a file, not a folder"
+    if skipped:
+        return f"{skipped} skipped: see the notes above"
+    return "no run folder in it holds a summary.json, which a run writes when it ends"
+
+
+def main(argv: list[str]) -> int:
+    """Print the table of the finished runs in the folders `argv`, each note and error on a
+    line of stderr; the exit code (2: no folder given, or one with no finished run)."""
+    if not argv:
+        sys.stderr.write("error: give one or more folders of finished runs, such as a "
+                         "sweep's: python -m minitfm.lab.look.forecasts FOLDER...\n")
+        return 2
+    notes: list[str] = []
+    try:
+        rows = table([Path(folder) for folder in argv], notes)
+    except MinitfmError as err:
+        sys.stderr.writelines(f"note: {note}\n" for note in notes)
+        sys.stderr.write(f"error: {err}\n")
+        return err.exit_code
+    sys.stderr.writelines(f"note: {note}\n" for note in notes)
+    sys.stdout.write(rows + "\n")
+    return 0
+
+
 if __name__ == "__main__":
-    print(table([Path(folder) for folder in sys.argv[1:]]))
+    sys.exit(main(sys.argv[1:]))

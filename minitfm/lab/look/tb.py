@@ -89,8 +89,11 @@ class TensorBoardLogger(Instrument):
 
         # TensorBoard opens its event file with open(), which would follow a link planted at
         # its name (time, host, pid): a random end makes the name one no one can guess.
-        self.writer = SummaryWriter(log_dir=str(run.run_dir),
-                                    filename_suffix=f".{secrets.token_hex(8)}")
+        # purge_step: a resumed run's events from the step after its checkpoint replace those a
+        # process killed after that save wrote (TensorBoard hides the older ones; it takes the
+        # first such mark in a run for its start, so a fresh run writes one at step 0).
+        self.writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.step + 1 if
+                                    run.step else 0, filename_suffix=f".{secrets.token_hex(8)}")
         self.previous_hook = threading.excepthook
         threading.excepthook = self._quiet_write_errors
         self.cfg, self.task = run.cfg, run.task

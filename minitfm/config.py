@@ -68,15 +68,26 @@ def load_config(path: str | Path | dict | None = None, overrides: list = ()) -> 
         data = read_yaml(Path(path)) if path is not None else {}
         if path is not None:
             resolve_data_paths(data, Path(path).parent)
+    problems = []  # every wrong override and key, said at once
     for item in overrides:
-        key, value = item if isinstance(item, tuple) else parse_override(item)
-        set_path(data, key, value)
+        try:
+            key, value = item if isinstance(item, tuple) else parse_override(item)
+            set_path(data, key, value)
+        except ConfigError as err:
+            problems += err.problems()
+            continue
         named = named and key != "model.code"
     if named:
         refuse_named_workbook(data, "the config given" if isinstance(path, dict) else
                               quote(str(path)))
     resolve_data_paths(data, Path.cwd())  # overrides name files from where you are
-    return validate(data)
+    try:
+        cfg = validate(data)
+    except ConfigError as err:
+        problems += err.problems()
+    if problems:
+        raise ConfigError(*dict.fromkeys(problems))
+    return cfg
 
 
 def refuse_named_workbook(data: dict[str, Any], source: str) -> None:
@@ -106,14 +117,14 @@ def resolve_data_paths(data: dict[str, Any], base: Path) -> None:
 
 
 def validate(data: dict[str, Any]) -> Config:
-    """Build a Config, turning pydantic's errors into one readable line."""
+    """Build a Config, turning pydantic's errors into readable lines, one per problem."""
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(_describe(err, data)) from None
+        raise ConfigError(*dict.fromkeys(_describe(err))) from None
 
 
-def _describe(err: ValidationError, data: dict[str, Any]) -> str:
+def _describe(err: ValidationError) -> list[str]:
     messages = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
@@ -135,8 +146,7 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> str:
                             f"in UTF-8")
         else:
             messages.append(f"{loc} ({quote(e['input'])}): {e['msg'].lower()}")
-    more = f" (and {len(messages) - 1} more)" if len(messages) > 1 else ""
-    return messages[0] + more
+    return messages
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

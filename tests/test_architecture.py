@@ -30,7 +30,7 @@ import pytest
 from tests.imports import file_imports, read_imports
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
-KERNEL = ["errors", "catalog", "yamlfile", "schema", "overrides", "config"]  # bottom to top; no torch
+KERNEL = ["errors", "catalog", "yamlfile", "schema", "overrides", "config"]  # bottom up; no torch
 FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules

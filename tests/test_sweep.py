@@ -25,7 +25,7 @@ from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.rundir import read_summary
 from minitfm.run.threads import cores
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, given_once, run_cli
 
 FAST = [*TINY, "train.steps=20", "train.eval_every=0", "log.tensorboard=false"]
 GRID = ["model.positional=sinusoidal,rope", "--seeds", "0,1"]
@@ -149,8 +149,9 @@ def sweep_process(cmd: list[str]):
 @pytest.mark.skipif(cores() < 2, reason="two jobs at once need two cores")
 def test_ctrl_c_stops_every_job_with_a_checkpoint_then_sigterm_stops_the_resume(tmp_path):
     out = tmp_path / "sw"
-    cmd = [sys.executable, "-m", "minitfm", "sweep", *LONG, "--seeds", "0,1", "--jobs", "2",
-           "--out", str(out), "--eval-samples", "20"]
+    cmd = [sys.executable, "-m", "minitfm", *given_once(["sweep", *LONG, "--seeds", "0,1",
+                                                         "--jobs", "2", "--out", out,
+                                                         "--eval-samples", "20"])]
     checkpoints = [out / f"seed={s}" / "checkpoints" / "last.pt" for s in (0, 1)]
     with sweep_process(cmd) as proc:
         wait_for(proc, lambda: all(p.exists() for p in checkpoints))

@@ -6,9 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 import yaml
 
 from minitfm import __version__
+from minitfm.app.cli import app
 from minitfm.config import load_config
 from tests.helpers import assert_clean_error, command_names, run_cli
 
@@ -73,6 +75,23 @@ def test_a_subcommands_usage_mistake_points_at_its_whole_command():
 ])
 def test_an_option_that_is_a_config_key_points_to_key_value(args, needle):
     assert_clean_error(run_cli(*args), 2, needle, f"(see 'minitfm {args[0]} --help')")
+
+
+def test_help_texts_keep_their_brackets():
+    """Typer shows help as Rich markup, which reads `[ray]` as a style and drops it (`sweep
+    --help` said `pip install 'minitfm'`): every command's and option's help shows as written."""
+    from rich.text import Text
+
+    def walk(command, name="minitfm"):
+        yield name, command
+        for sub, found in getattr(command, "commands", {}).items():
+            yield from walk(found, f"{name} {sub}")
+
+    for name, command in walk(typer.main.get_command(app)):
+        for text in [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]:
+            assert Text.from_markup(text).plain == text.replace("\\[", "["), (name, text)
+    help_text = " ".join(run_cli("sweep", "--help").stdout.replace("│", " ").split())
+    assert "pip install 'minitfm[ray]'" in help_text
 
 
 def test_help_loads_no_torch_and_no_private_module():

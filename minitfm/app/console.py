@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
@@ -241,11 +242,12 @@ def key_for_option(err: typer.TyperException, args: list[str]) -> str | None:
 
 def option(options: type, name: str):
     """The typer.Option of the field `name` of a command's options (`lab/options.py`), where
-    its default, bounds and help are stated."""
+    its default, bounds and help are stated: plain text, which the help shows as written (its
+    `[ray]` escaped, which Rich would read as a style and drop)."""
     spec = option_field(options, name)
     meta, cli = spec.metadata, spec.metadata["cli"]
     return typer.Option(spec.default, *cli.get("flags", ()), min=meta["low"], max=meta["high"],
-                        metavar=cli.get("metavar"), help=meta["help"])
+                        metavar=cli.get("metavar"), help=escape(meta["help"]))
 
 
 def run_argument():

@@ -346,6 +346,9 @@ def test_stacks_are_cut_by_shape_by_jobs_and_by_memory(monkeypatch):
     cut = stacks.plan_stacks(runs, parallel=1)
     assert [[r.id for r in s] for s in cut] == [[r.id for r in runs[:4]], [r.id for r in runs[4:]]]
     assert [len(s) for s in stacks.plan_stacks(runs, parallel=2)] == [2, 2, 2, 2]
+    # two runs or more a stack where a shape has them: fewer jobs than asked beat none stacked
+    assert [len(s) for s in stacks.plan_stacks(runs, parallel=4)] == [2, 2, 2, 2]
+    assert [len(s) for s in stacks.plan_stacks([*runs[:3], runs[4]], parallel=2)] == [2, 1, 1]
     per_run = sum(size for _, _, size in stacks.training_parts(runs[0].cfg))
     monkeypatch.setattr(stacks, "available_bytes",
                         lambda: stacks.PROCESS_BYTES + 3 * per_run + per_run // 2)

@@ -82,7 +82,7 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")
         key, text = split
-        if key == "seed" and ".." in text and item in items:  # a range is --seeds' to read
+        if key == "seed" and ".." in text:  # a range of seeds is --seeds' to read
             raise ConfigError(f"{item}: seed= takes seeds one by one (seed=0,1,2); give a "
                               f"range as --seeds {text.strip()}")
         if key == "threads":

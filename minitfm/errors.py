@@ -67,6 +67,10 @@ class MinitfmError(Exception):
 
     exit_code = 2
 
+    def problems(self) -> list[str]:
+        """What is wrong, one problem a line: the message (a ConfigError may hold several)."""
+        return [str(self)]
+
     def spelled(self, spelling: Mapping[str, str]) -> "MinitfmError":
         """This error, the options its message names spelled by the face about to show it."""
         if self.args and isinstance(self.args[0], str):
@@ -75,7 +79,20 @@ class MinitfmError(Exception):
 
 
 class ConfigError(MinitfmError):
-    """The YAML config or a key=value override is wrong."""
+    """The YAML config or a key=value override is wrong: one problem, or several at once (a
+    file with two wrong keys), each a line of its own on the command line (`problems`); the
+    message joins them with '; '."""
+
+    def __init__(self, *problems: str):
+        super().__init__("; ".join(problems))
+        self.several = list(problems)
+
+    def problems(self) -> list[str]:
+        return self.several if len(self.several) > 1 else [str(self)]
+
+    def spelled(self, spelling: Mapping[str, str]) -> "ConfigError":
+        self.several = [spell(problem, spelling) for problem in self.several]
+        return super().spelled(spelling)
 
 
 class TaskInputError(MinitfmError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -34,9 +35,32 @@ def command_names() -> list[str]:
         [info.name for info in app.registered_groups]
 
 
-def run_cli(*args: str, input: str | None = None):
-    """Invoke the CLI in-process; stdout and stderr are kept apart."""
-    return CliRunner().invoke(app, [str(a) for a in args], input=input)
+KEY_VALUE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=")  # a config key's KEY=VALUE (not a path)
+
+
+def once(items) -> list[str]:
+    """`items` with each KEY=VALUE key given once, at its last place with its last value (other
+    items as they are). The tests write a run's settings as TINY (QUICK, ...) followed by the
+    keys they change, as a config file and its overrides would be; `train` and `sweep` refuse a
+    key given twice on their command line."""
+    items = [str(item) for item in items]
+    keys = [found.group() if (found := KEY_VALUE.match(item)) else None for item in items]
+    return [item for i, (item, key) in enumerate(zip(items, keys))
+            if key is None or key not in keys[i + 1:]]
+
+
+def given_once(args) -> list[str]:
+    """A `train` or `sweep` command line with each key given once (`once`); another command's
+    as it is. A test of the refusal invokes the command as typed: `run_cli(..., as_typed=True)`."""
+    args = [str(a) for a in args]
+    return once(args) if args and args[0] in ("train", "sweep") else args
+
+
+def run_cli(*args: str, input: str | None = None, as_typed: bool = False):
+    """Invoke the CLI in-process; stdout and stderr are kept apart. Each key given once
+    (`given_once`) unless `as_typed`."""
+    argv = [str(a) for a in args] if as_typed else given_once(args)
+    return CliRunner().invoke(app, argv, input=input)
 
 
 def assert_clean_error(result, code: int, *needles: str) -> None:
@@ -47,6 +71,17 @@ def assert_clean_error(result, code: int, *needles: str) -> None:
     assert message.startswith("error: ") and "\n" not in message, message
     for needle in needles:
         assert needle in message, (needle, message)
+
+
+def assert_clean_errors(result, code: int, *needles: str) -> None:
+    """Exit `code`, no traceback, stderr a line per problem, each `error: ...`: as many lines
+    as `needles`, the i-th naming the i-th (a config with several mistakes says them all)."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == len(needles), result.stderr
+    for line, needle in zip(lines, needles):
+        assert line.startswith("error: ") and needle in line, (needle, line)
 
 
 def assert_error_line(result, code: int, *needles: str) -> None:

@@ -1,6 +1,7 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
-    app → lab → run → learn → fast → book → tasks → kernel (config → yamlfile, catalog → errors)
+    app → lab → run → learn → fast → book → tasks → kernel (config → overrides → schema →
+    yamlfile, catalog → errors)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, and relative ones resolved (tests/imports.py), so neither a
@@ -29,7 +30,7 @@ import pytest
 from tests.imports import file_imports, read_imports
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
-KERNEL = ["errors", "catalog", "yamlfile", "config"]  # bottom to top; no torch
+KERNEL = ["errors", "catalog", "yamlfile", "schema", "overrides", "config"]  # bottom up; no torch
 FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules

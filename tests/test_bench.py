@@ -31,7 +31,7 @@ from minitfm.lab.measure.reference import TRAINERS
 from minitfm.run.memory import peak_rss_mb
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
-from tests.helpers import TINY, assert_clean_error, missing, run_cli
+from tests.helpers import TINY, assert_clean_error, missing, once, run_cli
 
 
 def test_reference_has_the_same_parameter_count_but_torch_extra_final_norms():
@@ -177,7 +177,7 @@ def test_peak_rss_is_the_childs_own_not_this_process():
     ballast = torch.ones(2**28)  # 1 GiB, touched
     assert peak_rss_mb() > 1024
     # On the CPU: a CUDA child holds the CUDA runtime too (1.4 GB measured on an H100 machine).
-    run = train_subprocess([*TINY, "train.steps=5", "train.eval_every=0", "device=cpu"])
+    run = train_subprocess(once([*TINY, "train.steps=5", "train.eval_every=0", "device=cpu"]))
     assert 50 < run["peak_rss_mb"] < 1024
     del ballast
 

@@ -6,11 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 import yaml
 
 from minitfm import __version__
+from minitfm.app.cli import app
 from minitfm.config import load_config
-from tests.helpers import assert_clean_error, command_names, run_cli
+from tests.helpers import assert_clean_error, assert_clean_errors, command_names, run_cli
 
 ROOT = Path(__file__).parent.parent
 COMMANDS = command_names()
@@ -73,6 +75,23 @@ def test_a_subcommands_usage_mistake_points_at_its_whole_command():
 ])
 def test_an_option_that_is_a_config_key_points_to_key_value(args, needle):
     assert_clean_error(run_cli(*args), 2, needle, f"(see 'minitfm {args[0]} --help')")
+
+
+def test_help_texts_keep_their_brackets():
+    """Typer shows help as Rich markup, which reads `[ray]` as a style and drops it (`sweep
+    --help` said `pip install 'minitfm'`): every command's and option's help shows as written."""
+    from rich.text import Text
+
+    def walk(command, name="minitfm"):
+        yield name, command
+        for sub, found in getattr(command, "commands", {}).items():
+            yield from walk(found, f"{name} {sub}")
+
+    for name, command in walk(typer.main.get_command(app)):
+        for text in [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]:
+            assert Text.from_markup(text).plain == text.replace("\\[", "["), (name, text)
+    help_text = " ".join(run_cli("sweep", "--help").stdout.replace("│", " ").split())
+    assert "pip install 'minitfm[ray]'" in help_text
 
 
 def test_help_loads_no_torch_and_no_private_module():
@@ -246,6 +265,37 @@ def test_an_option_given_twice_is_one_line_not_the_last_one_kept(args, needle):
     """Click keeps the last of an option given twice, silently: `--threads 1 --threads 2`
     ran with 2. Refused before anything runs; an option that takes several is not counted."""
     assert_clean_error(run_cli(*args), 2, needle)
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["train.steps=2", "train.steps=3"], ["train.steps is given twice (2, 3): give it once"]),
+    (["seed=1", "seed=2"], ["seed is given twice (1, 2): give it once"]),
+    (["seed=1", "train.lr=0.1", " seed =3", "train.lr=1e-2", "seed=1"],
+     ["seed is given 3 times (1, 3, 1)", "train.lr is given twice (0.1, 1e-2)"]),
+    (["--resume", "runs/nowhere", "train.steps=2", "train.steps=3"],
+     ["train.steps is given twice (2, 3)"]),
+])
+def test_a_config_key_given_twice_is_refused_not_the_last_one_kept(tmp_path, monkeypatch, args,
+                                                                   needles):
+    """L2: `train.steps=2 train.steps=3` trained 3 steps without a word; a problem a line."""
+    monkeypatch.chdir(tmp_path)
+    assert_clean_errors(run_cli("train", *args, as_typed=True), 2, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_mistake_of_a_config_is_said_at_once(tmp_path, monkeypatch):
+    """A line per problem (it said the first, `(and 1 more)`): the overrides' and the file's."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "two.yaml").write_text('train:\n  steps: "600"\n  learning_rate: 1\n')
+    assert_clean_errors(run_cli("train", "two.yaml"), 2, "train.steps ('600'): input should be a "
+                        "valid integer", "unknown config key 'train.learning_rate'")
+    assert_clean_errors(run_cli("train", "two.yaml", "model.d_modle=3", "model.dropout=2",
+                                "--print-config"), 2,
+                        "unknown config key 'model.d_modle' (did you mean 'model.d_model'?)",
+                        "model.dropout (2): input should be less than 1", "train.steps ('600')",
+                        "unknown config key 'train.learning_rate'")
+    assert_clean_error(run_cli("train", "model.dropout=2"), 2, "model.dropout (2)")  # one: a line
+    assert [p.name for p in tmp_path.iterdir()] == ["two.yaml"]
 
 
 def test_a_value_that_looks_like_an_option_is_no_second_option():

@@ -124,6 +124,18 @@ def test_bad_overrides_name_the_key(overrides, message):
     assert "\n" not in str(err.value)
 
 
+def test_a_config_with_several_mistakes_names_them_all():
+    """Every wrong override and key at once, a problem each (the command line prints a line
+    each); the message joins them."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["model.d_modle=64", "train.steps=abc", "model.dropout=1.5"])
+    assert err.value.problems() == [
+        "unknown config key 'model.d_modle' (did you mean 'model.d_model'?)",
+        "model.dropout (1.5): input should be less than 1",
+        "train.steps ('abc'): input should be a valid integer"]
+    assert str(err.value) == "; ".join(err.value.problems())
+
+
 BAD_FILES = [
     ("", "is empty"),
     ("- 1\n- 2\n", "must be a mapping"),
@@ -180,12 +192,14 @@ def test_config_imports_only_the_kernel():
     # The kernel: a config reads the same without torch and on any machine.
     imported = imported_modules(Path(__file__).parent.parent / "minitfm" / "config.py")
     assert {name for name in imported if name.split(".")[0] == "minitfm"} == \
-        {"minitfm.catalog", "minitfm.errors", "minitfm.yamlfile"}
+        {"minitfm.catalog", "minitfm.errors", "minitfm.overrides", "minitfm.schema",
+         "minitfm.yamlfile"}
     code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('minitfm', 'torch'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == ("['minitfm', 'minitfm.catalog', 'minitfm.config', "
-                                     "'minitfm.errors', 'minitfm.yamlfile']"), \
+                                     "'minitfm.errors', 'minitfm.overrides', 'minitfm.schema', "
+                                     "'minitfm.yamlfile']"), \
         result.stdout + result.stderr[-500:]
 
 

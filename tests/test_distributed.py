@@ -31,7 +31,7 @@ from minitfm.errors import MinitfmError
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.state import init_state
 from minitfm.tasks.base import make_batch
-from tests.helpers import TINY, run_cli
+from tests.helpers import TINY, given_once, run_cli
 
 pytestmark = pytest.mark.slow  # torchrun launches: several seconds each
 
@@ -107,9 +107,9 @@ def test_cli_under_torchrun_reports_once_and_stops_every_rank_on_sigterm(tmp_pat
     entry = ["--no-python", str(script)] if script.exists() else ["-m", "minitfm"]
     # device=cpu: two ranks on gloo anywhere (on a machine with one GPU, device auto would ask
     # for cuda:1 in rank 1, which minitfm refuses in one line; seen on an H100 machine)
-    proc = start(*entry, "train", *TINY, "train.steps=100000", "train.eval_every=0",
-                 "log.log_every=1", "log.tensorboard=false", "device=cpu", "--run-dir",
-                 str(run_dir))
+    proc = start(*entry, *given_once(["train", *TINY, "train.steps=100000", "train.eval_every=0",
+                                      "log.log_every=1", "log.tensorboard=false", "device=cpu",
+                                      "--run-dir", run_dir]))
     deadline = time.monotonic() + HANG_S
     log = run_dir / "metrics.jsonl"
     while not (log.exists() and len(log.read_text().splitlines()) >= 5):

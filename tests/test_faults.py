@@ -12,7 +12,7 @@ import torch
 
 from minitfm.errors import shown_path
 from minitfm.run.checkpoint import load_checkpoint
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, given_once, run_cli
 
 LONG = [*TINY, "train.steps=400", "train.eval_every=0", "train.target_exact_match=null",
         "log.log_every=1", "log.tensorboard=false", "train.checkpoint_every=5"]
@@ -21,7 +21,7 @@ LONG = [*TINY, "train.steps=400", "train.eval_every=0", "train.target_exact_matc
 def start_training(run_dir, *extra):
     """A real `python -m minitfm train` process, pinned to one thread."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "minitfm", "train", *LONG, *extra,
+    return subprocess.Popen([sys.executable, "-m", "minitfm", *given_once(["train", *LONG, *extra]),
                              "--run-dir", str(run_dir)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

@@ -25,7 +25,7 @@ from minitfm.app.api import train_run
 from minitfm.app.tables import printable, shell_quote
 from minitfm.config import load_config
 from minitfm.run.files import NotRegularFile, open_run_file
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, given_once, run_cli
 
 # 20 steps, evaluated (and attention recorded) at steps 10 and 20: about a second.
 FAST = [*[item for item in TINY if not item.startswith("log.attention_every")],
@@ -81,7 +81,7 @@ def minitfm(*args, prefix: tuple = (), env: dict | None = None,
             timeout: int = 120) -> subprocess.CompletedProcess:
     """A real `python -m minitfm` process (one thread), for what CliRunner cannot show."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.run([*prefix, sys.executable, "-m", "minitfm", *map(str, args)],
+    return subprocess.run([*prefix, sys.executable, "-m", "minitfm", *given_once(args)],
                           env=env, capture_output=True, timeout=timeout)
 
 

@@ -28,7 +28,7 @@ from minitfm.app.tables import bench_tables, heading_lines
 from minitfm.config import load_config
 from minitfm.errors import shown_path
 from minitfm.run.instruments import Started, Stepped, TrainLine
-from tests.helpers import TINY, command_names, run_cli
+from tests.helpers import TINY, command_names, given_once, run_cli
 from tests.imports import imported_modules, read_imports
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -45,7 +45,7 @@ def in_terminal(args: list, cwd=None, columns: int = 80, timeout: float = 120) -
            "OMP_NUM_THREADS": "1"}
     for name in ("NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
         env.pop(name, None)
-    proc = subprocess.Popen([sys.executable, "-m", "minitfm", *map(str, args)], stdin=child,
+    proc = subprocess.Popen([sys.executable, "-m", "minitfm", *given_once(args)], stdin=child,
                             stdout=child, stderr=child, env=env, close_fds=True, cwd=cwd)
     os.close(child)
     out, deadline = b"", time.monotonic() + timeout

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY, assert_clean_error, missing, run_cli
+from tests.helpers import TINY, assert_clean_error, given_once, missing, run_cli
 
 pytestmark = pytest.mark.slow  # a cluster of processes, and sweeps of them
 RAY = Path(sys.executable).parent / "ray"
@@ -140,8 +140,8 @@ def cluster(tmp_path, monkeypatch):
 
 
 def sweep_args(out: Path, seeds: str, *more: str) -> list[str]:
-    return ["sweep", *RUNS, "--seeds", seeds, "--threads", "1", "--eval-samples", "20",
-            "--out", str(out), *more]
+    return given_once(["sweep", *RUNS, "--seeds", seeds, "--threads", "1", "--eval-samples",
+                       "20", "--out", out, *more])
 
 
 def rows(folder: Path) -> dict[str, dict]:
@@ -271,7 +271,8 @@ def test_ctrl_c_of_the_driver_cancels_the_tasks_and_each_run_keeps_its_checkpoin
     out = tmp_path / "sw"
     grid = [*sweep_args(out, "0..1", "--on", "ray", "--ray-address", cluster.address),
             "train.steps=100000", "train.target_exact_match=null"]
-    proc = subprocess.Popen([sys.executable, "-m", "minitfm", *grid], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "minitfm", *given_once(grid)],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         checkpoints = [out / f"seed={s}" / "checkpoints" / "last.pt" for s in (0, 1)]

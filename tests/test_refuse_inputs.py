@@ -21,7 +21,7 @@ import torch
 from minitfm.config import load_config
 from minitfm.errors import ConfigError, Interrupted
 from minitfm.run.checkpoint import load_checkpoint
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, given_once, once, run_cli
 
 SHORT = [*TINY, "train.steps=20", "train.eval_every=0", "log.tensorboard=false"]
 
@@ -30,7 +30,7 @@ def minitfm(*args, stdin=None, preexec_fn=None, shell_suffix: str | None = None,
             timeout: int = 120) -> subprocess.CompletedProcess:
     """A real `python -m minitfm` process (one thread), for what CliRunner cannot show."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "minitfm", *map(str, args)]
+    command = [sys.executable, "-m", "minitfm", *given_once(args)]
     if shell_suffix is not None:  # redirections such as `<&-` or `| head -1`
         import shlex
         command = ["bash", "-c", f"{shlex.join(command)} {shell_suffix}"]
@@ -405,7 +405,7 @@ def test_a_signal_at_any_moment_of_start_up_is_one_line(tmp_path, pause_at, sign
     path = [str(hooks), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PAUSE_AT": pause_at,
            "PYTHONPATH": os.pathsep.join(path)}
-    proc = subprocess.Popen([sys.executable, "-m", "minitfm", "train", *SHORT, "--run-dir",
+    proc = subprocess.Popen([sys.executable, "-m", "minitfm", "train", *once(SHORT), "--run-dir",
                              tmp_path / "run"], env=env, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -158,12 +159,14 @@ def configs(extra: dict[int, list[str]]):
 
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
-    """Seeds 0..2 trained as one stack and alone: seeds 1 and 2 with their own lr and warmup,
-    seed 2 with a target it reaches early (it stops there while the others go on)."""
+    """Seeds 0..2 trained as one stack and alone: seeds 0 and 1 with their own lr and warmup,
+    seed 0 (the stack's first row) with a target it reaches early: it stops there while the
+    others go on, so that each later row's place among the rows still stepping is no longer
+    its row (a run handed another's figures would show)."""
     root = tmp_path_factory.mktemp("stack")
-    cfgs = configs({1: ["train.lr=2e-3", "train.warmup_steps=5"],
-                    2: ["train.lr=5e-3", "train.warmup_steps=5", "train.eval_every=10",
-                        "train.target_exact_match=0.1"]})
+    cfgs = configs({0: ["train.lr=8e-3", "train.warmup_steps=5", "train.eval_every=10",
+                        "train.target_exact_match=0.1"],
+                    1: ["train.lr=2e-3", "train.warmup_steps=5"]})
     said = []
     summaries = train_stack([StackMember(cfg, root / f"stacked{s}") for s, cfg in cfgs.items()],
                             lambda: [], said.append)
@@ -173,10 +176,10 @@ def three_runs(tmp_path_factory):
 
 
 def test_each_stacked_run_trains_as_its_run_alone(three_runs):
-    """Each run's logged training losses are its losses alone within LOSS_TOLERANCE, its
-    evaluations the same, its own lr schedule; the early-stopped run stops where it did alone."""
+    """Each run's logged training losses and gradient norms are its own alone within
+    LOSS_TOLERANCE, its evaluations the same, its own lr schedule; the early-stopped run stops
+    where it did alone, and the rows after it keep their own figures."""
     root, cfgs, summaries, said = three_runs
-    assert said == ["stack of 3 runs on cpu, 1 thread (1)"]
     for seed in cfgs:
         stacked, alone = metrics(root / f"stacked{seed}"), metrics(root / f"alone{seed}")
         assert [(r["step"], r["split"]) for r in stacked] == \
@@ -185,30 +188,57 @@ def test_each_stacked_run_trains_as_its_run_alone(three_runs):
             assert a["loss"] == pytest.approx(b["loss"], rel=LOSS_TOLERANCE), (seed, a, b)
             if a["split"] == "train":
                 assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
+                assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=LOSS_TOLERANCE), \
+                    (seed, a, b)
             else:
                 assert a["exact_match"] == pytest.approx(b["exact_match"], abs=0.02)
-    early = read_summary(root / "stacked2")
+    early = read_summary(root / "stacked0")
     assert early["status"] == "stopped at target" and early["step"] < STEPS
-    assert early["step"] == read_summary(root / "alone2")["step"] and early["stack"] == 3
-    assert [s["status"] for s in summaries] == ["finished", "finished", "stopped at target"]
+    assert early["step"] == read_summary(root / "alone0")["step"] and early["stack"] == 3
+    assert [s["status"] for s in summaries] == ["stopped at target", "finished", "finished"]
+    assert any(r["step"] > early["step"] for r in metrics(root / "stacked1"))
+
+
+def test_a_stacks_log_says_its_steps_time_left_and_each_runs_end(three_runs):
+    """A stack's log reads as a run's: a line at each train line (every log.log_every steps:
+    the steps, the runs still training, their losses and exact match, the time left), and a
+    line for each run as it ends, saying how, in the words `minitfm train` ends with."""
+    root, cfgs, summaries, said = three_runs
+    assert said[0] == "stack of 3 runs on cpu, 1 thread (1)"
+    progress = [re.fullmatch(r"step (\d+)/50: (\d) of 3 runs training, loss [\d.]+(-[\d.]+)?"
+                             r"(, exact match [\d.]+(-[\d.]+)?%)?(, about \d+ (s|min) left)?",
+                             line) for line in said[1:] if line.startswith("step ")]
+    assert all(progress), said
+    assert [int(found[1]) for found in progress] == list(range(10, STEPS + 1, 10))
+    assert all(found[6] for found in progress[:-1]) and not progress[-1][6]  # time left
+    early = read_summary(root / "stacked0")["step"]
+    assert [int(found[2]) for found in progress] == \
+        [3 if int(found[1]) < early else 2 for found in progress[:-1]] + [0]
+    ends = [line for line in said[1:] if not line.startswith("step ")]
+    assert ends == [f"stacked0: reached the 10% target at step {early} of {STEPS}, exact match "
+                    f"{summaries[0]['exact_match']:.1%}",
+                    *(f"stacked{s}: finished all {STEPS} steps (best exact match "
+                      f"{summaries[s]['best_exact_match']:.1%}, short of the 99% target)"
+                      for s in (1, 2))]
+    assert said.index(ends[0]) < len(said) - 3  # said as it ended, before the others went on
 
 
 def test_a_stacked_runs_directory_is_a_run_alone(three_runs):
     """The same files; checkpoints of one run's size, in the same format (`--resume` and the
     lab commands take them); the weights of the early-stopped run did not change after."""
     root, _, _, _ = three_runs
-    run_dir = root / "stacked2"
-    names = {p.name for p in (root / "alone2").iterdir()}
+    run_dir = root / "stacked0"
+    names = {p.name for p in (root / "alone0").iterdir()}
     assert {p.name for p in run_dir.iterdir()} == names
     last, alone = load_checkpoint(run_dir / "checkpoints" / "last.pt"), \
-        load_checkpoint(root / "alone2" / "checkpoints" / "last.pt")
+        load_checkpoint(root / "alone0" / "checkpoints" / "last.pt")
     assert last.keys() == alone.keys() and last["step"] == alone["step"]
     assert last["optimizer"]["exp_avg"].shape == alone["optimizer"]["exp_avg"].shape
-    sizes = [(d / "checkpoints" / "last.pt").stat().st_size for d in (run_dir, root / "alone2")]
+    sizes = [(d / "checkpoints" / "last.pt").stat().st_size for d in (run_dir, root / "alone0")]
     assert sizes[0] < 1.2 * sizes[1]  # a row's copy, not the whole stack
     best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
     assert all(torch.equal(best["model"][k], last["model"][k]) for k in last["model"])
-    result = run_cli("eval", root / "stacked0", "--checkpoint", "last", "--json", "--samples", "20")
+    result = run_cli("eval", root / "stacked1", "--checkpoint", "last", "--json", "--samples", "20")
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.stdout)["step"] == STEPS
 
@@ -217,7 +247,7 @@ def test_a_stacked_run_goes_on_alone_with_resume(three_runs, tmp_path):
     import shutil
 
     root, _, _, _ = three_runs
-    shutil.copytree(root / "stacked0", tmp_path / "run")
+    shutil.copytree(root / "stacked1", tmp_path / "run")
     result = run_cli("train", "--resume", tmp_path / "run", f"train.steps={STEPS + 10}")
     assert result.exit_code == 0, result.stderr
     assert read_summary(tmp_path / "run")["step"] == STEPS + 10
@@ -256,6 +286,25 @@ def test_ctrl_c_pauses_every_run_of_a_stack_and_the_same_call_goes_on_exactly(tm
         assert metrics(member.run_dir)[-1]["step"] == STEPS
         assert [r["loss"] for r in metrics(member.run_dir)] == \
             [r["loss"] for r in metrics(whole.run_dir)]
+
+
+def test_a_stacks_dropout_is_drawn_from_its_first_runs_seed(tmp_path):
+    """With dropout (vmap's "different" randomness: a mask per row), a stack draws from a stream
+    seeded by its first run: the stack trained twice gives the same losses, and its first run's
+    losses do not depend on the seed of the run beside it. (All sequences of one length, so
+    that the masks have one shape whatever the other row's batch.)"""
+    settings = [*SETTINGS, "model.dropout=0.1", "task.min_len=6", "train.steps=20"]
+
+    def stack(name: str, seeds: tuple[int, int]) -> list[list[float]]:
+        members = [StackMember(load_config(None, [*settings, f"seed={seed}"]),
+                               tmp_path / f"{name}{seed}") for seed in seeds]
+        train_stack(members, lambda: [], lambda text: None)
+        return [[r["loss"] for r in metrics(m.run_dir) if r["split"] == "train"]
+                for m in members]
+
+    first, again, beside = stack("a", (0, 1)), stack("b", (0, 1)), stack("c", (0, 2))
+    assert len(first[0]) == 2 and first == again
+    assert beside[0] == pytest.approx(first[0], rel=1e-6) and beside[1] != first[1]
 
 
 def test_runs_of_other_shapes_or_batches_never_share_a_stack(tmp_path):
@@ -297,6 +346,9 @@ def test_stacks_are_cut_by_shape_by_jobs_and_by_memory(monkeypatch):
     cut = stacks.plan_stacks(runs, parallel=1)
     assert [[r.id for r in s] for s in cut] == [[r.id for r in runs[:4]], [r.id for r in runs[4:]]]
     assert [len(s) for s in stacks.plan_stacks(runs, parallel=2)] == [2, 2, 2, 2]
+    # two runs or more a stack where a shape has them: fewer jobs than asked beat none stacked
+    assert [len(s) for s in stacks.plan_stacks(runs, parallel=4)] == [2, 2, 2, 2]
+    assert [len(s) for s in stacks.plan_stacks([*runs[:3], runs[4]], parallel=2)] == [2, 1, 1]
     per_run = sum(size for _, _, size in stacks.training_parts(runs[0].cfg))
     monkeypatch.setattr(stacks, "available_bytes",
                         lambda: stacks.PROCESS_BYTES + 3 * per_run + per_run // 2)

@@ -19,13 +19,13 @@ from minitfm.config import load_config, to_yaml
 from minitfm.errors import MinitfmError
 from minitfm.lab.many.grid import Grid, RunSpec, plan_runs, run_id
 from minitfm.lab.many.scheduler import Command, Job, open_result, stop_message
-from minitfm.lab.many.sweep import SweepLock, check_memory, prepare
+from minitfm.lab.many.sweep import SweepLock, check_memory, plan_line, prepare
 from minitfm.lab.options import SweepOptions
 from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.rundir import read_summary
 from minitfm.run.threads import cores
-from tests.helpers import TINY, assert_clean_error, run_cli
+from tests.helpers import TINY, assert_clean_error, assert_clean_errors, given_once, once, run_cli
 
 FAST = [*TINY, "train.steps=20", "train.eval_every=0", "log.tensorboard=false"]
 GRID = ["model.positional=sinusoidal,rope", "--seeds", "0,1"]
@@ -149,8 +149,9 @@ def sweep_process(cmd: list[str]):
 @pytest.mark.skipif(cores() < 2, reason="two jobs at once need two cores")
 def test_ctrl_c_stops_every_job_with_a_checkpoint_then_sigterm_stops_the_resume(tmp_path):
     out = tmp_path / "sw"
-    cmd = [sys.executable, "-m", "minitfm", "sweep", *LONG, "--seeds", "0,1", "--jobs", "2",
-           "--out", str(out), "--eval-samples", "20"]
+    cmd = [sys.executable, "-m", "minitfm", *given_once(["sweep", *LONG, "--seeds", "0,1",
+                                                         "--jobs", "2", "--out", out,
+                                                         "--eval-samples", "20"])]
     checkpoints = [out / f"seed={s}" / "checkpoints" / "last.pt" for s in (0, 1)]
     with sweep_process(cmd) as proc:
         wait_for(proc, lambda: all(p.exists() for p in checkpoints))
@@ -477,3 +478,128 @@ def test_a_swept_task_is_labelled_task_not_name():
     from minitfm.lab.many.runs import short_label
 
     assert short_label("task.name=copy, model.positional=rope") == "task=copy, positional=rope"
+
+
+# --- stacks: what the sweep does, and says it does (#55: adversarial M8, newcomer 3) ---
+
+def done(plan, stacked: bool) -> None:
+    """Each run of `plan` as a finished run that trained alone (or stacked), evaluated."""
+    for spec in plan.runs:
+        spec.run_dir.mkdir(parents=True)
+        summary = {"status": "finished", "step": 20, "steps": 20, **({"stack": 2} if stacked
+                                                                      else {})}
+        (spec.run_dir / "summary.json").write_text(json.dumps(summary))
+        (spec.run_dir / "eval-1-6.json").write_text('{"exact_match": 1.0, "per_length": {}}')
+
+
+def test_stack_with_as_many_jobs_as_runs_still_stacks_them_and_the_dry_run_agrees(tmp_path):
+    """`--stack --jobs 2` with two runs of one shape trained each alone and said "not stacked:
+    as asked (--stack)": a stack holds two runs or more, fewer jobs than asked; the dry run's
+    note says the same (its lines train each run alone: other schedulers take them)."""
+    out = tmp_path / "sw"
+    plan = prepare(None, [*once(FAST), "seed=0,1"], SweepOptions(jobs=2, stack=True, out=out))
+    assert [[spec.id for spec in stack] for stack in plan.stacks] == [["seed=0", "seed=1"]]
+    jobs = plan.jobs()
+    assert [[spec.id for spec in job.specs] for job in jobs] == [["seed=0", "seed=1"]]
+    assert plan_line(plan, jobs) == (
+        "2 runs (0 already done) in 1 stack of 2 runs, 1 at a time, 1 thread each; stacked: as "
+        "asked (--stack); 1 at a time rather than 2: a stack holds two runs or more")
+    dry = sweep(out, "seed=0,1", "--jobs", "2", "--stack", "--dry-run")
+    assert dry.exit_code == 0, dry.stderr
+    assert dry.stderr == ("note: these lines train each run alone; minitfm sweep itself would "
+                          "train them in 1 stack of 2 runs; stacked: as asked (--stack)\n")
+    assert [shlex.split(line)[4] for line in dry.stdout.splitlines()] == ["train", "train"]
+
+
+def test_stacks_the_memory_cannot_hold_are_said_so_never_as_asked(tmp_path, monkeypatch):
+    from minitfm.lab.many import stacks
+
+    runs, _ = plan_runs(Grid(None, [("seed", ["0", "1"])], once(FAST)), threads=1)
+    per_run = sum(size for _, _, size in limits.training_parts(runs[0].cfg))
+    monkeypatch.setattr(stacks, "available_bytes",
+                        lambda: 2 * (stacks.PROCESS_BYTES + per_run) + per_run // 2)
+    plan = prepare(None, [*once(FAST), "seed=0,1"], SweepOptions(jobs=2, stack=True,
+                                                                 out=tmp_path / "sw"))
+    assert plan.stacks == [] and len(plan.jobs()) == 2
+    assert plan_line(plan, plan.jobs()) == (
+        "2 runs (0 already done), 2 at a time, 1 thread each; not stacked: the memory holds one "
+        "run of each shape per job at 2 jobs at once; lower --jobs to make room for stacks")
+
+
+def test_a_finished_sweep_asked_to_stack_trains_nothing_again_and_says_so(tmp_path):
+    """`sweep --stack` of a finished sweep trained alone finds its folder (the same grid and
+    config) and reuses its runs: it says they were trained alone, that nothing is left to
+    stack, and how to get a stacked sweep; the other way round likewise."""
+    grid = [*once(FAST), "seed=0,1", f"log.dir={tmp_path}"]
+    plan = prepare(None, grid, SweepOptions(stack=True))
+    write_record(plan)
+    done(plan, stacked=False)
+    again = prepare(None, grid, SweepOptions(stack=True))
+    assert again.folder == plan.folder and again.stacks
+    jobs = again.jobs()
+    assert not any(job.commands for job in jobs)
+    assert plan_line(again, jobs) == (
+        "2 runs (2 already done, trained alone): nothing left to train, so nothing to stack; "
+        "to train them stacked, give a --name (a sweep folder of its own)")
+    alone = prepare(None, grid, SweepOptions(stack=False))
+    assert plan_line(alone, alone.jobs()) == "2 runs (2 already done): nothing left to train"
+    for spec in plan.runs:
+        (spec.run_dir / "summary.json").write_text('{"status": "finished", "stack": 2}')
+    assert plan_line(alone, alone.jobs()) == \
+        "2 runs (2 already done, trained stacked): nothing left to train"
+    assert plan_line(again, again.jobs()) == \
+        "2 runs (2 already done): nothing left to train, so nothing to stack"
+
+
+# --- mistakes of the grid: each key once, seeds as ranges, the words of a message (#55) ---
+
+@pytest.mark.parametrize("grid, needles", [
+    (["train.steps=20", "train.steps=20,30"],  # L3: fixed and swept
+     ["train.steps is given twice (20 and 20,30): give it once; to sweep it, list its values "
+      "in one item: train.steps=20,30"]),
+    (["seed=1", "seed=2"], ["seed is given twice (1, 2): give it once; to sweep it, list its "
+                            "values in one item: seed=1,2"]),
+    (["model.d_model=16", "model.d_model=32", "seed=0,1", "seed=2,3"],
+     ["model.d_model is given twice (16, 32)", "seed is given twice (0,1 and 2,3)"]),
+])
+def test_a_key_given_twice_in_a_grid_is_refused(tmp_path, monkeypatch, grid, needles):
+    """L2, L3: the last one won without a word (a swept value over a fixed one too)."""
+    monkeypatch.chdir(tmp_path)
+    assert_clean_errors(run_cli("sweep", "configs/copy.yaml", *grid, "--dry-run",
+                                as_typed=True), 2, *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--seeds", "0-7"], "--seeds ('0-7'): write a range as 0..7 (A..B, both ends included)"),
+    (["--seeds", "3,-2-5"], "write a range as -2..5"),
+    (["seed=0..7"], "seed=0..7: seed= takes seeds one by one (seed=0,1,2); give a range as "
+                    "--seeds 0..7"),
+    (["--seed", "0..7"], "no option --seed: give the seeds as --seeds 0..7"),
+])
+def test_a_range_of_seeds_written_otherwise_gets_the_hint_that_works(tmp_path, monkeypatch,
+                                                                    args, needle):
+    monkeypatch.chdir(tmp_path)
+    assert_clean_error(run_cli("sweep", *FAST, *args, "--dry-run"), 2, needle)
+    followed = run_cli("sweep", *FAST, "--seeds", "0..7", "--dry-run")  # the hint, followed
+    assert followed.exit_code == 0 and len(followed.stdout.splitlines()) == 8
+
+
+def test_a_grid_of_one_run_is_named_the_run(tmp_path, monkeypatch):
+    """A grid without values has one run, whose folder is `run`: "but the run 'run' learns"
+    read badly."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("sweep", *FAST, "model.positional=learned", "model.max_len=8",
+                     "--eval-lengths", "7..9", "--dry-run")
+    assert_clean_error(result, 2, "needs 10 positions but the run learns 8 (model.max_len)")
+
+
+def test_the_dry_run_says_what_skip_invalid_left_out(tmp_path):
+    """As the sweep itself does (`skipped (invalid) ...`), on stderr: stdout is the lines."""
+    result = sweep(tmp_path / "sw", "model.positional=none,rope", "model.random_positions=64",
+                   "--skip-invalid", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1 and "positional=rope" in result.stdout
+    assert result.stderr.startswith("note: skipped (invalid) positional=none: "
+                                    "model.random_positions (64) needs positions to randomize")
+    assert len(result.stderr.splitlines()) == 1

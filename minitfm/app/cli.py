@@ -14,6 +14,7 @@ import typer
 
 from minitfm import __version__
 from minitfm.app import compare, explain, predict, stacked
+from minitfm.app.arguments import split_config_args
 from minitfm.app.console import (
     App,
     OneLineErrors,
@@ -33,7 +34,6 @@ from minitfm.app.console import (
     run_argument,
     say,
     show,
-    split_config_args,
     threads_option,
     warn,
     widest,
@@ -116,9 +116,10 @@ def train_command(
                                      "written, the book's elsewhere (sets model.code)."),
 ) -> None:
     """Train a model on a synthetic task; Ctrl-C saves a checkpoint you can --resume."""
-    from minitfm.config import load_config, to_yaml
+    from minitfm.config import check_given_once, load_config, to_yaml
 
     config_path, overrides = split_config_args(args or [], allow_config=resume is None)
+    check_given_once(overrides)  # `train.steps=2 train.steps=3`: which one did you mean?
     if book is not None:  # a path as it is, not read as YAML
         overrides = [*overrides, ("model.code", str(book.resolve()))]
     if resume is not None:

@@ -5,8 +5,8 @@
 - help that reads plainly and usage mistakes as one line (`App`, `OneLineErrors`);
 - the options several commands share (RUN, --checkpoint, --threads, --json, --force), and those
   a command states in its options class (`option`, from `lab/options.py`);
-- arguments that need reading: a config before overrides, options that --over-training
-  leaves unused (a RUN before predict's inputs: `app/predict.py`);
+- options that --over-training leaves unused (the other arguments that need reading are
+  `app/arguments.py`'s);
 - one line per message (`fail`, `warn`, `note`, `say`), tables (`show`);
 - library errors as one line on stderr and their exit code (`clean_errors`): 0 success,
   1 runtime failure, 2 bad input, 130 interrupted by Ctrl-C, 143 by SIGTERM;
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
 from rich.table import Table
 from typer.core import TyperCommand, TyperGroup
 
@@ -231,6 +232,8 @@ def key_for_option(err: typer.TyperException, args: list[str]) -> str | None:
     if value is None and name in args[:-1]:
         after = args[args.index(name) + 1]
         value = None if after.startswith("--") else after
+    if keys == ["seed"] and ctx.info_name == "sweep":  # seed=0..7 is no seed: --seeds reads it
+        return f"no option {name}: give the seeds as --seeds {value or '0..7'}"
     shown = " or ".join(f"{key}={value or 'VALUE'}" for key in keys)
     return f"no option {name}: set it as {shown}" if keys else None
 
@@ -239,11 +242,12 @@ def key_for_option(err: typer.TyperException, args: list[str]) -> str | None:
 
 def option(options: type, name: str):
     """The typer.Option of the field `name` of a command's options (`lab/options.py`), where
-    its default, bounds and help are stated."""
+    its default, bounds and help are stated: plain text, which the help shows as written (its
+    `[ray]` escaped, which Rich would read as a style and drop)."""
     spec = option_field(options, name)
     meta, cli = spec.metadata, spec.metadata["cli"]
     return typer.Option(spec.default, *cli.get("flags", ()), min=meta["low"], max=meta["high"],
-                        metavar=cli.get("metavar"), help=meta["help"])
+                        metavar=cli.get("metavar"), help=escape(meta["help"]))
 
 
 def run_argument():
@@ -278,29 +282,7 @@ def force_option(replaced: str, what: str = "picture"):
                                                 f"minitfm wrote.")
 
 
-# --- arguments ---
-
-def split_config_args(args: list[str], allow_config: bool) -> tuple[str | None, list[str]]:
-    """`[CONFIG] [KEY=VALUE]...` -> (config path or None, overrides).
-
-    The first argument is the config when it has no `=`, names a file or ends in .yaml/.yml
-    (a folder such as `sweep/lr=0.001/config.yaml` may hold one)."""
-    first = args[0] if args else ""
-    if args and ("=" not in first or is_file(first) or first.endswith((".yaml", ".yml"))):
-        if not allow_config:
-            raise MinitfmError(f"{quote(first)}: with --resume the config comes from the run; "
-                               f"give only KEY=VALUE overrides")
-        return args[0], args[1:]
-    return None, args
-
-
-def is_file(text: str) -> bool:
-    """Whether `text` names a file."""
-    try:
-        return Path(text).is_file()
-    except OSError:  # a name too long to be a path is no file
-        return False
-
+# --- arguments (those that need reading: `app/arguments.py`) ---
 
 # What --over-training leaves unused: their defaults (a value the drawing agrees with, too).
 OVER_TRAINING_UNUSED = {"--input": (None,), "--kind": ("all", "cross"), "--head": (None,),
@@ -322,13 +304,14 @@ def check_over_training(over_training: bool, given: dict) -> None:
 
 # --- printing ---
 
-def fail(message: str, code: int = 2, kind: str = "error"):
+def fail(message: str | list[str], code: int = 2, kind: str = "error"):
     """Print one clean line on stderr (`error: ...`, or `interrupted: ...` when the user
-    stopped the command) and exit with `code`."""
-    line = printable(message)
-    if len(line) > MAX_ERROR_CHARS:
-        line = line[:MAX_ERROR_CHARS - 1] + "…"
-    err_console.print(f"{kind}: {line}", markup=False)
+    stopped the command), one per problem given a list of them, and exit with `code`."""
+    for text in [message] if isinstance(message, str) else message:
+        line = printable(text)
+        if len(line) > MAX_ERROR_CHARS:
+            line = line[:MAX_ERROR_CHARS - 1] + "…"
+        err_console.print(f"{kind}: {line}", markup=False)
     raise typer.Exit(code)
 
 
@@ -410,7 +393,7 @@ def clean_errors(command=None, *, uses_torch: bool = True):
         except MinitfmError as err:
             for line in getattr(err, "__notes__", ()):  # e.g. best.pt fell back to last.pt
                 note(line)
-            fail(str(err.spelled(CLI_OPTIONS)), err.exit_code)
+            fail(err.spelled(CLI_OPTIONS).problems(), err.exit_code)  # a line per problem
         except KeyboardInterrupt as err:
             if not from_signal(err):  # raised by code, not by a key: say so
                 fail("the code raised KeyboardInterrupt (no key was pressed): the command did "

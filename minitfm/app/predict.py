@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from minitfm.app.arguments import split_run_and_inputs, stdin_lines
 from minitfm.app.console import (
     App,
     Command,
@@ -118,30 +119,3 @@ def predict(
     if result.error is not None:
         sys.stdout.flush()  # the outputs before the bad input come first
         raise result.error
-
-
-def split_run_and_inputs(run: Path | None, inputs: list[str]) -> tuple[Path | None, list[str]]:
-    """`predict 3 1 4` has no RUN: a first word that is no existing path is an input, unless
-    it looks like a path (holds a '/' or ends in .pt): then it is a mistyped RUN."""
-    if run is not None and not run.exists():
-        if "/" in str(run) or run.suffix == ".pt":
-            raise MinitfmError(f"run {quote(str(run))} not found: give a run directory or a "
-                               f".pt file")
-        return None, [str(run), *inputs]
-    return run, inputs
-
-
-def stdin_lines() -> list[tuple[int, str]]:
-    """stdin's lines that are not blank, with their numbers: split at "\\n" only and read as a
-    pairs file's lines are (UTF-8, a trailing "\\r" and a first byte-order mark dropped), so a
-    symbol such as U+2028, "\\x1c" or a lone "\\r" stays inside its line."""
-    from minitfm.tasks.pairfiles import decode_line
-
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else \
-        sys.stdin.read().encode("utf-8", "surrogateescape")
-    lines = raw.split(b"\n")
-    if lines[-1] == b"":  # the newline that ends the last line starts no other
-        lines.pop()
-    read = [(n, decode_line(line, f"stdin line {n}", first=n == 1))
-            for n, line in enumerate(lines, 1)]
-    return [(n, text) for n, text in read if text.strip()]

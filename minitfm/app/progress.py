@@ -11,7 +11,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from minitfm.app.tables import printable, shell_quote
-from minitfm.errors import percent, shown_path
+from minitfm.errors import shown_path
 from minitfm.run.instruments import (
     Ended,
     Evaluation,
@@ -21,6 +21,7 @@ from minitfm.run.instruments import (
     Started,
     Stepped,
     TrainLine,
+    ending,
 )
 
 MIN_BAR = 10  # cells of bar kept at any width: the figures beside it give way first
@@ -256,22 +257,6 @@ def latest_exact_match(run_dir: Path, step: int) -> str:
     if not evals:
         return "-"
     return f"{evals[-1]['exact_match']:.1%} (step {evals[-1]['step']})"
-
-
-def ending(summary: dict, target: float | None) -> str:
-    """Why the run ended, in plain words."""
-    step, steps, status = summary["step"], summary["steps"], summary["status"]
-    if status == "stopped at target":
-        return f"reached the {percent(target)} target at step {step} of {steps}"
-    if status != "finished":
-        return f"{status} at step {step} of {steps}"
-    best = max(summary["best_exact_match"], 0)
-    if target is None:
-        return f"finished all {steps} steps"
-    if best >= target:  # at the last evaluation: the loop stops there either way
-        return f"finished all {steps} steps, reaching the {percent(target)} target"
-    return (f"finished all {steps} steps (best exact match {best:.1%}, short of the "
-            f"{percent(target)} target)")
 
 
 def summary_table(summary: dict) -> Table:

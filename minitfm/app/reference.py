@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     try:
         result = run(argv[0], argv[1:])
     except MinitfmError as error:
-        sys.stderr.write(f"error: {error}\n")
+        sys.stderr.write("".join(f"error: {problem}\n" for problem in error.problems()))
         return error.exit_code
     sys.stdout.write(to_json(result) + "\n")  # this process's only output, for the bench
     return 0

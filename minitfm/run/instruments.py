@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from minitfm.errors import percent
 from minitfm.run.files import append_metrics
 
 if TYPE_CHECKING:  # for annotations only: this module loads no torch
@@ -140,6 +141,23 @@ class Ended:
 
     hook: ClassVar[str] = "on_end"
     summary: dict[str, Any]
+
+
+def ending(summary: dict[str, Any], target: float | None) -> str:
+    """Why the run ended, in plain words, from its summary (`Ended`) and
+    train.target_exact_match."""
+    step, steps, status = summary["step"], summary["steps"], summary["status"]
+    if status == "stopped at target":
+        return f"reached the {percent(target)} target at step {step} of {steps}"
+    if status != "finished":
+        return f"{status} at step {step} of {steps}"
+    best = max(summary["best_exact_match"], 0)
+    if target is None:
+        return f"finished all {steps} steps"
+    if best >= target:  # at the last evaluation: the loop stops there either way
+        return f"finished all {steps} steps, reaching the {percent(target)} target"
+    return (f"finished all {steps} steps (best exact match {best:.1%}, short of the "
+            f"{percent(target)} target)")
 
 
 class Instrument:

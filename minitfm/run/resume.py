@@ -181,13 +181,14 @@ def config_edits(saved: dict[str, Any], checkpoint: Path | None) -> list[tuple[s
     try:
         data = read_yaml(path)
     except ConfigError as err:
-        raise ConfigError(f"{err} (read on resume: fix the file, {instead})") from None
+        raise ConfigError(*(f"{problem} (read on resume: fix the file, {instead})"
+                            for problem in err.problems())) from None
     resolve_data_paths(data, path.parent)  # as load_config reads a config file
     try:
         stated = validate(data).model_dump()
     except ConfigError as err:
-        raise ConfigError(f"run config '{path}' (read on resume): {err}; fix the file, "
-                          f"{instead}") from None
+        raise ConfigError(*(f"run config '{path}' (read on resume): {problem}; fix the file, "
+                            f"{instead}" for problem in err.problems())) from None
     before = validate(saved).model_dump()  # every key, also one an older checkpoint lacks
     changed = [(key, lookup(before, key), lookup(stated, key)) for key in stated_keys(data)]
     return [(key, old, new) for key, old, new in changed if old != new]

@@ -13,6 +13,7 @@ each with its last.pt, and the same command goes on from them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -36,7 +37,15 @@ from minitfm.fast.stack import (
 from minitfm.learn.code import is_workbook
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.devices import pick_device
-from minitfm.run.instruments import Instrument, MetricsFile, Note, closing, tell
+from minitfm.run.instruments import (
+    Instrument,
+    MetricsFile,
+    Note,
+    TrainLine,
+    closing,
+    ending,
+    tell,
+)
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.resume import restore, resume_config
 from minitfm.run.rundir import open_run_dir, write_failure
@@ -70,6 +79,12 @@ class RunInStack(Training):
         super().__init__(*args, **kwargs)
         self.size = 1  # runs in the stack, for the summary
         self.ready: dict[str, Any] = {}  # "check": predictions, "eval": an EvalResult
+        self.line: TrainLine | None = None  # the latest train line, for the stack's own line
+
+    def tell(self, event: Any) -> None:
+        if isinstance(event, TrainLine):
+            self.line = event
+        super().tell(event)
 
     def measure(self, pairs: list):
         return self.ready.pop("eval") if "eval" in self.ready else super().measure(pairs)
@@ -110,7 +125,7 @@ def train_stack(members: Sequence[StackMember], instruments: Callable[[], list[I
         check_shared([run.state.cfg for run in runs], [m.run_dir for m in members])
         say(f"stack of {len(runs)} runs on {device.type}, {claim.describe()}")
         try:
-            summaries = Stacked(runs, device, StackStop(stop)).run()
+            summaries = Stacked(runs, device, StackStop(stop), say).run()
         except OSError as err:  # a full disk: every run keeps the checkpoints it had saved
             where = next((m.run_dir for m in members
                           if str(err.filename or "").startswith(str(m.run_dir))),
@@ -176,10 +191,13 @@ class StackStop:
 
 class Stacked:
     """The stack's loop: every running run steps, then each does its own work (`Training`'s
-    events), the checks and evaluations due decoded together first."""
+    events), the checks and evaluations due decoded together first. It says a line of its own
+    at each train line (the runs' steps, losses, exact match, and the time left) and one per
+    run as the run ends (`say`): a stack's log reads as a run's does."""
 
-    def __init__(self, runs: list[RunInStack], device: torch.device, stop: StackStop):
-        self.runs, self.device, self.stop = runs, device, stop
+    def __init__(self, runs: list[RunInStack], device: torch.device, stop: StackStop,
+                 say: Callable[[str], None]):
+        self.runs, self.device, self.stop, self.say = runs, device, stop, say
         for run in runs:
             run.size = len(runs)
             run.stop = stop  # one signal pauses every run
@@ -197,6 +215,7 @@ class Stacked:
         self.running = [run.state.step < run.state.cfg.train.steps for run in runs]
         torch.manual_seed(cfg.seed)  # the stack's dropout stream (see fast/stack.py)
         self.summaries: list[dict[str, Any] | None] = [None] * len(runs)
+        self.started, self.steps = time.perf_counter(), 0  # the stack's clock and steps
 
     def run(self) -> list[dict[str, Any]]:
         """Step until every run has ended; each run's summary."""
@@ -214,8 +233,33 @@ class Stacked:
                 asked[row] or due(self.runs[row].state.step,
                                   self.runs[row].state.cfg.train.eval_every))]
             self.prefetch("eval", evaluate)
+            self.steps += 1
             self.after_evaluations(list(asked), evaluate)
         return [s for s in self.summaries if s is not None]
+
+    def progress(self, rows: list[int], ending: set[int]) -> None:
+        """The stack's line when runs of `rows` (those stepped just now; `ending` at this step)
+        wrote a train line:
+        `step 50/280: 4 of 4 runs training, loss 1.0153-1.2231, exact match 2.5-4.5%, about
+        3 min left` (time left: at the stack's pace so far, to the end of the longest run)."""
+        lined = [self.runs[row] for row in rows
+                 if self.runs[row].line is not None
+                 and self.runs[row].line.step == self.runs[row].state.step]
+        if not lined:
+            return
+        going = [run for row, run in enumerate(self.runs) if self.running[row]
+                 and row not in ending]
+        exact = [run.evaluated[1].exact_match * 100 for run in lined if run.evaluated]
+        parts = [f"step {span([r.state.step for r in lined])}/"
+                 f"{span([r.state.cfg.train.steps for r in lined])}: {len(going)} of "
+                 f"{len(self.runs)} runs training",
+                 f"loss {span([r.line.loss for r in lined], '.4f')}",
+                 *([f"exact match {span(exact, '.1f')}%"] if exact else [])]
+        left = max((r.state.cfg.train.steps - r.state.step for r in going), default=0)
+        if left:
+            seconds = (time.perf_counter() - self.started) / self.steps * left
+            parts.append(f"about {time_left(seconds)} left")
+        self.say(", ".join(parts))
 
     def check_args(self, row: int) -> tuple:
         state = self.runs[row].state
@@ -274,20 +318,28 @@ class Stacked:
         self.prefetch("eval", [row for row, how in ending if how == "finished"
                                and (self.runs[row].evaluated or (None,))[0]
                                != self.runs[row].state.step])
+        self.progress(rows, {row for row, _ in ending})  # the step's line, then the ends'
         for row, how in ending:
             self.end(row, how)
 
     def end(self, row: int, how: str) -> None:
-        """The run's end: pause or finish (its final evaluation, snapshot, last.pt)."""
+        """The run's end: pause or finish (its final evaluation, snapshot, last.pt); its line."""
         self.running[row] = False
-        self.summaries[row] = self.runs[row].end(how)
+        run = self.runs[row]
+        summary = self.summaries[row] = run.end(how)
+        words = ending(summary, run.state.cfg.train.target_exact_match)
+        if "exact match" not in words and "exact_match" in summary:  # its last evaluation's
+            words += f", exact match {summary['exact_match']:.1%}"
+        self.say(f"{run.run_dir.name}: {words}")
 
     def failed(self, row: int, err: RunFailed) -> None:
-        """A non-finite loss: the run's status says so; the others go on."""
+        """A non-finite loss: the run's status says so (and its line); the others go on."""
         self.running[row] = False
-        self.runs[row].fail(err)
-        self.summaries[row] = {"run_dir": str(self.runs[row].run_dir), "status": "failed",
+        run = self.runs[row]
+        run.fail(err)
+        self.summaries[row] = {"run_dir": str(run.run_dir), "status": "failed",
                                "error": str(err)}
+        self.say(f"{run.run_dir.name}: failed at step {run.state.step}: {err}")
 
     def prefetch(self, kind: str, rows: list[int]) -> None:
         """Decode the checks ("check") or evaluations ("eval") of `rows` together; each run
@@ -304,3 +356,17 @@ class Stacked:
                                   self.device)
         for run, result in zip(runs, found):
             run.ready[kind] = result
+
+
+def span(values: list[float], spec: str = "") -> str:
+    """`3` for values all alike, else `1-3`: the range of the runs' figures, each as `spec`."""
+    low, high = format(min(values), spec), format(max(values), spec)
+    return low if low == high else f"{low}-{high}"
+
+
+def time_left(seconds: float) -> str:
+    """`40 s`, `3 min`, `2 h 5 min`: a log line's time left, as precise as an estimate is."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60} min"

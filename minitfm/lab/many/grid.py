@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from minitfm.catalog import TASKS, Shortfall, position_shortfall
-from minitfm.config import Config, load_config, parse_override, split_key_value
+from minitfm.config import (
+    Config,
+    check_given_once,
+    load_config,
+    parse_override,
+    split_key_value,
+)
 from minitfm.errors import ConfigError, MinitfmError, quote
 from minitfm.lab.many.runs import short_names
 from minitfm.lab.options import MAX_LEN as MAX_EVAL_LEN  # `minitfm eval --max-len`'s bound
@@ -52,6 +58,12 @@ class RunSpec:
     run_dir: Path = Path()  # set once the sweep folder is chosen
 
     @property
+    def named(self) -> str:
+        """The run as a message names it: `the run 'seed=0'`; `the run` in a grid of one run
+        (no values of its own: its folder is `run`)."""
+        return f"the run {quote(self.id)}" if self.choice else "the run"
+
+    @property
     def label(self) -> str:
         """The configuration this run belongs to: its choice without the seed."""
         return ", ".join(f"{k}={v}" for k, v in self.choice.items() if k != "seed") or "all"
@@ -59,6 +71,7 @@ class RunSpec:
 
 def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
     """`KEY=V1,V2` items (and `--seeds`) -> (swept keys with their values, fixed overrides)."""
+    check_given_once(items, sweep=True)  # fixed twice, swept twice, or both: which is meant?
     swept, fixed = [], []
     for item in [*items, *([f"seed={parse_seeds(seeds)}"] if seeds is not None else [])]:
         split = split_key_value(item)
@@ -69,6 +82,9 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")
         key, text = split
+        if key == "seed" and ".." in text:  # a range of seeds is --seeds' to read
+            raise ConfigError(f"{item}: seed= takes seeds one by one (seed=0,1,2); give a "
+                              f"range as --seeds {text.strip()}")
         if key == "threads":
             raise ConfigError(f"grid item '{item}': sweep sets threads per job; use --threads N "
                               f"(and --jobs N)")
@@ -76,9 +92,6 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
         if not any(values) or (len(values) > 1 and not all(values)):
             raise ConfigError(f"grid item '{item}' has an empty value: give {key}=V1,V2,... "
                               f"(null for None)")
-        if key in dict(swept):  # a fixed value given again is overridden, as in `train`
-            raise ConfigError(f"grid key '{key}' is swept twice: list all its values in one "
-                              f"item, {key}=A,B")
         if len(values) == 1:
             fixed.append(f"{key}={values[0]}")
         else:
@@ -94,6 +107,10 @@ def parse_seeds(text: str) -> str:
     a range is written as `--eval-lengths` writes one, A..B with both ends included."""
     values = []
     for part in text.split(","):
+        dashed = re.fullmatch(r"\s*(-?\d+)\s*-\s*(-?\d+)\s*", part)
+        if dashed:  # `0-7`: a range written as another tool writes one
+            raise ConfigError(f"--seeds ({quote(text)}): write a range as {dashed[1]}..{dashed[2]} "
+                              f"(A..B, both ends included), not {quote(part.strip())}")
         if ".." not in part:
             values.append(part.strip())  # checked as a seed by the config, like seed=0,1
             continue
@@ -163,7 +180,8 @@ def plan_runs(grid: Grid, threads: int,
         except ConfigError as err:
             if not skip_invalid or not choice:
                 where = f" (in the run {run_id(choice)})" if choice else ""
-                raise ConfigError(f"{err}{where}") from None
+                raise ConfigError(*(f"{problem}{where}" for problem in err.problems())) \
+                    from None
             skipped.append(f"{run_id(choice)}: {err}")
             continue
         runs.append(RunSpec(run_id(choice), choice, overrides, cfg))

@@ -21,10 +21,10 @@ from minitfm.lab.children import python_module
 from minitfm.lab.many.grid import Grid, RunSpec, plan_runs
 from minitfm.lab.many.results import eval_path, eval_ranges
 from minitfm.lab.many.runs import read_record
-from minitfm.lab.many.scheduler import PROCESS_BYTES
+from minitfm.lab.many.scheduler import PROCESS_BYTES, Job
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.limits import available_bytes, check_fits, gpu_free_bytes, training_parts
-from minitfm.run.rundir import DONE, run_status
+from minitfm.run.rundir import DONE, read_summary, run_status
 from minitfm.run.stackable import stack_key
 
 
@@ -82,15 +82,47 @@ def groups(runs: list[RunSpec]) -> list[list[RunSpec]]:
 
 
 def plan_stacks(runs: list[RunSpec], parallel: int) -> list[list[RunSpec]]:
-    """The runs cut into stacks: each group of one shape into `parallel` stacks or more (as
-    many as run at once), each small enough that `parallel` of them fit in memory together."""
+    """The runs cut into stacks: each group of one shape into `parallel` stacks (as many as
+    run at once), yet two runs or more a stack where the group holds them (fewer jobs than
+    asked beat none stacked), each small enough that `parallel` of them fit in memory together
+    (a group where not even two fit is left in stacks of one: see `unstacked_why`)."""
     stacks = []
     for group in groups(runs):
         per_run = sum(size for _, _, size in training_parts(group[0].cfg))
         room = (available_bytes() // max(parallel, 1) - PROCESS_BYTES) // max(per_run, 1)
-        size = max(1, min(math.ceil(len(group) / parallel), room))
+        size = max(1, min(max(math.ceil(len(group) / parallel), 2), room))
         stacks += [group[i:i + size] for i in range(0, len(group), size)]
     return stacks
+
+
+def unstacked_why(parallel: int) -> str:
+    """Why stacks planned with `plan_stacks` hold one run each: the memory."""
+    if parallel > 1:
+        return (f"the memory holds one run of each shape per job at {parallel} jobs at once; "
+                f"lower --jobs to make room for stacks")
+    return "the memory holds one run of each shape at a time"
+
+
+def stacks_text(working: list[Job]) -> str:
+    """`in 2 stacks of 4 runs` (`... of 4 or 3 runs and 1 run alone`): the jobs left to run,
+    a stack each, or a run alone."""
+    stacks = [job for job in working if job.others]
+    sizes = " or ".join(map(str, sorted({len(job.specs) for job in stacks}, reverse=True)))
+    alone = len(working) - len(stacks)
+    rest = f" and {alone} run{'s' if alone > 1 else ''} alone" if alone else ""
+    return f"in {len(stacks)} stack{'s' if len(stacks) > 1 else ''} of {sizes} runs{rest}"
+
+
+def done_text(done: list[RunSpec], stacking: bool) -> str:
+    """`, trained alone` (`, 3 of them trained alone`): how the runs already done were
+    trained, where that is not how this sweep trains (stacked or not); else nothing."""
+    other = [spec for spec in done
+             if ("stack" in (read_summary(spec.run_dir) or {})) != stacking]
+    if not other:
+        return ""
+    how = "alone" if stacking else "stacked"
+    return f", trained {how}" if len(other) == len(done) else \
+        f", {len(other)} of them trained {how}"
 
 
 # --- the job: `minitfm stack FOLDER ID...` ---

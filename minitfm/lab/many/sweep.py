@@ -39,7 +39,14 @@ from minitfm.lab.many.grid import (
 from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write_results
 from minitfm.lab.many.runs import SWEEP_FILE, read_record
 from minitfm.lab.many.scheduler import PROCESS_BYTES, Command, Job, Scheduler, plan_job
-from minitfm.lab.many.stacks import choose_stacking, plan_stacks, stack_command
+from minitfm.lab.many.stacks import (
+    choose_stacking,
+    done_text,
+    plan_stacks,
+    stack_command,
+    stacks_text,
+    unstacked_why,
+)
 from minitfm.lab.options import SweepOptions
 from minitfm.run.files import (
     check_writable,
@@ -192,7 +199,7 @@ def check_evaluations(runs: list[RunSpec], ranges: list, samples: int) -> None:
             short = stated_shortfall(spec.cfg, hi)  # the trained range was checked with the grid
             if short is not None:
                 raise MinitfmError(f"--eval-lengths {lo}..{hi} needs {short.needed} positions but "
-                                   f"the run {quote(spec.id)} learns {spec.cfg.model.max_len} "
+                                   f"{spec.named} learns {spec.cfg.model.max_len} "
                                    f"(model.max_len): evaluate up to a shorter length, or "
                                    f"raise model.max_len")
             check_fits(decoding_parts(spec.cfg, samples, hi, EVAL_BATCH_SIZE, names),
@@ -219,24 +226,31 @@ class Plan:
     ray_address: str | None = None
 
     def notes(self, dry_run: bool = False) -> list[str]:
-        """What to say besides the plan: a new folder's reason; for `--dry-run`, that its lines
-        train each run alone where the sweep would stack them."""
-        stacked = [f"these lines train each run alone; minitfm sweep itself would stack them "
-                   f"({self.stacking})"] if dry_run and self.stacks else []
-        return [*([self.note] if self.note else []), *stacked]
+        """What to say besides the plan: a new folder's reason; for `--dry-run` (whose stdout is
+        its lines alone), the combinations it left out and, where the sweep would stack runs,
+        that its lines train each run alone."""
+        if not dry_run:
+            return [self.note] if self.note else []
+        skipped = [f"skipped (invalid) {reason}" for reason in self.skipped]
+        working = [job for job in self.jobs() if job.commands]
+        stacked = [f"these lines train each run alone; minitfm sweep itself would train them "
+                   f"{stacks_text(working)}; stacked: {self.stacking}"] \
+            if any(job.others for job in working) else []
+        return [*([self.note] if self.note else []), *skipped, *stacked]
 
     def record(self) -> dict[str, Any]:
         """What `sweep.json` holds: the grid and the base config."""
         return {"grid": self.grid.spec(), "base": self.base}
 
-    def jobs(self) -> list[Job]:
-        """What is left to do: a job per run, or per stack of runs that still have work."""
-        alone = [plan_job(self.grid, spec, self.ranges, self.threads, self.samples)
-                 for spec in self.runs]
-        if not self.stacks:
-            return alone
-        left = {job.spec.id: job for job in alone if job.commands}
-        jobs = [job for job in alone if not job.commands]  # done: nothing left
+    def jobs(self, alone: bool = False) -> list[Job]:
+        """What is left to do: a job per run, or per stack of runs that still have work (unless
+        `alone`: a job per run, as `--dry-run` prints them for any scheduler)."""
+        each = [plan_job(self.grid, spec, self.ranges, self.threads, self.samples)
+                for spec in self.runs]
+        if not self.stacks or alone:
+            return each
+        left = {job.spec.id: job for job in each if job.commands}
+        jobs = [job for job in each if not job.commands]  # done: nothing left
         for stack in self.stacks:
             specs = [spec for spec in stack if spec.id in left]
             if len(specs) == 1:  # a stack of one is a run alone
@@ -278,6 +292,8 @@ def prepare(config: str | None, items: list[str],
         spec.run_dir = folder / spec.id
     stacked, why = choose_stacking(runs, options.stack)
     stacks = plan_stacks(runs, 1 if options.on == "ray" else parallel) if stacked else []
+    if stacked and all(len(stack) < 2 for stack in stacks):
+        stacks, why = [], unstacked_why(parallel)
     return Plan(grid, runs, skipped, folder, parallel, per_job, ranges, samples, base, note,
                 stacks, why, options.on, options.ray_address)
 
@@ -298,15 +314,16 @@ def check_no_workbook(runs: list[RunSpec]) -> None:
     """A workbook's code is a folder on this machine: its runs train here only."""
     for spec in runs:
         if spec.cfg.model.code not in BUILT_IN_CODES:
-            raise MinitfmError(f"the run {quote(spec.id)} trains the workbook "
+            raise MinitfmError(f"{spec.named} trains the workbook "
                                f"{quote(spec.cfg.model.code)}, a folder of this machine: train "
                                f"a workbook's runs without --on ray")
 
 
 def dry_run_lines(plan: Plan) -> list[str]:
-    """One line of shell per run that still has work: its commands joined by &&."""
-    return [" && ".join(command.shell() for command in job.commands) for job in plan.jobs()
-            if job.commands]
+    """One line of shell per run that still has work: its commands joined by &&, each run
+    alone (a stack's `minitfm stack` reads the sweep.json that only the sweep writes)."""
+    return [" && ".join(command.shell() for command in job.commands)
+            for job in plan.jobs(alone=True) if job.commands]
 
 
 def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
@@ -334,19 +351,29 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
 
 def plan_line(plan: Plan, jobs: list[Job]) -> str:
     """What the sweep is about to do: `8 runs (0 already done), 2 at a time, 1 thread each`,
-    in stacks and on Ray as it will."""
-    done = sum(1 for job in jobs if not job.commands)
+    in stacks and on Ray as it will, and why it stacks or not, in words true of what it does:
+    runs already done are not trained again, however they were trained (it says how, where
+    that differs, and the way to a sweep of their own)."""
+    done = [job.spec for job in jobs if not job.commands]
     working = [job for job in jobs if job.commands]
+    ran = f"{len(plan.runs)} runs ({len(done)} already done{done_text(done, bool(plan.stacks))})"
+    if not working:
+        again = "; to train them stacked, give a --name (a sweep folder of its own)" \
+            if plan.stacks and done_text(done, True) else ""
+        return f"{ran}: nothing left to train{', so nothing to stack' if plan.stacks else ''}" \
+            f"{again}"
     unit = "CPU" if plan.on == "ray" else "thread"
     each = f"{plan.threads} {unit}{'s' if plan.threads > 1 else ''} each"
     at_once = "as Ray tasks" if plan.on == "ray" else \
-        f"{min(plan.parallel, len(working) or 1)} at a time"
+        f"{min(plan.parallel, len(working))} at a time"
     if any(job.others for job in working):
-        sizes = " or ".join(map(str, sorted({len(job.specs) for job in working}, reverse=True)))
-        return (f"{len(plan.runs)} runs ({done} already done) in {len(working)} stacks of "
-                f"{sizes} runs, {at_once}, {each}; stacked: {plan.stacking}")
-    stacking = f"; not stacked: {plan.stacking}" if plan.stacking else ""
-    return f"{len(jobs)} runs ({done} already done), {at_once}, {each}{stacking}"
+        cut = plan.on == "local" and len(plan.stacks) < min(plan.parallel, len(plan.runs))
+        fewer = f"; {len(working)} at a time rather than {plan.parallel}: a stack holds two " \
+                f"runs or more" if cut and len(working) < plan.parallel else ""
+        return (f"{ran} {stacks_text(working)}, {at_once}, {each}; stacked: {plan.stacking}"
+                f"{fewer}")
+    why = "each model shape has one run left to train" if plan.stacks else plan.stacking
+    return f"{ran}, {at_once}, {each}{f'; not stacked: {why}' if why else ''}"
 
 
 def launch_jobs(jobs: list[Job], plan: Plan, say: Callable[[str], None]) -> list[RunSpec]:

@@ -161,9 +161,10 @@ def scheduler_of(sweep: Path, ids: list[str]) -> tuple[onray.RayScheduler, list[
 
 
 def test_a_run_that_failed_on_ray_is_reported_failed_and_the_sweep_goes_on(sweep):
-    """An evaluation that exited 2, a task that raised, a run sent back broken: each `failed:`
-    in one line, as the local sweep says it; the good run is counted done."""
-    ids = ["r1", "r2", "r3", "r4"]
+    """An evaluation that exited 2, a task that raised, a run sent back broken, a result of
+    another minitfm: each `failed:` in one line, as the local sweep says it; the good run is
+    counted done."""
+    ids = ["r1", "r2", "r3", "r4", "r5"]
     for run_id in ids[1:]:
         (sweep / run_id).mkdir()
     (sweep / "r2.log").write_text("error: --samples (0) is below 1\n")
@@ -176,6 +177,7 @@ def test_a_run_that_failed_on_ray_is_reported_failed_and_the_sweep_goes_on(sweep
         error,
         {"node": "b", "mode": "copied", "exits": {"r4": 0},
          "runs": {"r4": archive(*good_run("r4"))}, "logs": {"r4": b""}},
+        {"node": "b", "mode": "shared"},  # run_work before it said each run's exit code
     ]
     for job, result in zip(jobs, results):
         scheduler.finish(job, result, stopping=False)
@@ -184,6 +186,8 @@ def test_a_run_that_failed_on_ray_is_reported_failed_and_the_sweep_goes_on(sweep
                       f"below 1", said
     assert said[2].startswith("failed: r3; its Ray task failed: TypeError: bad work"), said
     assert "TypeError: bad work" in (sweep / "r3.log").read_text()
-    assert said[3].startswith("[1/4] r4: finished at step 12"), said
-    assert [s.id for s in scheduler.failed] == ["r1", "r2", "r3"]
+    assert said[3].startswith("[1/5] r4: finished at step 12"), said
+    assert said[4] == "failed: r5; its Ray task sent back a result this minitfm does not " \
+                      "read: install the same minitfm on every node", said
+    assert [s.id for s in scheduler.failed] == ["r1", "r2", "r3", "r5"]
     assert (sweep / "r1" / "summary.json").read_text() == '{"status": "finished", "step": 4}'

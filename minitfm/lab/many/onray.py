@@ -31,6 +31,7 @@ and in `raycluster.py` (which joins the cluster) only, and only by `--on ray`.
 from __future__ import annotations
 
 import ctypes
+import re
 import secrets
 import signal
 import sys
@@ -122,21 +123,27 @@ class RayScheduler(Scheduler):
         try:
             return self.ray.get(ref), ""
         except Exception as err:  # noqa: BLE001 - Ray's errors, each said as it is
-            return None, str(err) or type(err).__name__
+            return None, re.sub(r"\x1b\[[0-9;]*m", "", str(err)) or type(err).__name__  # no colours
 
     def finish(self, job: Job, ref, stopping: bool) -> None:
         """Write what came back (runs trained without the shared folder), then report each of
         the job's runs as the local scheduler would."""
         result, error = self.result(ref)
-        if result is None:
-            if not stopping:  # a task cancelled by the stop: the sweep's last line says it
-                self.task_failed(job, error)
+        if result is None or not readable(result, job):
+            if stopping:  # a task cancelled by the stop: the sweep's last line says it
+                return
+            if result is None:
+                self.task_failed(job, f"its Ray task failed: {last_line(error)} (Ray's whole "
+                                      f"error is in {shown_path(job.log)})", error)
+            else:  # a node with another minitfm, say
+                self.task_failed(job, "its Ray task sent back a result this minitfm does not "
+                                      "read: install the same minitfm on every node")
             return
-        self.nodes.add(result["node"])
+        self.nodes.add(str(result.get("node")))
         self.modes.add(result["mode"])
         refused = {}
         for spec in job.specs:
-            if spec.id in result.get("runs", {}):
+            if result["mode"] == "copied":
                 try:
                     receive(spec, result["runs"][spec.id], result["logs"][spec.id])
                 except MinitfmError as err:  # this run fails; the others go on
@@ -154,15 +161,15 @@ class RayScheduler(Scheduler):
             else:  # done; or a stack's command failed: each run ended as its files say
                 self.ended(spec, job, code == 0 or run_status(spec.run_dir) in DONE)
 
-    def task_failed(self, job: Job, error: str) -> None:
-        """Report the runs of a job whose task failed as a task, with Ray's error (its last
-        line here; whole in the job's log)."""
-        with open_run_file(job.log, "a") as log:
-            log.write(f"minitfm sweep: the Ray task of this job failed:\n{error}\n")
+    def task_failed(self, job: Job, why: str, error: str = "") -> None:
+        """Report each run of a job whose task failed as a task (`why`); Ray's `error`, whole,
+        in the job's log."""
+        if error:
+            with open_run_file(job.log, "a") as log:
+                log.write(f"minitfm sweep: the Ray task of this job failed:\n{error}\n")
         for spec in job.specs:
             self.failed.append(spec)
-            self.say(f"failed: {spec.id}; its Ray task failed: {last_line(error)} (Ray's whole "
-                     f"error is in {shown_path(job.log)})")
+            self.say(f"failed: {spec.id}; {why}")
 
     def summary(self) -> str:
         """Which nodes ran the tasks and how their files came back."""
@@ -172,6 +179,19 @@ class RayScheduler(Scheduler):
         modes = [shared if mode == "shared" else copied for mode in sorted(self.modes)]
         return (f"on Ray: {len(self.nodes)} node{'s' * (len(self.nodes) != 1)} ran the jobs; "
                 f"run directories {' and '.join(modes) or 'none'}")
+
+
+def readable(result: Any, job: Job) -> bool:
+    """Whether a task's result is one `run_work` makes, for each of the job's runs (a node with
+    another minitfm may send another)."""
+    try:
+        copied = result["mode"] == "copied"
+        return result["mode"] in ("shared", "copied") and all(
+            type(result["exits"][spec.id]) is int and (not copied or (
+                isinstance(result["runs"][spec.id], bytes)
+                and isinstance(result["logs"][spec.id], bytes))) for spec in job.specs)
+    except (TypeError, KeyError):
+        return False
 
 
 def ray_jobs(jobs: list[Job], plan, token: str) -> dict[int, Work]:

@@ -38,9 +38,9 @@ ANSWER_S = 10  # how long Ray's client waits for a cluster's answer (its default
 PROBE_S = 90.0  # the deadline of the child that asks (it gives up by itself well before)
 TOKEN_ERROR = 3  # the child's exit code: the cluster refused this sweep's token
 NOT_RAY = 4  # the child's exit code: nothing there answers as a Ray cluster
-AUTH_HELP = ("set RAY_AUTH_MODE=token, and give the cluster's token (its head node's "
-             "~/.ray/auth_token) in ~/.ray/auth_token, in a file named by RAY_AUTH_TOKEN_PATH, "
-             "or in RAY_AUTH_TOKEN")
+NO_TOKEN = 5  # the child's exit code: RAY_AUTH_MODE is token, and no token is found here
+GIVE_TOKEN = ("give the cluster's token (its head node's ~/.ray/auth_token) in "
+              "~/.ray/auth_token, in a file named by RAY_AUTH_TOKEN_PATH, or in RAY_AUTH_TOKEN")
 
 
 def import_ray():
@@ -112,7 +112,11 @@ def ask_cluster(address: str) -> None:
     why = said.strip().splitlines()[-1] if said.strip() else f"exit {proc.returncode}"
     if proc.returncode == TOKEN_ERROR:
         raise MinitfmError(f"the Ray cluster at {quote(address)} uses token authentication and "
-                           f"refused this sweep ({why}): {AUTH_HELP}")
+                           f"refused this sweep ({why}): set RAY_AUTH_MODE=token, and "
+                           f"{GIVE_TOKEN}")
+    if proc.returncode == NO_TOKEN:
+        raise MinitfmError(f"RAY_AUTH_MODE is token, but no Ray token is found here for the "
+                           f"cluster at {quote(address)}: {GIVE_TOKEN}")
     if proc.returncode != 0:
         raise MinitfmError(f"nothing at {quote(address)} answers as a Ray cluster ({why}): "
                            f"check the address and port (ray start --head prints them)")
@@ -149,7 +153,8 @@ def last_line(text: str) -> str:
 
 def main(address: str) -> int:
     """In the child process: 0 when a Ray cluster answers at `address` and takes this process's
-    token; TOKEN_ERROR, NOT_RAY otherwise, with Ray's reason as the last line of stdout."""
+    token; else NO_TOKEN, TOKEN_ERROR or NOT_RAY, with Ray's reason as the last line of
+    stdout."""
     from ray._private.authentication.authentication_token_setup import (
         ensure_token_if_auth_enabled,
     )
@@ -158,6 +163,9 @@ def main(address: str) -> int:
 
     try:
         ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # as ray.init does
+    except AuthenticationError:
+        return NO_TOKEN
+    try:
         GcsClient(address=address)  # asks the cluster for its id: a Ray cluster answers
     except AuthenticationError as err:
         print(str(err.message).split(". ")[0].strip())

@@ -158,8 +158,8 @@ class RayScheduler(Scheduler):
                 self.say(f"failed: {spec.id}; {refused[spec.id]}")
             elif code != 0 and alone:
                 self.failed_with(spec, Job(spec, []).log, f" (exit {code})")
-            else:  # done; or a stack's command failed: each run ended as its files say
-                self.ended(spec, job, code == 0 or run_status(spec.run_dir) in DONE)
+            else:  # done, or a stack's command failed: each run ended as its files say
+                self.ended(spec, job, run_status(spec.run_dir) in DONE)
 
     def task_failed(self, job: Job, why: str, error: str = "") -> None:
         """Report each run of a job whose task failed as a task (`why`); Ray's `error`, whole,

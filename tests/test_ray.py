@@ -243,6 +243,14 @@ def test_an_unreachable_cluster_or_no_ray_is_one_line(tmp_path, monkeypatch):
     result = run_cli(*sweep_args(tmp_path / "sw", "0", "--on", "ray", "--ray-address",
                                  f"127.0.0.1:{port}"))
     assert_clean_error(result, 2, f"cannot reach the Ray cluster at '127.0.0.1:{port}'")
+    result = run_cli(*sweep_args(tmp_path / "sw", "0", "--on", "ray", "--ray-address",
+                                 "localhost"))  # no port
+    assert_clean_error(result, 2, "--ray-address ('localhost') is not HOST:PORT", "6379")
+    monkeypatch.setenv("RAY_ADDRESS", "localhost:port")
+    result = run_cli(*sweep_args(tmp_path / "sw", "0", "--on", "ray"))
+    assert_clean_error(result, 2, "RAY_ADDRESS ('localhost:port') is not HOST:PORT")
+    assert not (tmp_path / "sw").exists()
+    monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     result = run_cli(*sweep_args(tmp_path / "sw2", "0", "--on", "ray"))
     assert_clean_error(result, 2, "pip install 'minitfm[ray]'")

@@ -185,11 +185,12 @@ def readable(result: Any, job: Job) -> bool:
     """Whether a task's result is one `run_work` makes, for each of the job's runs (a node with
     another minitfm may send another)."""
     try:
-        copied = result["mode"] == "copied"
-        return result["mode"] in ("shared", "copied") and all(
-            type(result["exits"][spec.id]) is int and (not copied or (
-                isinstance(result["runs"][spec.id], bytes)
-                and isinstance(result["logs"][spec.id], bytes))) for spec in job.specs)
+        packed = ("runs", "logs") if result["mode"] == "copied" else ()
+        for spec in job.specs:
+            if type(result["exits"][spec.id]) is not int or \
+                    not all(isinstance(result[key][spec.id], bytes) for key in packed):
+                return False
+        return result["mode"] in ("shared", "copied")
     except (TypeError, KeyError):
         return False
 

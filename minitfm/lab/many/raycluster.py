@@ -53,11 +53,11 @@ def import_ray():
 
 
 def cluster_address(address: str | None) -> tuple[str | None, str]:
-    """The address to join (`--ray-address`, else $RAY_ADDRESS; None: start Ray here) and where
-    it came from, for messages."""
-    if address:
-        return address, "--ray-address"
-    return os.environ.get(ADDRESS_ENV) or None, ADDRESS_ENV
+    """The address to join (`--ray-address`, else $RAY_ADDRESS; None: start Ray here, as Ray
+    means by `local`) and where it came from, for messages."""
+    address, source = (address, "--ray-address") if address else \
+        (os.environ.get(ADDRESS_ENV), ADDRESS_ENV)
+    return (None if address in (None, "", "local") else address), source
 
 
 def check_cluster(address: str | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -79,7 +80,7 @@ class Node:
 def start_node(tmp: Path, *args: str, **env: str) -> Node:
     """A node started in `tmp/nodes` (its processes' working folder: nothing may be written
     there), with `env` added to this process's environment."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",  # RAY_AUTH_MODE: see `cluster`
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",  # RAY_AUTH_*: see `cluster`
            # a killed node is found dead within a few seconds (Ray's default: ~30 s)
            "RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "500",
            "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "0",
@@ -113,11 +114,13 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path, monkeypatch):
-    """Two nodes, one CPU each, on this machine; every process of both gone afterwards. On
-    loopback, without Ray's token authentication, for its nodes and drivers alike (with it,
-    each would need ~/.ray/auth_token, which an earlier `ray.init()` may or may not have made)."""
+    """Two nodes, one CPU each, on this machine; every process of both gone afterwards. With
+    Ray's token authentication, a token of its own given to its nodes and drivers alike by
+    RAY_AUTH_TOKEN (~/.ray is never read nor written): no one else's sweep can join it (one
+    that found it by `--ray-address auto` once wrote into the nodes' working folder)."""
     ray_or_skip()
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
     port = free_port()
     address = f"127.0.0.1:{port}"
     # Ray's sockets live in its temp folder, and a socket's path may have 107 bytes at most

@@ -11,30 +11,30 @@ Files, with or without a shared filesystem: a task first looks for a token the d
 the sweep folder. Where it finds it, the workers see the folder and write in place. Where not,
 the task trains in a folder of its own on its node, from the run's resolved config (a stack's
 runs one by one), and sends the run directory back through Ray's object store (at most
-`MAX_RETURN` bytes); the driver writes it into the sweep folder whole. Each task says which it
-did, and the sweep says so at the end.
+`MAX_RETURN` bytes); the driver checks it and writes it into the sweep folder whole
+(`rayfolders.py`). Each task says which it did, and the sweep says so at the end. Every path a
+task is given is absolute: a worker's working folder is not the driver's.
+
+A run fails on Ray as it fails locally: a command that exits non-zero (training or an
+evaluation) is `failed: ID (exit N)`, with its log's last line; a task that fails as a task
+(out of retries, an error in the worker) is failed with Ray's error, whole in the run's log; a
+run sent back that is not a run folder is failed, and its old folder stays.
 
 Nothing lost when something dies: a task whose worker or node dies is retried by Ray
 (`MAX_RETRIES`), and a retried job plans its commands again, as a resumed sweep does: from the
 run's last checkpoint where the folder is shared (the dying worker's children get SIGTERM, and
 save it), from the start where not. Ctrl-C or SIGTERM of the driver cancels the tasks (each
 child gets SIGINT and saves its last.pt) and the same command goes on. Ray is imported here
-only, and only by `--on ray`.
+and in `raycluster.py` (which joins the cluster) only, and only by `--on ray`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import io
-import json
-import logging
-import os
+import re
 import secrets
-import shutil
 import signal
-import socket
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from minitfm.config import to_yaml
-from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.errors import Interrupted, MinitfmError, shown_path
 from minitfm.lab.many.grid import Grid, RunSpec
+from minitfm.lab.many.raycluster import connect, last_line
+from minitfm.lab.many.rayfolders import MAX_RETURN, pack, receive
 from minitfm.lab.many.scheduler import (
     POLL_S,
     Command,
@@ -57,16 +59,12 @@ from minitfm.lab.many.scheduler import (
     stop_message,
 )
 from minitfm.lab.many.stacks import on_gpu, stack_command
-from minitfm.run.files import to_json, write_atomic
+from minitfm.run.files import open_run_file, write_atomic
 from minitfm.run.rundir import DONE, run_status
 from minitfm.run.signals import CaughtSignals
 
-RAY_MISSING = "Ray is not installed: pip install 'minitfm[ray]' (on every node of the cluster)"
-ADDRESS_ENV = "RAY_ADDRESS"
 MAX_RETRIES = 3  # Ray retries a task whose worker or node died this many times
-MAX_RETURN = 1_000_000_000  # bytes of a run directory sent back through the object store
 TOKEN = ".minitfm-ray-token"  # in the sweep folder: a task that reads it sees the folder
-CONNECT_S = 5.0  # how long the driver tries to reach a cluster's address before saying so
 
 
 @dataclass
@@ -83,40 +81,6 @@ class Work:
     folder: Path
     cwd: Path
     token: str
-
-
-def connect(address: str | None, say: Callable[[str], None]):
-    """Ray, connected to the cluster at `address` (else $RAY_ADDRESS, else a Ray started on this
-    machine for this sweep); a missing Ray or an unreachable cluster is one line."""
-    try:
-        import ray
-    except ImportError:
-        raise MinitfmError(RAY_MISSING) from None
-    logging.getLogger("ray").setLevel(logging.ERROR)  # its notices are not the sweep's lines
-    address = address or os.environ.get(ADDRESS_ENV) or None
-    if address is not None and address != "auto":
-        check_reachable(address)
-    # With no address Ray would join any cluster it finds running here (`ray start` leaves its
-    # address in /tmp/ray); "local" starts one of this sweep's own, as the help says.
-    ray.init(address=address or "local", logging_level="ERROR", log_to_driver=False,
-             include_dashboard=False, configure_logging=False)
-    nodes = [node for node in ray.nodes() if node["Alive"]]
-    cpus = sum(node["Resources"].get("CPU", 0) for node in nodes)
-    where = f"the cluster at {address}" if address else "a Ray started on this machine"
-    say(f"on Ray: {where}, {len(nodes)} node{'s' * (len(nodes) != 1)}, {cpus:.0f} CPUs")
-    return ray
-
-
-def check_reachable(address: str) -> None:
-    """Refuse at once, in one line, an address nothing answers at (Ray would wait minutes)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_S):
-            pass
-    except (OSError, ValueError) as err:
-        raise MinitfmError(f"cannot reach the Ray cluster at {quote(address)} "
-                           f"({getattr(err, 'strerror', None) or err}): start it (ray start "
-                           f"--head), or give its address with --ray-address HOST:PORT") from None
 
 
 class RayScheduler(Scheduler):
@@ -147,32 +111,65 @@ class RayScheduler(Scheduler):
                     for ref in pending:
                         ray.cancel(ref)  # KeyboardInterrupt in the task: its child saves
                 for ref in done:
-                    job = pending.pop(ref)
-                    self.finish(job, self.result(ref), bool(signals.received))
+                    self.finish(pending.pop(ref), ref, bool(signals.received))
         if signals.received:
             signum = signals.received[0]
             raise Interrupted(stop_message(signum, stopped), 128 + signum)
         return self.failed
 
-    def result(self, ref) -> dict | None:
-        """A task's result; None when it failed as a task (cancelled, out of retries)."""
+    def result(self, ref) -> tuple[dict | None, str]:
+        """A task's result; else None and Ray's error (cancelled, out of retries, an error
+        raised in the worker)."""
         try:
-            return self.ray.get(ref)
-        except Exception:  # noqa: BLE001 - Ray's errors: each run's files say where it got
-            return None
+            return self.ray.get(ref), ""
+        except Exception as err:  # noqa: BLE001 - Ray's errors, each said as it is
+            return None, re.sub(r"\x1b\[[0-9;]*m", "", str(err)) or type(err).__name__  # no colours
 
-    def finish(self, job: Job, result: dict | None, stopping: bool) -> None:
-        """Write what came back (runs trained without the shared folder), then report."""
-        if result is not None:
-            self.nodes.add(result["node"])
-            self.modes.add(result["mode"])
-            for run_id, data in result.get("runs", {}).items():
-                spec = next(spec for spec in job.specs if spec.id == run_id)
-                receive(spec, data, result["logs"][run_id])
+    def finish(self, job: Job, ref, stopping: bool) -> None:
+        """Write what came back (runs trained without the shared folder), then report each of
+        the job's runs as the local scheduler would."""
+        result, error = self.result(ref)
+        if result is None or not readable(result, job):
+            if stopping:  # a task cancelled by the stop: the sweep's last line says it
+                return
+            if result is None:
+                self.task_failed(job, f"its Ray task failed: {last_line(error)} (Ray's whole "
+                                      f"error is in {shown_path(job.log)})", error)
+            else:  # a node with another minitfm, say
+                self.task_failed(job, "its Ray task sent back a result this minitfm does not "
+                                      "read: install the same minitfm on every node")
+            return
+        self.nodes.add(str(result.get("node")))
+        self.modes.add(result["mode"])
+        refused = {}
+        for spec in job.specs:
+            if result["mode"] == "copied":
+                try:
+                    receive(spec, result["runs"][spec.id], result["logs"][spec.id])
+                except MinitfmError as err:  # this run fails; the others go on
+                    refused[spec.id] = str(err)
         if stopping:
             return
+        alone = not job.others or result["mode"] == "copied"  # one exit code a run
         for spec in job.specs:
-            self.ended(spec, job, run_status(spec.run_dir) in DONE)
+            code = result["exits"][spec.id]
+            if spec.id in refused:
+                self.failed.append(spec)
+                self.say(f"failed: {spec.id}; {refused[spec.id]}")
+            elif code != 0 and alone:
+                self.failed_with(spec, Job(spec, []).log, f" (exit {code})")
+            else:  # done, or a stack's command failed: each run ended as its files say
+                self.ended(spec, job, run_status(spec.run_dir) in DONE)
+
+    def task_failed(self, job: Job, why: str, error: str = "") -> None:
+        """Report each run of a job whose task failed as a task (`why`); Ray's `error`, whole,
+        in the job's log."""
+        if error:
+            with open_run_file(job.log, "a") as log:
+                log.write(f"minitfm sweep: the Ray task of this job failed:\n{error}\n")
+        for spec in job.specs:
+            self.failed.append(spec)
+            self.say(f"failed: {spec.id}; {why}")
 
     def summary(self) -> str:
         """Which nodes ran the tasks and how their files came back."""
@@ -184,12 +181,28 @@ class RayScheduler(Scheduler):
                 f"run directories {' and '.join(modes) or 'none'}")
 
 
+def readable(result: Any, job: Job) -> bool:
+    """Whether a task's result is one `run_work` makes, for each of the job's runs (a node with
+    another minitfm may send another)."""
+    try:
+        packed = ("runs", "logs") if result["mode"] == "copied" else ()
+        for spec in job.specs:
+            if type(result["exits"][spec.id]) is not int or \
+                    not all(isinstance(result[key][spec.id], bytes) for key in packed):
+                return False
+        return result["mode"] in ("shared", "copied")
+    except (TypeError, KeyError):
+        return False
+
+
 def ray_jobs(jobs: list[Job], plan, token: str) -> dict[int, Work]:
     """What each job's task needs (`Work`), by the job's id."""
     grid = replace(plan.grid, config=str(Path(plan.grid.config).resolve())
                    if plan.grid.config else None)  # a worker's folder is not ours
-    return {id(job): Work(grid, job.specs, plan.ranges, plan.threads, plan.samples,
-                          bool(job.others), plan.folder.resolve(), Path.cwd(), token)
+    return {id(job): Work(grid, [replace(spec, run_dir=spec.run_dir.resolve())
+                                 for spec in job.specs],  # each path absolute, as the folder
+                          plan.ranges, plan.threads, plan.samples, bool(job.others),
+                          plan.folder.resolve(), Path.cwd(), token)
             for job in jobs if job.commands}
 
 
@@ -220,7 +233,8 @@ def write_token(folder: Path) -> str:
 
 def run_work(work: Work) -> dict[str, Any]:
     """A Ray task: run one job's commands where this worker is; which node it was, how the
-    files went, and (without the shared folder) each run directory and log, packed."""
+    files went, each run's exit code (its last command's: 0 when all succeeded) and (without
+    the shared folder) each run directory and log, packed."""
     import ray
 
     if threading.current_thread() is threading.main_thread():
@@ -229,9 +243,10 @@ def run_work(work: Work) -> dict[str, Any]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     node = ray.get_runtime_context().get_node_id()
     if sees(work):
-        run_job(job_of(work, work.grid, work.specs), work.cwd if work.cwd.is_dir() else None)
-        return {"node": node, "mode": "shared"}
-    runs, logs = {}, {}
+        code = run_job(job_of(work, work.grid, work.specs),
+                       work.cwd if work.cwd.is_dir() else None)
+        return {"node": node, "mode": "shared", "exits": {spec.id: code for spec in work.specs}}
+    runs, logs, exits = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="minitfm-ray-") as tmp:
         for spec in work.specs:  # each alone: a stack's command reads the sweep folder
             config = Path(tmp) / f"{spec.id}.yaml"
@@ -239,10 +254,10 @@ def run_work(work: Work) -> dict[str, Any]:
             here = RunSpec(spec.id, spec.choice, [], spec.cfg, Path(tmp) / spec.id)
             job = plan_job(Grid(str(config), [], []), here, work.ranges, work.threads,
                            work.samples)
-            run_job(job, Path(tmp))
+            exits[spec.id] = run_job(job, Path(tmp))
             runs[spec.id] = pack(here.run_dir)
             logs[spec.id] = job.log.read_bytes() if job.log.is_file() else b""
-    return {"node": node, "mode": "copied", "runs": runs, "logs": logs}
+    return {"node": node, "mode": "copied", "exits": exits, "runs": runs, "logs": logs}
 
 
 def sees(work: Work) -> bool:
@@ -263,10 +278,12 @@ def job_of(work: Work, grid: Grid, specs: list[RunSpec]) -> Job:
     return Job(specs[0], [command], others=specs[1:])
 
 
-def run_job(job: Job, cwd: Path | None) -> None:
+def run_job(job: Job, cwd: Path | None) -> int:
     """Run the job's commands one after the other as the local scheduler would, up to the
-    first that fails; a KeyboardInterrupt (the driver cancelled the task) is passed on to the
-    running child as SIGINT, which saves its last.pt, and raised once it has ended."""
+    first that fails; the exit code of the last one run (0: all succeeded, or none was left).
+    A KeyboardInterrupt (the driver cancelled the task) is passed on to the running child as
+    SIGINT, which saves its last.pt, and raised once it has ended."""
+    code = 0
     while job.commands:
         proc = launch(job, cwd, preexec_fn=child_signals)
         try:
@@ -277,9 +294,11 @@ def run_job(job: Job, cwd: Path | None) -> None:
             proc.wait()
             keep_result(job.commands.pop(0), proc.returncode)
             raise
-        keep_result(job.commands.pop(0), proc.returncode)
-        if proc.returncode != 0:
-            return
+        code = proc.returncode
+        keep_result(job.commands.pop(0), code)
+        if code != 0:
+            break
+    return code
 
 
 def child_signals() -> None:
@@ -290,42 +309,3 @@ def child_signals() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def pack(run_dir: Path) -> bytes:
-    """A run directory as a tar archive, refused past MAX_RETURN bytes."""
-    size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
-    if size > MAX_RETURN:
-        raise MinitfmError(f"the run directory {run_dir.name} holds {size:,} bytes, more than "
-                           f"the {MAX_RETURN:,} a task sends back through Ray's object store: "
-                           f"give the workers a shared folder for the sweep")
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as archive:
-        archive.add(run_dir, arcname=run_dir.name)
-    return data.getvalue()
-
-
-# --- back on the driver ---
-
-def receive(spec: RunSpec, data: bytes, log: bytes) -> None:
-    """A run directory sent back, written into the sweep folder whole (unpacked beside it, then
-    renamed into place), its evaluations naming its checkpoint here; its log appended."""
-    folder = spec.run_dir.parent
-    incoming = Path(tempfile.mkdtemp(prefix=f".{spec.id}.incoming-", dir=folder))
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-            archive.extractall(incoming, filter="data")  # no path outside, no links out
-        arrived = incoming / spec.id
-        for report in arrived.glob("eval-*.json"):
-            found = json.loads(report.read_text(encoding="utf-8"))
-            found["checkpoint"] = str(spec.run_dir / "checkpoints" / "last.pt")
-            report.write_text(to_json(found) + "\n", encoding="utf-8")
-        old = folder / f".{spec.id}.old-{secrets.token_hex(4)}"
-        if spec.run_dir.exists():
-            spec.run_dir.rename(old)
-        arrived.rename(spec.run_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(incoming, ignore_errors=True)
-    with open(folder / f"{spec.id}.log", "ab") as f:
-        f.write(log)

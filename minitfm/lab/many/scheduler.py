@@ -200,9 +200,7 @@ class Scheduler:
         keep_result(job.commands.pop(0), code)
         if code != 0 and not job.others:
             if not stopping:
-                self.failed.append(job.spec)
-                self.say(f"failed: {job.spec.id} (exit {code}); see {shown_path(job.log)}: "
-                         f"{last_line(job.log)}")
+                self.failed_with(job.spec, job.log, f" (exit {code})")
         elif code != 0:  # a stack: each of its runs ended as its own files say
             if not stopping:
                 for spec in job.specs:
@@ -216,12 +214,16 @@ class Scheduler:
     def ended(self, spec: RunSpec, job: Job, ok: bool) -> None:
         """Report one run of a job that ended: its line, or why it failed."""
         if not ok:
-            self.failed.append(spec)
-            self.say(f"failed: {spec.id}; see {shown_path(job.log)}: {last_line(job.log)}")
+            self.failed_with(spec, job.log)
             return
         self.done.append(spec)
         self.say(f"[{len(self.done)}/{self.total}] {spec.id}: "
                  f"{run_line(spec, time.monotonic() - job.started)}")
+
+    def failed_with(self, spec: RunSpec, log: Path, how: str = "") -> None:
+        """Report one run as failed: `failed: ID (exit 1); see LOG: its last line`."""
+        self.failed.append(spec)
+        self.say(f"failed: {spec.id}{how}; see {shown_path(log)}: {last_line(log)}")
 
 
 def stop_message(signum: int, stopped: list[Job]) -> str:

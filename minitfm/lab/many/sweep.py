@@ -328,6 +328,10 @@ def dry_run_lines(plan: Plan) -> list[str]:
 
 def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
     """Run what is left of the grid, then write and return the results (failed runs too)."""
+    if plan.on == "ray" and any(job.commands for job in plan.jobs()):
+        from minitfm.lab.many.raycluster import check_cluster  # Ray is imported there only
+
+        check_cluster(plan.ray_address)  # one line, before the sweep folder is made
     with SweepLock(plan.folder):
         check_folder(plan.folder, plan.grid, plan.base, plan.runs)  # no sweep came between
         check_writable(plan.folder, [f"{spec.id}.log" for spec in plan.runs])  # appended to

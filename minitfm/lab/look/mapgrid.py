@@ -54,21 +54,48 @@ class MapGrid:
         self.write(draw, header_lines, GRID_PAD)
         self.layout.label(draw, block, self.top)
         self.background = np.asarray(image)
+        self.band: tuple[str, tuple[int, np.ndarray]] | None = None  # see `caption_band`
 
     def frame(self, block: MapBlock, caption: str) -> np.ndarray:
         """The picture of the block's weights (L, H, T_q, T_k) with `caption`: RGB
         (height, width, 3) uint8."""
-        from PIL import Image, ImageDraw
-
         canvas, cell = self.background.copy(), self.layout.cell
         for r, c, x, y in self.layout.maps(self.top):
             cells = colours(block.weights[r, c])  # (T_q, T_k, 3)
             canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
                 cells.repeat(cell, axis=0).repeat(cell, axis=1)
+        lines, first, band = self.caption_band(caption)
+        if first + len(band) <= self.top:  # above the maps: the band drawn once per caption
+            canvas[first:first + len(band)] = band
+            return canvas
+        from PIL import Image, ImageDraw  # longer than the longest planned for: over the maps
+
         image = Image.fromarray(canvas)
-        caption = self.lettering([caption]).text(caption)  # the model's output
-        self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
+        self.write(ImageDraw.Draw(image), lines, self.caption_y)
         return np.asarray(image)
+
+    def caption_band(self, caption: str) -> tuple[list[str], int, np.ndarray]:
+        """`caption`'s lines and the rows of the background they cover, drawn: (the lines, the
+        first row, the rows (n, width, 3)), kept for the next frame (a snapshot's maps all have
+        the same caption). Drawn on those rows of the background, the text blends with the
+        pixels under it as it would on the whole picture, so the frame is the same."""
+        if self.band is not None and self.band[0] == caption:
+            return self.band[1]
+        from PIL import Image, ImageDraw
+
+        lines = self.wrap(self.lettering([caption]).text(caption))  # the model's output
+        tops, bottoms = [], []
+        for i, line in enumerate(lines):  # never none: wrap gives a line at least
+            y = self.caption_y + i * self.layout.title_line  # where `write` draws it
+            _, top, _, bottom = self.title_font.getbbox(line)
+            tops.append(y + top)
+            bottoms.append(y + bottom)
+        first = max(0, min(tops) - 2)  # 2 rows more each side, for the glyphs' soft edges
+        end = min(len(self.background), max(bottoms) + 2)
+        image = Image.fromarray(self.background[first:end])
+        self.write(ImageDraw.Draw(image), lines, self.caption_y - first)
+        self.band = caption, (lines, first, np.asarray(image))
+        return self.band[1]
 
     def lettering(self, texts: list[str]) -> Lettering:
         """How `texts` are drawn (see `lettering`). Text of FONT_HAS needs no look at the font's

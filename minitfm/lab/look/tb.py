@@ -87,6 +87,9 @@ class TensorBoardLogger(Instrument):
             return
         from torch.utils.tensorboard import SummaryWriter
 
+        from minitfm.lab.look.crc32c import use_in_tensorboard
+
+        use_in_tensorboard()  # its own checksums, in pure Python, cost a second a run
         # TensorBoard opens its event file with open(), which would follow a link planted at
         # its name (time, host, pid): a random end makes the name one no one can guess.
         self.writer = SummaryWriter(log_dir=str(run.run_dir),

@@ -38,7 +38,7 @@ TABLE_LIST = TABLE.tolist()  # Python ints: the byte-at-a-time rule in plain Pyt
 
 def crc32c(data: bytes) -> int:
     """The CRC-32C of `data` (register starts at 0xFFFFFFFF, ends XORed with it)."""
-    if len(data) < max(SHORT, 4):
+    if len(data) < SHORT:
         crc = MASK
         for byte in data:
             crc = TABLE_LIST[(crc ^ byte) & 0xFF] ^ (crc >> 8)
@@ -56,11 +56,8 @@ def lanes_crc(data: np.ndarray) -> np.uint32:
     crc = np.zeros(lanes, dtype=np.uint32)
     for column in blocks.reshape(lanes, BLOCK).T:  # step j of every block at once
         crc = TABLE[(crc ^ column) & 0xFF] ^ (crc >> 8)
-    level = 0
-    while len(crc) > 1:  # join neighbours: (the first carried over the second) ^ the second
-        carry = CARRIES[level] if level < len(CARRIES) else carry.twice()
-        crc = carry(crc[0::2]) ^ crc[1::2]
-        level += 1
+    for carry in CARRIES[:lanes.bit_length() - 1]:  # join neighbours: (the first carried
+        crc = carry(crc[0::2]) ^ crc[1::2]  # over the second's length) ^ the second
     return crc[0]
 
 
@@ -99,7 +96,7 @@ def _carries(levels: int) -> tuple[Carry, ...]:
     return tuple(carries)
 
 
-CARRIES = _carries(24)  # records up to BLOCK * 2**24 bytes (256 MB); longer ones carry on
+CARRIES = _carries(32)  # records up to BLOCK * 2**32 bytes: more than a protobuf can hold
 
 
 def masked_crc32c(data: bytes) -> int:

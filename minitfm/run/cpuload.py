@@ -5,10 +5,11 @@ cores took 164.7 s, against 17.1 s on 1 thread (issue #55). The registry (`threa
 minitfm processes; this module sees the rest. Linux counts, per CPU, the clock ticks spent
 running anything (/proc/stat: user, nice, system, irq, softirq and steal time; idle and iowait
 are free) and, per process, the ticks its threads ran (/proc/PID/stat: utime and stime).
-Between two looks, the busy ticks of this process's CPUs (its affinity), less this process's
-own and the other minitfm processes' (the registry counts those by their settings), divided by
-the ticks a core has in that time, is how many cores other programs kept busy, rounded: one busy
-loop reads about 1, even beside a run on 2 threads (the scheduler then gives it 2/3 of a core).
+Between two looks (/proc/uptime says when), the busy ticks of this process's CPUs (its
+affinity), less this process's own and the other minitfm processes' (the registry counts those
+by their settings), divided by the ticks a core has in that time, is how many cores other
+programs kept busy, rounded: one busy loop reads about 1, even beside a run on 2 threads (the
+scheduler then gives it 2/3 of a core).
 Where /proc cannot be read (not Linux), other programs count as none, as before.
 """
 
@@ -41,35 +42,37 @@ def busy_ticks(stat: str, cpus: Collection[int]) -> int:
     return total
 
 
-def process_ticks(stat: str) -> int:
-    """utime + stime from /proc/PID/stat's text: the ticks its threads ran, since it started."""
+def process_ticks(stat: str) -> tuple[int, int]:
+    """From /proc/PID/stat's text: (utime + stime, the ticks its threads ran since it started;
+    its start, in ticks since the machine started)."""
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (command) ": a name may hold ") "
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), from 1
+    return int(fields[11]) + int(fields[12]), int(fields[19])  # fields 14, 15, 22 of proc(5)
 
 
 @dataclass(frozen=True)
 class Look:
-    """One look at the ticks: when (seconds, monotonic), busy on our CPUs, and per process."""
+    """One look at the ticks: when (seconds since the machine started), busy on our CPUs, and
+    per process."""
 
     at: float
     busy: int
-    processes: dict[int, int]  # pid -> its ticks (minitfm's processes: this one, the registered)
+    processes: dict[int, tuple[int, int]]  # pid -> (its ticks, its start): minitfm's processes
 
 
 class CpuLoad:
     """Cores that other programs kept busy between two looks (`others`), on `cpus`."""
 
     def __init__(self, cpus: Collection[int], read: Callable[[str], str] = read_proc,
-                 clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
-        self.cpus, self.read, self.clock, self.sleep = frozenset(cpus), read, clock, sleep
+        self.cpus, self.read, self.sleep = frozenset(cpus), read, sleep
         self.last: Look | None = None
 
     def look(self, pids: Iterable[int]) -> Look | None:
-        """The ticks now (None: /proc/stat cannot be read); a process that has gone is left out."""
+        """The ticks now (None: /proc cannot be read); a process that has gone is left out."""
         try:
+            at = float(self.read("uptime").split()[0])
             busy = busy_ticks(self.read("stat"), self.cpus)
-        except (OSError, ValueError):
+        except (OSError, ValueError, IndexError):
             return None
         processes = {}
         for pid in pids:
@@ -77,7 +80,7 @@ class CpuLoad:
                 processes[pid] = process_ticks(self.read(f"{pid}/stat"))
             except (OSError, ValueError, IndexError):  # gone, or not ours to read
                 pass
-        return Look(self.clock(), busy, processes)
+        return Look(at, busy, processes)
 
     def start(self, pids: Iterable[int]) -> None:
         """The first look: what `others` measures from."""
@@ -90,12 +93,32 @@ class CpuLoad:
         pids = list(pids)
         if self.last is None:
             self.start(pids)
-        if self.last is not None and self.clock() - self.last.at < MIN_WINDOW_S:
-            self.sleep(MIN_WINDOW_S - (self.clock() - self.last.at))
+        if self.last is not None:
+            self.wait(MIN_WINDOW_S)
         last, now = self.last, self.look(pids)
         self.last = now
         if last is None or now is None or now.at <= last.at:
             return 0
-        ours = sum(ticks - last.processes.get(pid, 0) for pid, ticks in now.processes.items())
+        ours = sum(self.ran(pid, last, now) for pid in now.processes)
         cores = (now.busy - last.busy - ours) / (TICKS_PER_S * (now.at - last.at))
         return max(0, int(cores + 0.5))  # rounded half up: two thirds of a core is a busy core
+
+    def wait(self, seconds: float) -> None:
+        """Until `seconds` have passed since the last look."""
+        try:
+            elapsed = float(self.read("uptime").split()[0]) - self.last.at
+        except (OSError, ValueError, IndexError):
+            return
+        if elapsed < seconds:
+            self.sleep(seconds - elapsed)
+
+    @staticmethod
+    def ran(pid: int, last: Look, now: Look) -> int:
+        """The ticks minitfm's process `pid` ran between the looks. One the last look did not
+        see (it registered since): all its ticks if it started since, else none, so that a long
+        life's ticks are not taken for this window's (its load counts as other programs' until
+        the next look)."""
+        ticks, started = now.processes[pid]
+        if pid in last.processes:
+            return ticks - last.processes[pid][0]
+        return ticks if started >= last.at * TICKS_PER_S else 0

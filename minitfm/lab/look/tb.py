@@ -90,7 +90,7 @@ class TensorBoardLogger(Instrument):
 
         from minitfm.lab.look.crc32c import use_in_tensorboard
 
-        use_in_tensorboard()  # its own checksums, in pure Python, cost a second a run
+        use_in_tensorboard()  # its own checksums go a byte at a time, in pure Python
         # TensorBoard opens its event file with open(), which would follow a link planted at
         # its name (time, host, pid): a random end makes the name one no one can guess.
         self.writer = SummaryWriter(log_dir=str(run.run_dir),

@@ -52,9 +52,17 @@ UNUSED = "not used (threads=auto cannot see other minitfm processes)"
 Warn = Callable[[str], None]
 
 
+def cpus() -> set[int]:
+    """The CPUs this process may run on: its affinity mask, which containers and taskset narrow
+    (where the system has none, as on macOS, every CPU)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
 def cores() -> int:
-    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
-    return len(os.sched_getaffinity(0))
+    """How many CPUs this process may run on (`cpus`)."""
+    return len(cpus())
 
 
 def registry_dir() -> Path:
@@ -252,7 +260,7 @@ def resolve(setting: str | int, registry: Path | None = None, own_pid: int | Non
         finally:
             folder.close()
 
-    load = CpuLoad(os.sched_getaffinity(0))
+    load = CpuLoad(cpus())
     return share(setting, others, lambda pids: load.others([own_pid, *pids]))
 
 
@@ -271,7 +279,7 @@ class ThreadClaim:
         self.file: IO[str] | None = None
         self.threads = 0  # what `apply` last gave torch
         self.busy = 0  # cores that other programs kept busy, at the last look (`auto` only)
-        self.load = CpuLoad(os.sched_getaffinity(0))
+        self.load = CpuLoad(cpus())
         self._warn, self.warned = warn, False
 
     @property

@@ -47,6 +47,7 @@ def train_beside_a_neighbour(monkeypatch, tmp_path, setting) -> Neighbour:
     registry = tmp_path / "procs"
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # else it decides, as in the suite
     monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads.CpuLoad, "others", lambda self, pids: 0)  # no other program
     # A pacer that looks at every step instead of once a second: no clock in the test.
     monkeypatch.setattr(session, "ThreadPacer", lambda claim: ThreadPacer(claim, every_s=0))
     cfg = load_config(None, [*TINY, "train.steps=5", "train.eval_every=0",
@@ -82,3 +83,40 @@ def test_the_threads_note_says_which_way_and_why():
 
 def test_a_fixed_count_stays_whatever_the_neighbours_do(monkeypatch, tmp_path):
     assert train_beside_a_neighbour(monkeypatch, tmp_path, 1).messages == []
+
+
+class BusyProgram(Instrument):
+    """An instrument through which another program gets busy after step 2 and stops after
+    step 4 (what /proc would show: `others` reads it); it keeps the notes and thread counts."""
+
+    def __init__(self):
+        self.busy, self.messages, self.threads = 0, [], {}
+
+    def on_step(self, stepped: Stepped) -> None:
+        self.threads[stepped.step] = torch.get_num_threads()  # before the pacer looks
+        self.busy = {2: 1, 4: 0}.get(stepped.step, self.busy)
+
+    def on_note(self, note: Note) -> None:
+        if not note.warning:
+            self.messages.append(note.text)
+
+
+def test_auto_threads_leave_a_busy_program_its_core_and_say_so(monkeypatch, tmp_path):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(session, "ThreadPacer", lambda claim: ThreadPacer(claim, every_s=0))
+    program = BusyProgram()
+    monkeypatch.setattr(threads.CpuLoad, "others", lambda self, pids: program.busy)
+    cfg = load_config(None, [*TINY, "train.steps=5", "train.eval_every=0", "threads=auto",
+                             "log.tensorboard=false"])
+    try:
+        with ThreadClaim("auto", tmp_path / "procs") as claim:
+            session.start_training(cfg, RunOptions(run_dir=tmp_path / "run", threads=claim),
+                                   [program])
+    finally:
+        torch.set_num_threads(1)  # the suite's pinned count (conftest)
+    assert program.messages == [
+        "step 2: now 1 thread instead of 2: other programs keep 1 core busy, and threads=auto "
+        "leaves them the cores they keep busy (later changes are not shown; see "
+        "docs/operations.md#many-runs-on-one-machine)"]
+    assert program.threads == {1: 2, 2: 2, 3: 1, 4: 1, 5: 2}

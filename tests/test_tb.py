@@ -267,3 +267,39 @@ def test_png_bytes_decode_to_the_same_pixels():
     pixels = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     decoded = Image.open(io.BytesIO(png_bytes(pixels)))
     assert decoded.mode == "RGB" and (np.asarray(decoded) == pixels).all()
+
+
+@pytest.mark.parametrize("length", [0, 1, 4, 15, 16, 17, 2047, 2048, 2049, 4096, 4097, 54321])
+def test_checksums_are_tensorboards_own(length):
+    """crc32c.py against TensorBoard's byte-at-a-time CRC-32C, around each of its cuts: the short
+    records, the blocks, the pairs of lanes."""
+    import random
+
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+
+    from minitfm.lab.look.crc32c import crc32c, masked_crc32c
+
+    data = random.Random(length).randbytes(length)
+    assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+    assert masked_crc32c(bytes(length)) == pywrap_tensorflow.masked_crc32c(bytes(length))
+    assert crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value (RFC 3720)
+
+
+def test_the_run_writes_its_records_with_the_fast_checksum_and_tensorboard_reads_them(run):
+    from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
+    from tensorboard.summary.writer import record_writer
+
+    from minitfm.lab.look.crc32c import masked_crc32c
+
+    assert record_writer.masked_crc32c is masked_crc32c  # set when the logger started
+    run_dir, _, _ = run
+    (path,) = run_dir.glob("events.out.tfevents.*")
+    reader = pywrap_tensorflow.PyRecordReader_New(str(path))  # checks each record's two CRCs
+    records = 0
+    while True:
+        try:
+            reader.GetNext()
+        except pywrap_tensorflow.errors.OutOfRangeError:
+            break
+        records += 1
+    assert records > 50  # scalars, text, and the pictures (long records, in lanes)

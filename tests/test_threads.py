@@ -2,6 +2,7 @@
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import torch
 from minitfm.config import load_config
 from minitfm.errors import ConfigError
 from minitfm.run import threads
+from minitfm.run.cpuload import MIN_WINDOW_S, TICKS_PER_S, CpuLoad, busy_ticks, process_ticks
 from minitfm.run.rundir import read_summary
 from minitfm.run.threads import ThreadClaim, ThreadPacer, resolve
 from tests.helpers import TINY, assert_clean_error, run_cli
@@ -19,9 +21,11 @@ from tests.helpers import TINY, assert_clean_error, run_cli
 
 @pytest.fixture
 def alone(monkeypatch, tmp_path):
-    """A fake registry on a 4-core machine, OMP_NUM_THREADS unset."""
+    """A fake registry on a 4-core machine that no other program keeps busy (whatever this
+    shared machine runs meanwhile), OMP_NUM_THREADS unset."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "cores", lambda: 4)
+    monkeypatch.setattr(threads.CpuLoad, "others", lambda self, pids: 0)
     return tmp_path / "procs"
 
 
@@ -169,3 +173,157 @@ def test_train_header_and_summary(tmp_path):
     assert "1 thread (auto)" in " ".join(result.stdout.split())  # OMP_NUM_THREADS=1 decides
     summary = read_summary(run_dir)
     assert summary["status"] == "finished" and summary["step"] == summary["steps"] == 4
+
+
+# --- other programs' load (run/cpuload.py) ---
+
+STAT = ("cpu  {total} 0 0 0 0 0 0 0 0 0\ncpu0 {c0} 0 0 500 7 0 0 0 0 0\n"
+        "cpu1 {c1} 0 0 500 0 0 0 0 0 0\ncpu2 {c2} 0 0 0 0 0 0 0 0 0\nintr 1 2 3\n"
+        "procs_running 3\n")
+
+
+def proc_stat(pid: int, ticks: int, started: int = 0, name: str = "python") -> str:
+    """A /proc/PID/stat line whose utime + stime is `ticks` (utime 2/3 of it), started `started`
+    ticks after the machine."""
+    utime = 2 * ticks // 3
+    return (f"{pid} ({name}) R 1 1 1 0 -1 4194304 99 0 0 0 {utime} {ticks - utime} 0 0 20 0 "
+            f"1 0 {started} 3133440 379")
+
+
+class FakeProc:
+    """/proc on a clock that a test moves: `busy` ticks on cpu0/cpu1 (cpu2 is not ours), each
+    process's ticks and start."""
+
+    def __init__(self):
+        self.now, self.busy, self.ticks, self.started = 100.0, [1000, 2000, 0], {}, {}
+
+    def read(self, name: str) -> str:
+        if name == "uptime":
+            return f"{self.now:.2f} 12.00\n"
+        if name == "stat":
+            c0, c1, c2 = self.busy
+            return STAT.format(total=c0 + c1 + c2, c0=c0, c1=c1, c2=c2)
+        pid = int(name.split("/")[0])
+        if pid not in self.ticks:
+            raise FileNotFoundError(name)
+        return proc_stat(pid, self.ticks[pid], self.started[pid], name="a ) b")  # ") " in a name
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def load(self) -> CpuLoad:
+        return CpuLoad({0, 1}, self.read, self.sleep)
+
+    def process(self, pid: int, ticks: int, started_s: float) -> None:
+        """A process that ran `ticks` since it started, at `started_s` (seconds of uptime)."""
+        self.ticks[pid], self.started[pid] = ticks, round(started_s * TICKS_PER_S)
+
+    def run(self, seconds: float, cpu0: float, cpu1: float, **processes: float) -> None:
+        """`seconds` go by with cpu0 and cpu1 busy that share of the time; each process (by
+        name pid<N>) runs that many cores; one not there yet starts now."""
+        for name in processes:
+            if int(name[3:]) not in self.ticks:
+                self.process(int(name[3:]), 0, self.now)
+        self.now += seconds
+        self.busy[0] += round(cpu0 * seconds * TICKS_PER_S)
+        self.busy[1] += round(cpu1 * seconds * TICKS_PER_S)
+        self.busy[2] += round(seconds * TICKS_PER_S)  # another CPU, outside our affinity
+        for name, cores in processes.items():
+            self.ticks[int(name[3:])] += round(cores * seconds * TICKS_PER_S)
+
+
+def test_busy_ticks_count_user_nice_system_irq_softirq_steal_of_our_cpus_only():
+    stat = "cpu  9 9 9 9 9 9 9 9 0 0\ncpu0 1 2 4 1000 1000 8 16 32 64 64\ncpu7 1 1 1 1 1 1 1 1\n"
+    assert busy_ticks(stat, {0}) == 1 + 2 + 4 + 8 + 16 + 32  # not idle, iowait, guest (in user)
+    assert busy_ticks(stat, {0, 7}) == 63 + 6 and busy_ticks(stat, {3}) == 0
+    assert process_ticks(proc_stat(12, 300, 4567, name="x ) (y")) == (300, 4567)
+
+
+def test_one_busy_program_reads_one_core_and_minitfm_processes_none():
+    proc = FakeProc()
+    load = proc.load()
+    proc.process(11, 50, 90.0)  # this process
+    proc.process(22, 0, 95.0)  # a registered minitfm neighbour
+    load.start([11, 22])
+    # this run on 2 threads gets 4/3 of a core, a busy program the 2/3 left
+    proc.run(1.0, 1.0, 1.0, pid11=4 / 3)
+    assert load.others([11, 22]) == 1
+    proc.run(1.0, 1.0, 1.0, pid11=1, pid22=1)  # two minitfm processes, nothing else
+    assert load.others([11, 22]) == 0
+    proc.run(2.0, 0.9, 0.5, pid11=1)  # 0.4 of a core: a passing program, rounded away
+    assert load.others([11]) == 0
+    proc.run(2.0, 1.0, 0.6, pid11=1, pid33=0.5)  # a minitfm process started meanwhile
+    assert load.others([11, 33]) == 0  # its ticks since it started are its own
+    proc.run(1.0, 1.0, 1.0)  # two busy programs (this process idle)
+    assert load.others([11, 33]) == 2
+
+
+def test_a_long_lived_process_that_registers_late_lends_no_ticks_to_the_window():
+    """A test runner that registers a claim after minutes of work: its lifetime's ticks are
+    not this window's (that would hide other programs); for one window its load counts as
+    other programs', then it is followed like the others."""
+    proc = FakeProc()
+    load = proc.load()
+    proc.process(11, 0, 99.0)
+    proc.process(44, 30_000, 0.0)  # five minutes of ticks before it registered
+    load.start([11])
+    proc.run(1.0, 1.0, 0.0, pid44=1)  # it keeps one core busy
+    assert load.others([11, 44]) == 1
+    proc.run(1.0, 1.0, 0.0, pid44=1)
+    assert load.others([11, 44]) == 0
+
+
+def test_the_first_look_waits_for_a_window_and_no_proc_counts_nothing():
+    proc = FakeProc()
+    proc.process(11, 0, 99.0)
+    load = proc.load()
+    start = proc.now
+    assert load.others([11]) == 0  # no ticks went by: nothing busy
+    assert proc.now - start == pytest.approx(MIN_WINDOW_S)  # it waited that long, no more
+    proc.sleep(5.0)
+    assert load.others([11]) == 0 and proc.now - start == pytest.approx(5.0 + MIN_WINDOW_S)
+
+    def unreadable(name: str) -> str:
+        raise FileNotFoundError(f"/proc/{name}")
+
+    assert CpuLoad({0, 1}, unreadable, proc.sleep).others([11]) == 0
+
+
+def test_auto_leaves_other_programs_the_cores_they_keep_busy(monkeypatch, tmp_path):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "cores", lambda: 4)
+    busy = [1]
+    monkeypatch.setattr(threads.CpuLoad, "others", lambda self, pids: busy[0])
+    registry = tmp_path / "procs"
+    assert resolve("auto", registry) == 3
+    neighbour = hold(registry, 999009, "auto")
+    assert resolve("auto", registry) == 1  # (4 - 1) // 2
+    busy[0] = 4
+    assert resolve("auto", registry) == 1  # never below one
+    neighbour.close()
+    busy[0] = 1
+    with ThreadClaim("auto", registry) as claim:
+        claim.apply()
+        assert claim.describe() == "3 threads (auto; other programs keep 1 of 4 cores busy)"
+        assert resolve(2, registry) == 2  # a fixed count is what it says
+    torch.set_num_threads(1)
+
+
+@pytest.mark.skipif(threads.cores() < 2, reason="one core: auto takes one thread anyway")
+def test_a_busy_program_makes_auto_take_fewer_threads(monkeypatch, tmp_path):
+    """A real busy loop: while it runs, at least one of our cores is busy at every moment (the
+    scheduler leaves no core idle while it waits), whatever else the machine runs."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    loop = subprocess.Popen([sys.executable, "-c", "print('go', flush=True)\nwhile True: pass"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert loop.stdout.readline().strip() == "go"
+        with ThreadClaim("auto", tmp_path / "procs") as claim:
+            time.sleep(0.5)  # this process idle: the window sees the loop
+            claim.apply()
+            assert claim.busy >= 1 and claim.threads <= threads.cores() - 1
+            assert "other programs keep" in claim.describe()
+    finally:
+        os.kill(loop.pid, signal.SIGKILL)
+        loop.wait()
+        torch.set_num_threads(1)

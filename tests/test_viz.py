@@ -270,6 +270,49 @@ def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame
     assert (first != pixels).any(axis=2).sum() > 100  # the maps, the caption
 
 
+def test_grid_frames_are_the_pictures_their_captions_drawn_on_the_whole_canvas_give(
+        monkeypatch):
+    """A caption is drawn once on its own rows and pasted (`Captions`: once per snapshot for
+    the heads of a kind): the frame is the one that drawing it on the whole picture gives, for
+    a caption that fits, one longer than planned (drawn over the maps) and one Pillow's font
+    lacks a glyph of."""
+    from PIL import Image, ImageDraw
+
+    from minitfm.lab.look.mapgrid import Captions, MapGrid
+    from minitfm.lab.look.probe import only
+    from minitfm.lab.pictures import colours
+
+    def whole(grid, block, caption):  # how a frame was drawn before
+        canvas = grid.background.copy()
+        for r, c, x, y in grid.layout.maps(grid.top):
+            canvas[y:y + grid.layout.map_h, x:x + grid.layout.map_w] = colours(
+                block.weights[r, c]).repeat(grid.layout.cell, 0).repeat(grid.layout.cell, 1)
+        image = Image.fromarray(canvas)
+        lines = grid.wrap(grid.lettering([caption]).text(caption))
+        grid.write(ImageDraw.Draw(image), lines, grid.caption_y)
+        return np.asarray(image)
+
+    drawn = []
+    draw_caption = MapGrid.draw_caption
+    monkeypatch.setattr(MapGrid, "draw_caption",
+                        lambda self, text: drawn.append(text) or draw_caption(self, text))
+    model, task = untrained(2, 2)
+    src = task.parse("3 1 4 1 5")
+    block = map_blocks(run_probe(model, task, src, teacher=task.target(src)), task,
+                       ("cross",))[0]
+    captions = Captions()
+    heads = [only(block, 0, head) for head in (0, 1)]
+    grids = [MapGrid(head, "cross-attention\nreverse · input 3 1 4 1 5 (colour ∝ √weight)",
+                     "step 1000 · output 9 9 9 9 9 ✗", size=12, captions=captions)
+             for head in heads]
+    for caption in ["step 10 · output 5 ✗", "step 20 · output 5 1 4 1 3 ✓",
+                    "step 30 · output 5 1 4 · " + "a much longer caption than planned " * 4,
+                    "step 40 · output 가 ✗"]:
+        for grid, head in zip(grids, heads, strict=True):
+            assert (grid.frame(head, caption) == whole(grid, head, caption)).all(), caption
+        assert drawn.count(caption) == 1  # the two heads' rows above their maps are alike
+
+
 def test_long_titles_wrap_at_the_arrow_and_the_parenthesis():
     from minitfm.lab.pictures import wrap_to_width
 

@@ -312,11 +312,13 @@ def instruments(reporter: Instrument | None = None) -> list[Instrument]:
     TensorBoard (drawing the recorder's snapshots, plotting the readings) and `reporter`, the
     console's progress, if any. A new instrument is one line here."""
     from minitfm.lab.look.gauges import GaugeReader
+    from minitfm.lab.look.probe import LatestPass
     from minitfm.lab.look.tb import TensorBoardLogger
     from minitfm.lab.look.timeline import AttentionRecorder
 
-    attention = AttentionRecorder()
-    return [attention, GaugeReader(), TensorBoardLogger(attention),
+    passes = LatestPass()  # the recorder and the reader share a step's pass over their pairs
+    attention = AttentionRecorder(passes=passes)
+    return [attention, GaugeReader(passes), TensorBoardLogger(attention),
             *([reporter] if reporter else [])]
 
 

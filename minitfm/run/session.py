@@ -358,11 +358,14 @@ class Training:
         return self.state.state_dict()
 
     def follow_threads(self, step: int) -> None:
-        """The thread count follows other minitfm processes; the first change is said."""
-        before = self.pacer.claim.threads
-        if self.pacer.tick() and not self.threads_told:  # another minitfm process came or went
+        """The thread count follows other minitfm processes and other programs' load; the
+        first change is said."""
+        claim = self.pacer.claim
+        before, busy_before = claim.threads, claim.busy
+        if self.pacer.tick() and not self.threads_told:  # a process came or went
             self.threads_told = True
-            self.tell(Note(threads_note(step, before, self.pacer.claim.threads)))
+            busy = claim.busy if claim.busy != busy_before else None  # other programs moved
+            self.tell(Note(threads_note(step, before, claim.threads, busy)))
 
     # --- the end ---
 
@@ -416,12 +419,18 @@ class Training:
         return summary
 
 
-def threads_note(step: int, before: int, now: int) -> str:
-    """Why the thread count changed, in the line that says so (it is said once per run)."""
+def threads_note(step: int, before: int, now: int, busy: int | None = None) -> str:
+    """Why the thread count changed, in the line that says so (it is said once per run):
+    another minitfm process, or (`busy`: the cores they keep busy now) other programs."""
     unit = "thread" if now == 1 else "threads"
-    why = "another minitfm process started" if now < before else "a minitfm process ended"
+    if busy is None:
+        why = "another minitfm process started" if now < before else "a minitfm process ended"
+        rule = "shares the cores among minitfm's processes"
+    else:
+        why = f"other programs keep {busy} core{'s' * (busy != 1)} busy"
+        rule = "leaves them the cores they keep busy"
     return (f"step {step}: now {now} {unit} instead of {before}: {why}, and threads=auto "
-            f"shares the cores among minitfm's processes (later changes are not shown; see "
+            f"{rule} (later changes are not shown; see "
             f"docs/operations.md#many-runs-on-one-machine)")
 
 

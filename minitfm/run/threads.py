@@ -15,9 +15,11 @@ just created, and read only when it is a regular file. When anything is off, the
 unregistered (or skips the entry) and says so once (`warn`).
 
 `auto` resolves to `OMP_NUM_THREADS` when that is set (torchrun sets 1 per worker), else to
-(cores - the fixed counts of the others) // (the processes on `auto`, this one included), at
-least 1. Training re-reads the registry about once a second: a run alone on 2 cores uses 2
-threads, drops to 1 when a second run starts and goes back to 2 when it ends.
+(cores - the cores other programs keep busy - the fixed counts of the others) // (the processes
+on `auto`, this one included), at least 1. Other programs' load is read from /proc (see
+`cpuload`): OpenMP threads on a core that a busy program also wants wait for each other just
+the same. Training looks again about once a second: a run alone on 2 cores uses 2 threads,
+drops to 1 when a second run (or any busy program) starts and goes back to 2 when it ends.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import IO
 
 from minitfm.config import parse_threads
 from minitfm.errors import quote
+from minitfm.run.cpuload import CpuLoad
 from minitfm.run.files import kind
 
 REGISTRY_ENV = "MINITFM_REGISTRY"  # another registry folder (tests)
@@ -49,9 +52,17 @@ UNUSED = "not used (threads=auto cannot see other minitfm processes)"
 Warn = Callable[[str], None]
 
 
+def cpus() -> set[int]:
+    """The CPUs this process may run on: its affinity mask, which containers and taskset narrow
+    (where the system has none, as on macOS, every CPU)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
 def cores() -> int:
-    """CPUs this process may run on (its affinity mask, which containers and taskset narrow)."""
-    return len(os.sched_getaffinity(0))
+    """How many CPUs this process may run on (`cpus`)."""
+    return len(cpus())
 
 
 def registry_dir() -> Path:
@@ -144,18 +155,19 @@ class Registry:
         """Let go of the folder."""
         os.close(self.fd)
 
-    def neighbours(self, own_pid: int) -> list[str | int]:
-        """The settings (`auto` or a count) of the other live processes; stale files are removed."""
-        found = []
+    def neighbours(self, own_pid: int) -> dict[int, str | int]:
+        """The settings (`auto` or a count) of the other live processes, by pid; stale files
+        are removed."""
+        found = {}
         try:
             names = os.listdir(self.fd)
         except OSError:  # the folder was removed meanwhile: nobody left to count
             return found
         for name in names:
-            if name[:1].isdigit() and name != str(own_pid):
+            if name.isdigit() and name != str(own_pid):
                 setting = self.read_if_alive(name)
                 if setting is not None:
-                    found.append(setting)
+                    found[int(name)] = setting
         return found
 
     def read_if_alive(self, name: str) -> str | int | None:
@@ -216,35 +228,40 @@ def make_folder(path: Path) -> None:
         pass
 
 
-def share(setting: str | int, others: Callable[[], list[str | int]]) -> int:
-    """The thread count for `setting`; `others()` (asked only for `auto`) gives the settings of
-    the other live processes."""
+def share(setting: str | int, others: Callable[[], dict[int, str | int]],
+          busy: Callable[[list[int]], int] = lambda pids: 0) -> int:
+    """The thread count for `setting`. For `auto`, `others()` gives the settings of the other
+    live minitfm processes by pid, and `busy(their pids)` the cores that programs other than
+    minitfm's keep busy (`cpuload.CpuLoad.others`)."""
     if setting != "auto":
         return int(setting)
     fixed = env_threads()
     if fixed is not None:
         return fixed
     found = others()
-    taken = sum(s for s in found if s != "auto")
-    sharing = 1 + sum(1 for s in found if s == "auto")
-    return max(1, (cores() - taken) // sharing)
+    taken = sum(s for s in found.values() if s != "auto")
+    sharing = 1 + sum(1 for s in found.values() if s == "auto")
+    return max(1, (cores() - busy(list(found)) - taken) // sharing)
 
 
 def resolve(setting: str | int, registry: Path | None = None, own_pid: int | None = None,
             warn: Warn = python_warning) -> int:
     """The thread count for `setting` given the processes registered in `registry` (default:
-    this user's), which is read, not joined."""
+    this user's), which is read, not joined, and the cores other programs keep busy (looked
+    at over MIN_WINDOW_S)."""
+    own_pid = own_pid or os.getpid()
 
-    def others() -> list[str | int]:
+    def others() -> dict[int, str | int]:
         folder = Registry.open(registry or registry_dir(), warn, create=False)
         if folder is None:
-            return []
+            return {}
         try:
-            return folder.neighbours(own_pid or os.getpid())
+            return folder.neighbours(own_pid)
         finally:
             folder.close()
 
-    return share(setting, others)
+    load = CpuLoad(cpus())
+    return share(setting, others, lambda pids: load.others([own_pid, *pids]))
 
 
 class ThreadClaim:
@@ -261,6 +278,8 @@ class ThreadClaim:
         self.folder: Registry | None = None
         self.file: IO[str] | None = None
         self.threads = 0  # what `apply` last gave torch
+        self.busy = 0  # cores that other programs kept busy, at the last look (`auto` only)
+        self.load = CpuLoad(cpus())
         self._warn, self.warned = warn, False
 
     @property
@@ -281,6 +300,9 @@ class ThreadClaim:
                 self._write()
             except OSError:  # a full disk, say: unregistered, as torch would run, yet seeing others
                 self._unregister()
+        # other programs' load is measured from here: `train` registers before torch loads
+        self.load.start([os.getpid(), *(self.folder.neighbours(os.getpid()) if self.folder
+                                         else ())])
         return self
 
     def __exit__(self, *exc) -> None:
@@ -309,9 +331,16 @@ class ThreadClaim:
             self._write()
 
     def resolve(self) -> int:
-        """This process's thread count now (as if alone when the registry is not used)."""
-        folder = self.folder
-        return share(self.setting, lambda: folder.neighbours(os.getpid()) if folder else [])
+        """This process's thread count now (as if alone among minitfm's processes when the
+        registry is not used), seeing the cores other programs kept busy since the last look."""
+        folder, self.busy = self.folder, 0
+
+        def busy(pids: list[int]) -> int:
+            self.busy = self.load.others([os.getpid(), *pids])
+            return self.busy
+
+        return share(self.setting, lambda: folder.neighbours(os.getpid()) if folder else {},
+                     busy)
 
     def apply(self) -> bool:
         """Give torch the resolved count; True when it changed."""
@@ -325,9 +354,10 @@ class ThreadClaim:
         return changed
 
     def describe(self) -> str:
-        """E.g. `2 threads (auto)`."""
+        """E.g. `2 threads (auto)`, `1 thread (auto; other programs keep 1 of 2 cores busy)`."""
         unit = "thread" if self.threads == 1 else "threads"
-        return f"{self.threads} {unit} ({self.setting})"
+        busy = f"; other programs keep {self.busy} of {cores()} cores busy" if self.busy else ""
+        return f"{self.threads} {unit} ({self.setting}{busy})"
 
 
 class ThreadPacer:

@@ -50,14 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minitfm.book.model import eval_mode
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.look.forecast import Course, Forecast, gauge_readings, make_forecast
 from minitfm.lab.look.grokking import modadd_gauges
-from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, has_alignment
+from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, LatestPass, has_alignment
 from minitfm.run.files import append_metrics
 from minitfm.run.instruments import GaugesDue, Instrument, Started
-from minitfm.tasks.base import Pair, Task, make_batch
+from minitfm.tasks.base import Pair, Task
 
 GAUGE_SAMPLES = ALIGNMENT_SAMPLES  # held-out pairs a reading runs through the model
 HARD_SHARE = 0.25  # hard_loss: the mean loss of this share of positions, the hardest ones
@@ -96,13 +95,13 @@ class Reading:
 
 
 @torch.no_grad()
-def read_gauges(model: torch.nn.Module, task: Task, pairs: list[Pair], step: int) -> Reading:
-    """The gauges of `model` on `pairs` (held-out), from one teacher-forced pass."""
-    device = next(model.parameters()).device
-    batch = make_batch(pairs, task.vocab).to(device)
-    with eval_mode(model):
-        logits, maps = model(batch.src, batch.tgt_in, return_attention=True)  # (B, T, V)
-    targets = batch.tgt_out  # (B, T): target + EOS, PAD after
+def read_gauges(model: torch.nn.Module, task: Task, pairs: list[Pair], step: int,
+                passes: LatestPass | None = None) -> Reading:
+    """The gauges of `model` on `pairs` (held-out), from one teacher-forced pass (the one the
+    attention snapshot of the same step makes, through `passes`)."""
+    forced = (passes or LatestPass()).at(step, model, task, pairs)
+    logits, maps = forced.logits, forced.maps  # (B, T, V)
+    targets = forced.batch.tgt_out  # (B, T): target + EOS, PAD after
     valid = targets != task.vocab.pad_id
     right = (logits.argmax(-1) == targets) & valid
     losses = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none",
@@ -152,10 +151,13 @@ def ideal_keys(task: Task, pairs: list[Pair], T: int, S: int) -> Tensor | None:
         rows = [[[position] for position in task.alignment(src)] for src, _ in pairs]
     else:
         return None
+    # the (pair, row, position) of every True, set in one indexing: one per pair and row costs
+    # more than the model's whole pass over the pairs
+    marks = [(b, t, s) for b, row in enumerate(rows) for t, positions in enumerate(row)
+             for s in positions]
     keys = torch.zeros(len(pairs), T, S, dtype=torch.bool)
-    for b, row in enumerate(rows):
-        for t, positions in enumerate(row):
-            keys[b, t, positions] = True
+    if marks:
+        keys[tuple(torch.tensor(marks).T)] = True
     return keys
 
 
@@ -177,7 +179,8 @@ class GaugeReader(Instrument):
     reading to metrics.jsonl and hands it (as `due.reading`) to the instruments after it:
     TensorBoard, the console."""
 
-    def __init__(self) -> None:
+    def __init__(self, passes: LatestPass | None = None) -> None:
+        self.passes = passes or LatestPass()  # shared with the attention recorder (`LatestPass`)
         self.task: Task | None = None
         self.pairs: list[Pair] = []
         self.run_dir = None
@@ -196,7 +199,7 @@ class GaugeReader(Instrument):
     def on_gauges(self, due: GaugesDue) -> None:
         if self.task is None or not self.pairs:
             return
-        reading = read_gauges(due.model, self.task, self.pairs, due.step)
+        reading = read_gauges(due.model, self.task, self.pairs, due.step, self.passes)
         self.history.append((reading.step, reading.exact, reading.token_accuracy))
         reading.forecast = make_forecast(self.history, self.course)
         record = reading.record()

@@ -31,7 +31,7 @@ class MapGrid:
     matplotlib figure takes about a second: TensorBoard gets one at every evaluation."""
 
     def __init__(self, block: MapBlock, header: str, longest_caption: str, size: int = 11,
-                 map_pixels: int = GRID_MAP_PIXELS):
+                 map_pixels: int = GRID_MAP_PIXELS, captions: Captions | None = None):
         from PIL import Image, ImageDraw, ImageFont
 
         # Pillow draws with one font: what it lacks is written as its code point
@@ -54,21 +54,52 @@ class MapGrid:
         self.write(draw, header_lines, GRID_PAD)
         self.layout.label(draw, block, self.top)
         self.background = np.asarray(image)
+        self.captions = captions or Captions()  # see `caption_band`
+        # what a caption is drawn on and where: the rows above the maps, in the title's font
+        above = self.background[:self.top]
+        self.above = (size, self.caption_y, above.shape, above.tobytes())
 
     def frame(self, block: MapBlock, caption: str) -> np.ndarray:
         """The picture of the block's weights (L, H, T_q, T_k) with `caption`: RGB
         (height, width, 3) uint8."""
-        from PIL import Image, ImageDraw
-
         canvas, cell = self.background.copy(), self.layout.cell
         for r, c, x, y in self.layout.maps(self.top):
             cells = colours(block.weights[r, c])  # (T_q, T_k, 3)
             canvas[y:y + self.layout.map_h, x:x + self.layout.map_w] = \
                 cells.repeat(cell, axis=0).repeat(cell, axis=1)
+        lines, first, band = self.caption_band(caption)
+        if first + len(band) <= self.top:  # above the maps: the band drawn once per caption
+            canvas[first:first + len(band)] = band
+            return canvas
+        from PIL import Image, ImageDraw  # longer than the longest planned for: over the maps
+
         image = Image.fromarray(canvas)
-        caption = self.lettering([caption]).text(caption)  # the model's output
-        self.write(ImageDraw.Draw(image), self.wrap(caption), self.caption_y)
+        self.write(ImageDraw.Draw(image), lines, self.caption_y)
         return np.asarray(image)
+
+    def caption_band(self, caption: str) -> tuple[list[str], int, np.ndarray]:
+        """`caption`'s lines and the rows of the background they cover, drawn: (the lines, the
+        first row, the rows (n, width, 3)). Drawn on those rows of the background, the text
+        blends with the pixels under it as it would on the whole picture, so the frame is the
+        same. Kept (`Captions`) for the next frame with that caption on the same rows."""
+        return self.captions.get(caption, self.above, lambda: self.draw_caption(caption))
+
+    def draw_caption(self, caption: str) -> tuple[list[str], int, np.ndarray]:
+        """`caption_band`, drawn."""
+        from PIL import Image, ImageDraw
+
+        lines = self.wrap(self.lettering([caption]).text(caption))  # the model's output
+        tops, bottoms = [], []
+        for i, line in enumerate(lines):  # never none: wrap gives a line at least
+            y = self.caption_y + i * self.layout.title_line  # where `write` draws it
+            _, top, _, bottom = self.title_font.getbbox(line)
+            tops.append(y + top)
+            bottoms.append(y + bottom)
+        first = max(0, min(tops) - 2)  # 2 rows more each side, for the glyphs' soft edges
+        end = min(len(self.background), max(bottoms) + 2)
+        image = Image.fromarray(self.background[first:end])
+        self.write(ImageDraw.Draw(image), lines, self.caption_y - first)
+        return lines, first, np.asarray(image)
 
     def lettering(self, texts: list[str]) -> Lettering:
         """How `texts` are drawn (see `lettering`). Text of FONT_HAS needs no look at the font's
@@ -90,6 +121,24 @@ class MapGrid:
         for i, line in enumerate(lines):
             draw.text((GRID_PAD, y + i * self.layout.title_line), line, fill="black",
                       font=self.title_font)
+
+
+class Captions:
+    """The latest caption, drawn, by what it was drawn on (`MapGrid.above`): the pictures of
+    one snapshot all have its caption, and TensorBoard's pictures of one kind of attention
+    (one per head) the same rows above their maps, so a snapshot draws it once per kind."""
+
+    def __init__(self) -> None:
+        self.caption: str | None = None
+        self.drawn: dict = {}  # MapGrid.above -> MapGrid.caption_band
+
+    def get(self, caption: str, above, draw):
+        """The band of `caption` on `above`, drawn by `draw()` the first time."""
+        if caption != self.caption:  # a new snapshot: the last one's are done with
+            self.caption, self.drawn = caption, {}
+        if above not in self.drawn:
+            self.drawn[above] = draw()
+        return self.drawn[above]
 
 
 class GridLayout:

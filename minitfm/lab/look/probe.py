@@ -31,7 +31,7 @@ from torch import Tensor
 
 from minitfm.book.metrics import strip_eos
 from minitfm.book.model import AttentionMaps, eval_mode, greedy_decode
-from minitfm.tasks.base import EOS_ID, Pair, Task, make_batch
+from minitfm.tasks.base import EOS_ID, Batch, Pair, Task, make_batch
 
 KINDS = ("encoder", "decoder", "cross")  # the three kinds of attention, in the model's order
 KIND_TITLES = {
@@ -145,14 +145,16 @@ def alignment_scores(model, task: Task, pairs: list[Pair]) -> HeadScores | None:
     return head_scores(model, task, pairs)
 
 
-@torch.no_grad()
 def head_scores(model, task: Task, pairs: list[Pair]) -> HeadScores:
     """Alignment scores, soft and hard (None without an ideal), and attention entropy of every
     cross-attention head on `pairs`, from one teacher-forced pass."""
-    batch = make_batch(pairs, task.vocab).to(next(model.parameters()).device)
-    with eval_mode(model):
-        _, maps = model(batch.src, batch.tgt_in, return_attention=True)
-    cross = maps.cross  # per layer (B, H, T, S)
+    return scores_of(teacher_pass(model, task, pairs), task, pairs)
+
+
+@torch.no_grad()
+def scores_of(forced: TeacherPass, task: Task, pairs: list[Pair]) -> HeadScores:
+    """`head_scores` from the teacher-forced pass of `pairs` (`teacher_pass`)."""
+    batch, cross = forced.batch, forced.maps.cross  # per layer (B, H, T, S)
     T = batch.tgt_in.size(1)  # BOS + longest target; its row t writes target token t
     valid = batch.tgt_out != task.vocab.pad_id  # (B, T)
     entropy = torch.stack([attention_entropy(c, valid) for c in cross]).cpu()  # (L, H)
@@ -162,6 +164,46 @@ def head_scores(model, task: Task, pairs: list[Pair]) -> HeadScores:
     soft = torch.stack([alignment_score(c, ideal) for c in cross]).cpu()  # (L, H)
     hard = torch.stack([alignment_score(c, ideal, hard=True) for c in cross]).cpu()  # (L, H)
     return HeadScores(soft, hard, entropy)
+
+
+# --- one teacher-forced pass, read twice ---
+
+@dataclass
+class TeacherPass:
+    """A teacher-forced pass with attention over a batch of pairs, in eval mode, no gradient."""
+
+    batch: Batch
+    logits: Tensor  # (B, T, V)
+    maps: AttentionMaps
+
+
+@torch.no_grad()
+def teacher_pass(model, task: Task, pairs: list[Pair]) -> TeacherPass:
+    """`model` teacher-forced on `pairs` (their targets), with its attention maps."""
+    batch = make_batch(pairs, task.vocab).to(next(model.parameters()).device)
+    with eval_mode(model):
+        logits, maps = model(batch.src, batch.tgt_in, return_attention=True)  # (B, T, V)
+    return TeacherPass(batch, logits, maps)
+
+
+class LatestPass:
+    """The latest `teacher_pass`, handed again to whoever asks for it on the same pairs at the
+    same step of a run, the weights unchanged: the gauges (every 10 steps) and the attention
+    snapshot (every 25) both read the first 200 held-out pairs, and fall on the same step every
+    50 steps. The same computation twice gives the same numbers, so the second is skipped."""
+
+    def __init__(self) -> None:
+        self.made: tuple | None = None  # (step, model, task, pairs, weights' versions)
+        self.latest: TeacherPass | None = None
+
+    def at(self, step: int, model, task: Task, pairs: list[Pair]) -> TeacherPass:
+        """The pass of `model` on `pairs` at `step`: the latest one if it is that, else made."""
+        # Parameters' version counters move with every in-place change (an optimizer step,
+        # loading weights): a guard besides the step, which names the weights in a run.
+        made = (step, model, task, pairs, tuple(p._version for p in model.parameters()))
+        if self.latest is None or self.made != made:  # a module equals only itself
+            self.latest, self.made = teacher_pass(model, task, pairs), made
+        return self.latest
 
 
 # --- the maps, as drawn ---

@@ -80,6 +80,7 @@ class TensorBoardLogger(Instrument):
         self.previous_hook = None
         self.cfg = self.task = None
         self.grids: dict = {}  # (kind, layer, head) -> its mapgrid.MapGrid, made when first drawn
+        self.captions = None  # mapgrid.Captions: a snapshot's caption, drawn once per kind
 
     def on_start(self, run: Started) -> None:
         """Open the event files, with the config as text."""
@@ -87,6 +88,9 @@ class TensorBoardLogger(Instrument):
             return
         from torch.utils.tensorboard import SummaryWriter
 
+        from minitfm.lab.look.crc32c import use_in_tensorboard
+
+        use_in_tensorboard()  # its own checksums go a byte at a time, in pure Python
         # TensorBoard opens its event file with open(), which would follow a link planted at
         # its name (time, host, pid): a random end makes the name one no one can guess.
         # purge_step: a resumed run's events from the step after its checkpoint replace those a
@@ -180,11 +184,12 @@ class TensorBoardLogger(Instrument):
     def _grid(self, block, snapshot):
         """The picture maker of one head's map, sized for the longest caption any step can
         have."""
-        from minitfm.lab.look.mapgrid import MapGrid
+        from minitfm.lab.look.mapgrid import Captions, MapGrid
         from minitfm.lab.look.probe import KIND_TITLES
 
         key = (block.kind, *block.layers, *block.heads)
         if key not in self.grids:
+            self.captions = self.captions or Captions()
             tokens = self.task.vocab.tokens
             widest = max((i for i, t in enumerate(tokens) if not t.startswith("<")),
                          key=lambda i: len(tokens[i]))
@@ -193,7 +198,8 @@ class TensorBoardLogger(Instrument):
             header = f"{KIND_TITLES[block.kind]}\n{self._header(src, target)}"
             self.grids[key] = MapGrid(block, header,
                                       self._caption(LONGEST_STEP, [widest] * cap, target),
-                                      size=FONT_SIZE, map_pixels=MAP_PIXELS)
+                                      size=FONT_SIZE, map_pixels=MAP_PIXELS,
+                                      captions=self.captions)
         return self.grids[key]
 
     def _header(self, src: list[int], target: list[int]) -> str:

@@ -31,7 +31,14 @@ import torch
 from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
-from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, Probe, head_scores, pick_probe, run_probe
+from minitfm.lab.look.probe import (
+    ALIGNMENT_SAMPLES,
+    LatestPass,
+    Probe,
+    pick_probe,
+    run_probe,
+    scores_of,
+)
 from minitfm.run.files import open_run_file, to_json, unreadable
 from minitfm.run.instruments import Evaluation, Instrument, SnapshotDue, Started
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
@@ -81,7 +88,9 @@ class AttentionRecorder(Instrument):
     `run.instruments`): the run says when a snapshot is due."""
 
     def __init__(self, task: Task | None = None, eval_pairs: list[Pair] = (),
-                 path: Path | None = None, active: bool = False, recorded: Pair | None = None):
+                 path: Path | None = None, active: bool = False, recorded: Pair | None = None,
+                 passes: LatestPass | None = None):
+        self.passes = passes or LatestPass()  # shared with the gauge reader (`LatestPass`)
         self.aim(task, eval_pairs, path, active, recorded)
 
     def aim(self, task: Task | None, eval_pairs: list[Pair], path: Path | None, active: bool,
@@ -133,7 +142,8 @@ class AttentionRecorder(Instrument):
             self.evaluation[0] == step else (step, None, None)
         src, target = self.probe
         probe = run_probe(model, self.task, src, teacher=target, output=output)
-        scores = head_scores(model, self.task, self.pairs)
+        scores = scores_of(self.passes.at(step, model, self.task, self.pairs), self.task,
+                           self.pairs)
         self.taken = Snapshot(step, probe, target, scores.soft, scores.entropy, exact_match)
         return self.taken
 

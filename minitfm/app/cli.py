@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from minitfm import __version__
+from minitfm._version import __version__
 from minitfm.app import compare, explain, predict, stacked
 from minitfm.app.arguments import split_config_args
 from minitfm.app.console import (

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minitfm import __version__
+from minitfm._version import __version__
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import MinitfmError

@@ -123,7 +123,7 @@ def train_command(
     if book is not None:  # a path as it is, not read as YAML
         overrides = [*overrides, ("model.code", str(book.resolve()))]
     if resume is not None:
-        from minitfm.run.argument import resolve_checkpoint
+        from minitfm.run.which_run import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint

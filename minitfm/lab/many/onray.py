@@ -56,7 +56,7 @@ from minitfm.lab.many.scheduler import (
     plan_job,
     stop_message,
 )
-from minitfm.lab.many.stacks import on_gpu, stack_command
+from minitfm.lab.many.stacking import on_gpu, stack_command
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.rundir import DONE, run_status
 from minitfm.run.signals import CaughtSignals

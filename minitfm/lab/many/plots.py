@@ -15,8 +15,8 @@ from minitfm.errors import CheckpointError
 from minitfm.lab.curves import run_curves
 from minitfm.lab.many.runs import HIDDEN_KEYS, short_label
 from minitfm.lab.pictures import check_output, line_style, save_png
-from minitfm.run.argument import run_directory
 from minitfm.run.rundir import read_run_config
+from minitfm.run.which_run import run_directory
 
 PLOT_NAME = "plot.png"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from minitfm.config import BUILT_IN_CODES
 from minitfm.errors import Interrupted, shown_path
-from minitfm.lab.children import python_module
+from minitfm.lab.child_process import python_module
 from minitfm.lab.curves import read_eval
 from minitfm.lab.many.grid import Grid, RunSpec
 from minitfm.lab.many.results import eval_path, eval_ranges, run_line

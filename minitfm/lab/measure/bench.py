@@ -32,7 +32,7 @@ from minitfm.book.loop import make_optimizer
 from minitfm.book.model import greedy_decode, sequence_loss
 from minitfm.config import Config, load_config
 from minitfm.fast.model import CODES, build_model
-from minitfm.lab.children import python_module
+from minitfm.lab.child_process import python_module
 from minitfm.lab.measure.reference import (
     TRAINERS,
     XT_MISSING,

@@ -4,12 +4,12 @@ The Python API (see `minitfm.app.api`): `from minitfm import load_run, train`, a
 `minitfm learn` `start_workbook`, `check_workbook` and `check`. `import minitfm` stays cheap:
 torch loads with the first use of any.
 
-The floors, bottom up (imports go down only, and none up to this file): the kernel (`_version`,
+The floors, bottom up (imports go down only, and none up to this file): the kernel (`version`,
 `errors`, `catalog`, `yamlfile`, `schema`, `overrides`, `config`), `tasks`, `book`, `fast`,
 `learn`, `run`, `lab`, `app`; `__main__` is the `minitfm` command.
 """
 
-from minitfm._version import __version__
+from minitfm.version import __version__
 
 API = ("load_run", "train", "start_workbook", "check_workbook", "check")
 __all__ = [*API, "__version__"]

@@ -1,7 +1,7 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
     app → lab → run → learn → fast → book → tasks → kernel (config → overrides → schema →
-    yamlfile, catalog → errors → _version)
+    yamlfile, catalog → errors → version)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, and relative ones resolved (tests/imports.py), so neither a
@@ -9,7 +9,7 @@ deferred import nor a spelling can hide an arrow that points up.
 A module may import its own floor and the floors below it. `minitfm/__init__.py` (the
 package's front door, which lazily re-exports the Python API) counts as the top floor, and no
 module below it imports it: the version a command prints or a page records is read from the
-kernel's `_version`, below every floor. The kernel is the package's top-level modules, each a
+kernel's `version`, below every floor. The kernel is the package's top-level modules, each a
 floor of its own: torch-free, each importing only the kernel below it.
 
 The lab has wings by concern, floors inside its floor: the modules it shares (`lab/*.py`: the
@@ -30,7 +30,7 @@ from tests.imports import file_imports, read_imports
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
 # the kernel, bottom up: no torch
-KERNEL = ["_version", "errors", "catalog", "yamlfile", "schema", "overrides", "config"]
+KERNEL = ["version", "errors", "catalog", "yamlfile", "schema", "overrides", "config"]
 FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules
@@ -79,7 +79,7 @@ def test_imports_go_down_only(name):
 
 
 def test_nothing_below_the_front_door_imports_it():
-    """Not even for `__version__` (the kernel's `_version` holds it): `from minitfm import x`
+    """Not even for `__version__` (the kernel's `version` holds it): `from minitfm import x`
     in a module below the front door is an arrow up, whatever `x` is."""
     assert sorted(name for name in set(MODULES) - TOP if "minitfm" in GRAPH[name]) == []
 

@@ -196,9 +196,9 @@ def test_config_imports_only_the_kernel():
     code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('minitfm', 'torch'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.stdout.strip() == ("['minitfm', 'minitfm._version', 'minitfm.catalog', "
-                                     "'minitfm.config', 'minitfm.errors', 'minitfm.overrides', "
-                                     "'minitfm.schema', 'minitfm.yamlfile']"), \
+    assert result.stdout.strip() == ("['minitfm', 'minitfm.catalog', 'minitfm.config', "
+                                     "'minitfm.errors', 'minitfm.overrides', 'minitfm.schema', "
+                                     "'minitfm.version', 'minitfm.yamlfile']"), \
         result.stdout + result.stderr[-500:]
 
 

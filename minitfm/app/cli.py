@@ -12,7 +12,6 @@ from pathlib import Path
 
 import typer
 
-from minitfm._version import __version__
 from minitfm.app import compare, explain, predict, stacked
 from minitfm.app.arguments import split_config_args
 from minitfm.app.console import (
@@ -61,6 +60,7 @@ from minitfm.lab.options import (
     seeds_once,
 )
 from minitfm.run.files import to_json
+from minitfm.version import __version__
 
 app = App(
     cls=OneLineErrors,

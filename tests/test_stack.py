@@ -27,9 +27,9 @@ from minitfm.lab.many import stacking
 from minitfm.lab.many.grid import RunSpec
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.instruments import Instrument
-from minitfm.run.rundir import read_summary
 from minitfm.run.stack import StackMember, train_stack
 from minitfm.run.stack_key import stack_differences, stack_key
+from minitfm.run.summary import read_summary
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli, train_bare

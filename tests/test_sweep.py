@@ -23,7 +23,7 @@ from minitfm.lab.many.sweep import SweepLock, check_memory, plan_line, prepare
 from minitfm.lab.options import SweepOptions
 from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.rundir import read_summary
+from minitfm.run.summary import read_summary
 from minitfm.run.threads import cores
 from tests.helpers import TINY, assert_clean_error, assert_clean_errors, given_once, once, run_cli
 

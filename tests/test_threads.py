@@ -12,7 +12,7 @@ import torch
 from minitfm.config import load_config
 from minitfm.errors import ConfigError
 from minitfm.run import threads
-from minitfm.run.rundir import read_summary
+from minitfm.run.summary import read_summary
 from minitfm.run.threads import ThreadClaim, ThreadPacer, resolve
 from tests.helpers import TINY, assert_clean_error, run_cli
 

@@ -36,7 +36,7 @@ from minitfm.lab.pictures import (
     wrap_to_width,
     write_picture,
 )
-from minitfm.run.rundir import read_run_config
+from minitfm.run.summary import read_run_config
 from minitfm.run.which_run import run_directory
 
 MAX_COLUMNS = 12  # a strip of more recorded steps shows this many, evenly spread

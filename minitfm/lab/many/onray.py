@@ -58,8 +58,8 @@ from minitfm.lab.many.scheduler import (
 )
 from minitfm.lab.many.stacking import on_gpu, stack_command
 from minitfm.run.files import to_json, write_atomic
-from minitfm.run.rundir import DONE, run_status
 from minitfm.run.signals import CaughtSignals
+from minitfm.run.summary import DONE, run_status
 
 RAY_MISSING = "Ray is not installed: pip install 'minitfm[ray]' (on every node of the cluster)"
 ADDRESS_ENV = "RAY_ADDRESS"

@@ -24,8 +24,8 @@ from minitfm.lab.many.runs import read_record
 from minitfm.lab.many.scheduler import PROCESS_BYTES, Job
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.limits import available_bytes, check_fits, gpu_free_bytes, training_parts
-from minitfm.run.rundir import DONE, read_summary, run_status
 from minitfm.run.stack_key import stack_key
+from minitfm.run.summary import DONE, read_summary, run_status
 
 
 def stack_command(folder: Path, specs: list[RunSpec], threads: int, samples: int,

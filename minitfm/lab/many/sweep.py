@@ -48,16 +48,17 @@ from minitfm.lab.many.stacking import (
     unstacked_why,
 )
 from minitfm.lab.options import SweepOptions
-from minitfm.run.files import (
+from minitfm.run.files import to_json, write_atomic
+from minitfm.run.limits import check_fits, decoding_parts, training_parts
+from minitfm.run.rundir import (
     check_writable,
+    is_run_dir,
+    lock_exclusively,
     make_dirs,
+    new_run_dir,
     open_run_file,
     remove_files,
-    to_json,
-    write_atomic,
 )
-from minitfm.run.limits import check_fits, decoding_parts, training_parts
-from minitfm.run.rundir import is_run_dir, lock_exclusively, new_run_dir
 from minitfm.run.threads import cores
 
 STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name

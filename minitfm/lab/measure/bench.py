@@ -40,8 +40,8 @@ from minitfm.lab.measure.reference import (
     import_xtransformers,
     torch_adamw,
 )
-from minitfm.run.files import open_run_file
 from minitfm.run.memory import peak_rss_mb
+from minitfm.run.rundir import open_run_file
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 

@@ -7,8 +7,7 @@ resumes) and `ended`. A run without one is `running` while a process holds its `
 was killed: `interrupted` when it has `checkpoints/last.pt` (`--resume` continues it), `failed`
 when not. A hand-edited or copied run can hold anything: its summary.json and config.yaml are
 read with caps and checks, and a damaged one is a `CheckpointError` saying which file and why
-(`minitfm runs` lists the run as `unreadable`). Its files are opened as every run's are
-(`rundir.open_run_file`). No torch here: listing runs is instant.
+(`minitfm runs` lists the run as `unreadable`). No torch here: listing runs is instant.
 """
 
 from __future__ import annotations

@@ -3,9 +3,14 @@
 The Python API (see `minitfm.app.api`): `from minitfm import load_run, train`, and for
 `minitfm learn` `start_workbook`, `check_workbook` and `check`. `import minitfm` stays cheap:
 torch loads with the first use of any.
+
+The floors, bottom up (imports go down only, and none up to this file): the kernel (`version`,
+`errors`, `catalog`, `yamlfile`, `schema`, `overrides`, `config`), `tasks`, `book`, `fast`,
+`learn`, `run`, `lab`, `app`; `__main__` is the `minitfm` command.
 """
 
-__version__ = "0.1.0"
+from minitfm.version import __version__
+
 API = ("load_run", "train", "start_workbook", "check_workbook", "check")
 __all__ = [*API, "__version__"]
 

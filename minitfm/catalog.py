@@ -13,18 +13,15 @@ JavaScript twin (`lab/explore/model.js`), so that the explorer's page answers as
 
 The one length rule lives here too: a model needs a position for every source token and for
 BOS + every target token (`positions_needed`), and learned or randomized positions can run out
-(`position_shortfall`); and the names of where a run runs, its device and threads.
+(`position_shortfall`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
-
-from minitfm.errors import ConfigError, quote
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # ids 0, 1, 2 of every vocabulary
 
@@ -71,38 +68,6 @@ TASKS = MappingProxyType({spec.name: spec for spec in (
     # Pairs read from files: as many target tokens here; once its files are read, their longest.
     TaskSpec("pairs", task_symbols=("<unk>",), reading=None, from_files=True),
 )})
-
-
-MODADD_TRAIN_FRACTION = 0.3  # Nanda et al. 2023 train on 30% of the pairs
-MODADD_MAX_SYMBOLS = 1000  # modadd lists its p² pairs (a million at most)
-
-
-def modadd_problem(task: Any) -> str | None:
-    """What is wrong with modadd's settings (`task`, a TaskConfig), in one line; None: nothing.
-    task.train_fraction is modadd's alone; modadd's lengths are 1 (two one-symbol numbers), and
-    its share of the p² pairs trained on (rounded) must leave a pair on each side."""
-    p, fraction = task.n_symbols, task.train_fraction
-    if task.name != "modadd":
-        return None if fraction == MODADD_TRAIN_FRACTION else (
-            f"task.train_fraction ({fraction}) applies only to task 'modadd' (task.name is "
-            f"{quote(task.name)})")
-    if p > MODADD_MAX_SYMBOLS:
-        return (f"task.n_symbols ({p}) must be at most {MODADD_MAX_SYMBOLS} for task 'modadd': "
-                f"its p² pairs are listed in memory")
-    if (task.min_len, task.max_len) != (1, 1):
-        return (f"task.min_len ({task.min_len}) and task.max_len ({task.max_len}) do not apply "
-                f"to task 'modadd' (each operand is one symbol): leave them out")
-    if not 0 < fraction < 1:
-        return (f"task.train_fraction ({fraction}) must be between 0 and 1: the share of the "
-                f"p² pairs trained on, e.g. {MODADD_TRAIN_FRACTION}")
-    trained = round(fraction * p * p)
-    if trained < 1:
-        return (f"task.train_fraction ({fraction}) trains on no pair of the {p * p} "
-                f"(task.n_symbols {p}, squared): raise it to at least {1 / p**2:.3g}")
-    if trained > p * p - 1:
-        return (f"task.train_fraction ({fraction}) trains on every pair of the {p * p} "
-                f"(task.n_symbols {p}, squared): lower it to at most {1 - 1 / p**2:.3g}")
-    return None
 
 
 @dataclass(frozen=True)
@@ -156,33 +121,3 @@ def position_shortfall(model: Any, needed: int, training: bool = False) -> Short
         if needed > limit:
             return Shortfall(key, limit, needed)
     return None
-
-
-# --- where a run runs: its device and its CPU threads ---
-
-DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
-# A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
-# that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
-# given (a million failed in libgomp's allocator, after a long wait on 2 cores).
-MAX_THREADS = 1024
-
-
-def parse_threads(value: str | int) -> str | int:
-    """`auto` or a positive integer (as given on the command line or in a config)."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return "auto"
-    digits = text.lstrip("0")  # compared by length first: int() of 5,000 digits is refused
-    if not re.fullmatch(r"[0-9]+", text) or not digits:
-        raise ValueError(f"threads ({quote(value)}) must be auto or a positive integer")
-    if len(digits) > len(str(MAX_THREADS)) or int(digits) > MAX_THREADS:
-        raise ValueError(f"threads ({quote(value)}) must be at most {MAX_THREADS:,}: use auto, or "
-                         f"a count up to this machine's cores")
-    return int(digits)
-
-
-def check_device(name: str, error=ConfigError) -> str:
-    """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
-    if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
-        raise error(f"device ({quote(name)}) must be auto, cpu, cuda or cuda:N")
-    return name

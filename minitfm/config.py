@@ -22,7 +22,6 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from minitfm.catalog import check_device, parse_threads
 from minitfm.errors import ConfigError, option, quote, shown_path
 from minitfm.overrides import (
     check_given_once,
@@ -43,7 +42,9 @@ from minitfm.schema import (
     Section,
     TaskConfig,
     TrainConfig,
+    check_device,
     config_keys,
+    parse_threads,
 )
 from minitfm.yamlfile import read_yaml
 

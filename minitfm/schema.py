@@ -4,7 +4,8 @@ that hold between keys.
 Every key has a default, so a YAML file states only what it changes. The YAML key, the
 pydantic field and the override path are the same string: `model.n_heads: 4` in a file is
 `model.n_heads=4` on the command line (`minitfm.overrides` reads that form, `minitfm.config`
-loads a whole config). A kernel module: no torch, and nothing of the machine.
+loads a whole config). Two keys' rules serve the command line too: `parse_threads` (`--threads`)
+and `check_device` (`bench --device`). A kernel module: no torch, and nothing of the machine.
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-import minitfm.catalog as catalog
-from minitfm.catalog import POSITIONALS, TASKS, check_device, modadd_problem, parse_threads
-from minitfm.errors import quote
+from minitfm.catalog import POSITIONALS, TASKS
+from minitfm.errors import ConfigError, quote
 
 BUILT_IN_CODES = ("fast", "book")  # model.code's own values: any other names a workbook folder
 PAIRS_KEYS = {"train_path": None, "eval_path": None, "eval_fraction": 0.1, "tokenize": "char"}
@@ -29,6 +29,8 @@ SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, 
 # book, so that `--help` and `minitfm sweep` read it without torch.
 EVAL_BATCH_SIZE = 250
 FINITE = {"allow_inf_nan": False}
+MODADD_TRAIN_FRACTION = 0.3  # Nanda et al. 2023 train on 30% of the pairs
+MODADD_MAX_SYMBOLS = 1000  # modadd lists its p² pairs (a million at most)
 # Where the positional schemes come from: "sinusoidal: Vaswani et al. 2017; rope: ...".
 ORIGINS = "; ".join(f"{spec.name}: {spec.origin}" for spec in POSITIONALS.values() if spec.origin)
 
@@ -52,7 +54,7 @@ class TaskConfig(Section):
     max_len: int = Field(16, ge=1, le=65_536, description="longest input length in training "
                          "(pairs: longest source trained on, default model.max_len)")
     eval_seed: int = Field(1234, **SEED_RANGE, description="seed of the held-out evaluation set")
-    train_fraction: float = Field(catalog.MODADD_TRAIN_FRACTION, **FINITE, description="modadd "
+    train_fraction: float = Field(MODADD_TRAIN_FRACTION, **FINITE, description="modadd "
                                   "only: the share of the p² pairs trained on (drawn by eval_seed)")
     train_path: str | None = Field(
         None, description="pairs: training pairs, .tsv (source<TAB>target) or .jsonl "
@@ -110,6 +112,34 @@ class TaskConfig(Section):
             if path is not None and not path.lower().endswith((".tsv", ".jsonl")):
                 raise ValueError(f"task.{key} ({quote(path)}) must end in .tsv "
                                  f"(source<TAB>target) or .jsonl (JSON lines)")
+
+
+def modadd_problem(task: TaskConfig) -> str | None:
+    """What is wrong with modadd's settings (`task`, a TaskConfig), in one line; None: nothing.
+    task.train_fraction is modadd's alone; modadd's lengths are 1 (two one-symbol numbers), and
+    its share of the p² pairs trained on (rounded) must leave a pair on each side."""
+    p, fraction = task.n_symbols, task.train_fraction
+    if task.name != "modadd":
+        return None if fraction == MODADD_TRAIN_FRACTION else (
+            f"task.train_fraction ({fraction}) applies only to task 'modadd' (task.name is "
+            f"{quote(task.name)})")
+    if p > MODADD_MAX_SYMBOLS:
+        return (f"task.n_symbols ({p}) must be at most {MODADD_MAX_SYMBOLS} for task 'modadd': "
+                f"its p² pairs are listed in memory")
+    if (task.min_len, task.max_len) != (1, 1):
+        return (f"task.min_len ({task.min_len}) and task.max_len ({task.max_len}) do not apply "
+                f"to task 'modadd' (each operand is one symbol): leave them out")
+    if not 0 < fraction < 1:
+        return (f"task.train_fraction ({fraction}) must be between 0 and 1: the share of the "
+                f"p² pairs trained on, e.g. {MODADD_TRAIN_FRACTION}")
+    trained = round(fraction * p * p)
+    if trained < 1:
+        return (f"task.train_fraction ({fraction}) trains on no pair of the {p * p} "
+                f"(task.n_symbols {p}, squared): raise it to at least {1 / p**2:.3g}")
+    if trained > p * p - 1:
+        return (f"task.train_fraction ({fraction}) trains on every pair of the {p * p} "
+                f"(task.n_symbols {p}, squared): lower it to at most {1 - 1 / p**2:.3g}")
+    return None
 
 
 class ModelConfig(Section):
@@ -293,3 +323,33 @@ def config_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[
         is_section = isinstance(kind, type) and issubclass(kind, Section)
         keys += config_keys(kind, f"{prefix}{name}.") if is_section else [f"{prefix}{name}"]
     return keys
+
+
+# --- where a run runs: its device and its CPU threads ---
+
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"
+# A fixed count of CPU threads: more than any machine's cores, yet no core count of this one, so
+# that a config (or a run to resume) is valid on every machine; OpenMP starts each thread it is
+# given (a million failed in libgomp's allocator, after a long wait on 2 cores).
+MAX_THREADS = 1024
+
+
+def parse_threads(value: str | int) -> str | int:
+    """`auto` or a positive integer (as given on the command line or in a config)."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    digits = text.lstrip("0")  # compared by length first: int() of 5,000 digits is refused
+    if not re.fullmatch(r"[0-9]+", text) or not digits:
+        raise ValueError(f"threads ({quote(value)}) must be auto or a positive integer")
+    if len(digits) > len(str(MAX_THREADS)) or int(digits) > MAX_THREADS:
+        raise ValueError(f"threads ({quote(value)}) must be at most {MAX_THREADS:,}: use auto, or "
+                         f"a count up to this machine's cores")
+    return int(digits)
+
+
+def check_device(name: str, error=ConfigError) -> str:
+    """`name` if it is auto, cpu, cuda or cuda:N, else `error` with one line."""
+    if not isinstance(name, str) or not re.fullmatch(DEVICE_PATTERN, name):
+        raise error(f"device ({quote(name)}) must be auto, cpu, cuda or cuda:N")
+    return name

@@ -1,17 +1,16 @@
 """The package's floors: imports go down only, no circles, no module tricks.
 
     app → lab → run → learn → fast → book → tasks → kernel (config → overrides → schema →
-    yamlfile, catalog → errors)
+    yamlfile, catalog → errors → version)
 
 Every `import` is read from the source with `ast`, lazy ones inside functions and
 `TYPE_CHECKING` blocks included, and relative ones resolved (tests/imports.py), so neither a
 deferred import nor a spelling can hide an arrow that points up.
 A module may import its own floor and the floors below it. `minitfm/__init__.py` (the
-package's front door, which lazily re-exports the Python API) counts as the top floor, and
-anyone may read `minitfm.__version__` from it, and nothing else: Python runs the package's
-`__init__` before any of its modules anyway, so that arrow adds no dependency. The kernel is
-the package's top-level modules, each a floor of its own: torch-free, each importing only the
-kernel below it.
+package's front door, which lazily re-exports the Python API) counts as the top floor, and no
+module below it imports it: the version a command prints or a page records is read from the
+kernel's `version`, below every floor. The kernel is the package's top-level modules, each a
+floor of its own: torch-free, each importing only the kernel below it.
 
 The lab has wings by concern, floors inside its floor: the modules it shares (`lab/*.py`: the
 loaded run, the options, the curves, the pictures) at the bottom, then `measure`, `look`,
@@ -30,12 +29,12 @@ import pytest
 from tests.imports import file_imports, read_imports
 
 PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
-KERNEL = ["errors", "catalog", "yamlfile", "schema", "overrides", "config"]  # bottom up; no torch
+# the kernel, bottom up: no torch
+KERNEL = ["version", "errors", "catalog", "yamlfile", "schema", "overrides", "config"]
 FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
 WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules
 MAX_LINES, MAX_LAB_LINES, MAX_PARAMETERS = 500, 450, 6
-FRONT_DOOR = {"__version__"}  # what a module below the front door may take from it
 
 
 def module_name(path: Path) -> str:
@@ -57,17 +56,6 @@ def imports_of(name: str) -> set[str]:
     return {m for m in found if m == "minitfm" or m.startswith("minitfm.")}
 
 
-def front_door_names(name: str) -> set[str]:
-    """What `name` takes from minitfm/__init__.py: the names of `from minitfm import ...` that
-    are no module, and `*` for a bare `import minitfm` (any attribute may follow)."""
-    taken = set()
-    for module, names in file_imports(MODULES[name]):
-        if module == "minitfm":
-            taken |= {alias for alias in names if f"minitfm.{alias}" not in MODULES} \
-                if names else {"*"}
-    return taken
-
-
 def floor(name: str) -> int:
     """The floor of a module: its index in FLOORS (the front door is above them all)."""
     if name in TOP:
@@ -84,15 +72,16 @@ def test_every_module_sits_on_a_floor():
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_imports_go_down_only(name):
-    # the front door ("minitfm") is above every floor; what may be read from it is checked below
-    upward = sorted(m for m in GRAPH[name] - {"minitfm"} if floor(m) > floor(name))
+    # the front door ("minitfm") is above every floor: no module below it imports it
+    upward = sorted(m for m in GRAPH[name] if floor(m) > floor(name))
     assert not upward, f"{name} (floor {FLOORS[floor(name)] if name not in TOP else 'top'}) " \
                        f"imports from a floor above it: {upward}"
 
 
-def test_below_the_front_door_only_the_version_is_read_from_it():
-    taken = {name: front_door_names(name) for name in sorted(set(MODULES) - TOP)}
-    assert {name: names for name, names in taken.items() if names - FRONT_DOOR} == {}
+def test_nothing_below_the_front_door_imports_it():
+    """Not even for `__version__` (the kernel's `version` holds it): `from minitfm import x`
+    in a module below the front door is an arrow up, whatever `x` is."""
+    assert sorted(name for name in set(MODULES) - TOP if "minitfm" in GRAPH[name]) == []
 
 
 def test_the_checker_resolves_relative_imports():

@@ -422,7 +422,7 @@ def plant(summary_path: Path, key: str, text: str) -> None:
 def test_a_summary_with_numbers_no_run_writes_is_unreadable_and_compare_leaves_it_out(
         tmp_path, name):
     from minitfm.lab.many.seeds import run_outcome
-    from minitfm.run.rundir import run_status
+    from minitfm.run.summary import run_status
 
     key, text, needle = BAD_NUMBERS[name]
     sweep = fake_sweep(tmp_path / "sw", {"sinusoidal": SAME[:3],

@@ -192,14 +192,13 @@ def test_config_imports_only_the_kernel():
     # The kernel: a config reads the same without torch and on any machine.
     imported = imported_modules(Path(__file__).parent.parent / "minitfm" / "config.py")
     assert {name for name in imported if name.split(".")[0] == "minitfm"} == \
-        {"minitfm.catalog", "minitfm.errors", "minitfm.overrides", "minitfm.schema",
-         "minitfm.yamlfile"}
+        {"minitfm.errors", "minitfm.overrides", "minitfm.schema", "minitfm.yamlfile"}
     code = ("import sys\nfrom minitfm.config import load_config\nload_config()\n"
             "print(sorted(m for m in sys.modules if m.startswith(('minitfm', 'torch'))))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == ("['minitfm', 'minitfm.catalog', 'minitfm.config', "
                                      "'minitfm.errors', 'minitfm.overrides', 'minitfm.schema', "
-                                     "'minitfm.yamlfile']"), \
+                                     "'minitfm.version', 'minitfm.yamlfile']"), \
         result.stdout + result.stderr[-500:]
 
 

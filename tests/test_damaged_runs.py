@@ -22,7 +22,8 @@ from minitfm.app.tables import shell_quote
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, shown_path
 from minitfm.lab.look.timeline import ATTENTION_FILE, read_timeline
-from minitfm.run.rundir import RunLock, read_summary
+from minitfm.run.rundir import RunLock
+from minitfm.run.summary import read_summary
 from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
 

@@ -153,7 +153,7 @@ def test_a_failed_write_keeps_the_previous_summary_and_picture(tmp_path):
 
     from minitfm.errors import MinitfmError
     from minitfm.lab.pictures import write_picture
-    from minitfm.run.rundir import read_summary, write_summary
+    from minitfm.run.summary import read_summary, write_summary
 
     write_summary(tmp_path, {"wall_s": 1.0, "status": "paused"})
     write_picture(tmp_path / "a.png", "--out", lambda buffer: buffer.write(b"old"))

@@ -1,7 +1,7 @@
 """Hostile files in and around a run (the fourth adversarial report, 2026-11-25: H1, H2, L2, L3,
 M2, L10, M9, M10, L11, M3; and a checkpoint of junk bytes).
 
-minitfm opens a run's files one way (`run.files.open_run_file`): never through a symbolic link,
+minitfm opens a run's files one way (`run.rundir.open_run_file`): never through a symbolic link,
 and only a regular file, so a link planted in a shared run folder cannot make it write into a
 file of yours, and a FIFO cannot hang it. It removes only regular files it made, never through
 a linked folder. A damaged result is done again, an unreadable run is listed as such, a name
@@ -24,7 +24,7 @@ import pytest
 from minitfm.app.api import train_run
 from minitfm.app.tables import printable, shell_quote
 from minitfm.config import load_config
-from minitfm.run.files import NotRegularFile, open_run_file
+from minitfm.run.rundir import NotRegularFile, open_run_file
 from tests.helpers import TINY, assert_clean_error, given_once, run_cli
 
 # 20 steps, evaluated (and attention recorded) at steps 10 and 20: about a second.

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from minitfm.errors import CheckpointError
-from minitfm.run.argument import pick_checkpoint
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.rundir import find_run_dir, is_run_dir
+from minitfm.run.which_run import pick_checkpoint
 from tests.helpers import TINY, assert_clean_error, run_cli
 
 FAST = [*TINY, "train.steps=20", "log.tensorboard=false", "log.log_every=10"]

@@ -614,7 +614,7 @@ def test_a_hard_kill_then_resume_leaves_each_step_once_for_every_reader(tmp_path
      + b'"}\n', b'{"step": 1, "pad": "' + b"y" * 200_000 + b'"}\n'),  # lines longer than a read
 ], ids=["metrics", "attention", "torn-record", "torn-head", "others-stay", "long-lines"])
 def test_a_resume_drops_the_records_past_its_step(tmp_path, content, expected):
-    from minitfm.run.files import drop_records_after
+    from minitfm.run.rundir import drop_records_after
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(content)
@@ -623,7 +623,7 @@ def test_a_resume_drops_the_records_past_its_step(tmp_path, content, expected):
 
 
 def test_a_file_with_nothing_past_the_step_is_left_as_it_is(tmp_path):
-    from minitfm.run.files import drop_records_after
+    from minitfm.run.rundir import drop_records_after
 
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "split": "train"}\nmine\n')

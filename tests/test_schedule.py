@@ -13,10 +13,10 @@ from minitfm.book.metrics import evaluate
 from minitfm.config import Config, load_config
 from minitfm.run import schedule
 from minitfm.run.instruments import Instrument
-from minitfm.run.rundir import read_summary
 from minitfm.run.schedule import LossMeter, check_due, check_pairs
 from minitfm.run.session import Training
 from minitfm.run.state import init_state
+from minitfm.run.summary import read_summary
 from tests.helpers import QUICK, TINY, run_cli
 
 

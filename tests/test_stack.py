@@ -23,13 +23,13 @@ from minitfm.fast.stack import (
     predict_rows,
     stack_batches,
 )
-from minitfm.lab.many import stacks
+from minitfm.lab.many import stacking
 from minitfm.lab.many.grid import RunSpec
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.instruments import Instrument
-from minitfm.run.rundir import read_summary
 from minitfm.run.stack import StackMember, train_stack
-from minitfm.run.stackable import stack_differences, stack_key
+from minitfm.run.stack_key import stack_differences, stack_key
+from minitfm.run.summary import read_summary
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli, train_bare
@@ -328,31 +328,31 @@ def test_the_sweep_stacks_where_it_pays_and_as_asked():
     """On the CPU it does not stack unless asked (a stack is no faster there), on a GPU it does;
     each answer says why; a grid with no two runs of one shape has nothing to stack."""
     seeds = [spec(f"seed={s}", [f"seed={s}"]) for s in range(3)]
-    assert stacks.choose_stacking(seeds, None) == (False, (
+    assert stacking.choose_stacking(seeds, None) == (False, (
         "on the CPU a stack is no faster than its runs one by one (docs/speed.md); --stack "
         "stacks them"))
-    assert stacks.choose_stacking(seeds, True) == (True, "as asked (--stack)")
-    assert stacks.choose_stacking(seeds, False) == (False, "as asked (--no-stack)")
+    assert stacking.choose_stacking(seeds, True) == (True, "as asked (--stack)")
+    assert stacking.choose_stacking(seeds, False) == (False, "as asked (--no-stack)")
     gpu = [spec(f"seed={s}", [f"seed={s}", f"device={NAMED_GPU}"]) for s in range(3)]
-    assert stacks.choose_stacking(gpu, None)[0] is True
+    assert stacking.choose_stacking(gpu, None)[0] is True
     shapes = [spec(f"d_ff={d}", [f"model.d_ff={d}"]) for d in (16, 32)]
-    assert stacks.choose_stacking(shapes, True) == \
+    assert stacking.choose_stacking(shapes, True) == \
         (False, "nothing to stack: no two runs share a model shape (--stack)")
 
 
 def test_stacks_are_cut_by_shape_by_jobs_and_by_memory(monkeypatch):
     runs = [spec(f"d_ff={d},seed={s}", [f"model.d_ff={d}", f"seed={s}"])
             for d in (16, 32) for s in range(4)]
-    cut = stacks.plan_stacks(runs, parallel=1)
+    cut = stacking.plan_stacks(runs, parallel=1)
     assert [[r.id for r in s] for s in cut] == [[r.id for r in runs[:4]], [r.id for r in runs[4:]]]
-    assert [len(s) for s in stacks.plan_stacks(runs, parallel=2)] == [2, 2, 2, 2]
+    assert [len(s) for s in stacking.plan_stacks(runs, parallel=2)] == [2, 2, 2, 2]
     # two runs or more a stack where a shape has them: fewer jobs than asked beat none stacked
-    assert [len(s) for s in stacks.plan_stacks(runs, parallel=4)] == [2, 2, 2, 2]
-    assert [len(s) for s in stacks.plan_stacks([*runs[:3], runs[4]], parallel=2)] == [2, 1, 1]
-    per_run = sum(size for _, _, size in stacks.training_parts(runs[0].cfg))
-    monkeypatch.setattr(stacks, "available_bytes",
-                        lambda: stacks.PROCESS_BYTES + 3 * per_run + per_run // 2)
-    assert [len(s) for s in stacks.plan_stacks(runs, parallel=1)] == [3, 1, 3, 1]
+    assert [len(s) for s in stacking.plan_stacks(runs, parallel=4)] == [2, 2, 2, 2]
+    assert [len(s) for s in stacking.plan_stacks([*runs[:3], runs[4]], parallel=2)] == [2, 1, 1]
+    per_run = sum(size for _, _, size in stacking.training_parts(runs[0].cfg))
+    monkeypatch.setattr(stacking, "available_bytes",
+                        lambda: stacking.PROCESS_BYTES + 3 * per_run + per_run // 2)
+    assert [len(s) for s in stacking.plan_stacks(runs, parallel=1)] == [3, 1, 3, 1]
 
 
 def test_the_stack_command_refuses_what_is_no_sweep_in_one_line(tmp_path):

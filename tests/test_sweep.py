@@ -23,7 +23,7 @@ from minitfm.lab.many.sweep import SweepLock, check_memory, plan_line, prepare
 from minitfm.lab.options import SweepOptions
 from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
-from minitfm.run.rundir import read_summary
+from minitfm.run.summary import read_summary
 from minitfm.run.threads import cores
 from tests.helpers import TINY, assert_clean_error, assert_clean_errors, given_once, once, run_cli
 
@@ -512,12 +512,12 @@ def test_stack_with_as_many_jobs_as_runs_still_stacks_them_and_the_dry_run_agree
 
 
 def test_stacks_the_memory_cannot_hold_are_said_so_never_as_asked(tmp_path, monkeypatch):
-    from minitfm.lab.many import stacks
+    from minitfm.lab.many import stacking
 
     runs, _ = plan_runs(Grid(None, [("seed", ["0", "1"])], once(FAST)), threads=1)
     per_run = sum(size for _, _, size in limits.training_parts(runs[0].cfg))
-    monkeypatch.setattr(stacks, "available_bytes",
-                        lambda: 2 * (stacks.PROCESS_BYTES + per_run) + per_run // 2)
+    monkeypatch.setattr(stacking, "available_bytes",
+                        lambda: 2 * (stacking.PROCESS_BYTES + per_run) + per_run // 2)
     plan = prepare(None, [*once(FAST), "seed=0,1"], SweepOptions(jobs=2, stack=True,
                                                                  out=tmp_path / "sw"))
     assert plan.stacks == [] and len(plan.jobs()) == 2

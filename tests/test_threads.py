@@ -14,7 +14,7 @@ from minitfm.config import load_config
 from minitfm.errors import ConfigError
 from minitfm.run import threads
 from minitfm.run.cpuload import MIN_WINDOW_S, TICKS_PER_S, CpuLoad, busy_ticks, process_ticks
-from minitfm.run.rundir import read_summary
+from minitfm.run.summary import read_summary
 from minitfm.run.threads import ThreadClaim, ThreadPacer, resolve
 from tests.helpers import TINY, assert_clean_error, run_cli
 

@@ -44,8 +44,8 @@ from minitfm.lab.look.probe import KINDS, map_blocks, run_probe
 from minitfm.lab.look.visualize import read_input
 from minitfm.lab.measure.evaluate import eval_report, predict_lines
 from minitfm.lab.options import EvalOptions, ExplainOptions, PatchOptions, bounded
-from minitfm.run.argument import resolve_checkpoint
 from minitfm.run.instruments import Instrument
+from minitfm.run.which_run import resolve_checkpoint
 
 # How messages name `train`'s options here (see `errors.option`): as this API's arguments.
 API_OPTIONS = {"resume": "resume=", "resume_of": "resume='{}'", "run_dir": "run_dir=",

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import typer
 
-from minitfm import __version__
 from minitfm.app import compare, explain, predict, stacked
 from minitfm.app.arguments import split_config_args
 from minitfm.app.console import (
@@ -61,6 +60,7 @@ from minitfm.lab.options import (
     seeds_once,
 )
 from minitfm.run.files import to_json
+from minitfm.version import __version__
 
 app = App(
     cls=OneLineErrors,
@@ -123,7 +123,7 @@ def train_command(
     if book is not None:  # a path as it is, not read as YAML
         overrides = [*overrides, ("model.code", str(book.resolve()))]
     if resume is not None:
-        from minitfm.run.argument import resolve_checkpoint
+        from minitfm.run.which_run import resolve_checkpoint
         ckpt = resolve_checkpoint(resume, "last")
         if print_config:
             from minitfm.run.checkpoint import load_checkpoint

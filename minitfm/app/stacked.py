@@ -26,7 +26,7 @@ def stack(
     """Train runs of a sweep as one stacked model, then evaluate each as the sweep does."""
     from minitfm.app.api import instruments
     from minitfm.lab.many.grid import parse_lengths
-    from minitfm.lab.many.stacks import run_stack_job, stack_members
+    from minitfm.lab.many.stacking import run_stack_job, stack_members
 
     ranges = [parse_lengths(text) for text in eval_lengths or ()]
     specs = stack_members(folder, ids, threads)

@@ -6,7 +6,7 @@ explorer's page embeds. A run can be damaged by a hand edit, a copy from elsewhe
 line that holds no record minitfm writes is skipped (and counted, so the commands can say
 which), a huge line costs no memory, and a torn last line, left by a killed run, is skipped
 without a word; an evaluation that is not one minitfm writes counts as none. A file that cannot
-be read (no permission, a link, a FIFO: see `run.files.open_run_file`) is said as such. No torch
+be read (no permission, a link, a FIFO: see `run.rundir.open_run_file`) is said as such. No torch
 here.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from minitfm.errors import CheckpointError
-from minitfm.run.files import open_run_file, unreadable
+from minitfm.run.rundir import open_run_file, unreadable
 
 MAX_LINE = 65_536  # characters of one metrics.jsonl line; a record is about 200
 MAX_EVAL_BYTES = 1_000_000  # an eval-A-B.json: a few hundred bytes per length evaluated

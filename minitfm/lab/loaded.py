@@ -26,12 +26,12 @@ from minitfm.errors import MinitfmError, option
 from minitfm.lab.options import AblateOptions
 from minitfm.learn.code import Code, code_for, is_workbook
 from minitfm.learn.workbook import learner_errors
-from minitfm.run.argument import pick_checkpoint
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch, load_checkpoint
 from minitfm.run.devices import default_device
 from minitfm.run.limits import check_fits, model_parts
 from minitfm.run.rundir import find_run_dir
 from minitfm.run.session import drawing_aside
+from minitfm.run.which_run import pick_checkpoint
 from minitfm.tasks import make_task
 from minitfm.tasks.base import Pair, Task, eval_set
 

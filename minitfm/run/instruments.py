@@ -3,9 +3,10 @@
 A run turns its steps into the events below (`Started`, `TrainLine`, `Evaluation`, ...) and
 tells each one to every instrument of its list, in the list's order, on rank 0 only under
 torchrun. An instrument is a class with a method per event it wants (`Instrument` does nothing
-for the others). The run writes its own `metrics.jsonl` through one (`MetricsFile`); `app`
-composes the others: the console's progress, TensorBoard, the attention recorder. A new
-training-time instrument is its class and one line there.
+for the others). The run writes its own `metrics.jsonl` through one (`MetricsFile`, its lines
+added by `append_metrics`, as the gauges' are); `app` composes the others: the console's
+progress, TensorBoard, the attention recorder. A new training-time instrument is its class and
+one line there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from minitfm.errors import percent
-from minitfm.run.files import append_metrics
+from minitfm.run.files import to_json
+from minitfm.run.rundir import open_run_file
 
 if TYPE_CHECKING:  # for annotations only: this module loads no torch
     import torch
@@ -208,6 +210,12 @@ def closing(instruments: Iterable[Instrument]) -> Iterator[None]:
         for instrument in instruments:
             stack.callback(instrument.close)
         yield
+
+
+def append_metrics(run_dir: Path, record: dict[str, Any]) -> None:
+    """Append one JSON line to `metrics.jsonl`."""
+    with open_run_file(run_dir / "metrics.jsonl", "a") as f:
+        f.write(to_json(record) + "\n")
 
 
 class MetricsFile(Instrument):

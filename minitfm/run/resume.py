@@ -34,8 +34,9 @@ from minitfm.errors import CheckpointError, ConfigError, MinitfmError, option, s
 from minitfm.learn.code import is_workbook
 from minitfm.run.checkpoint import check_vocab, checkpoint_mismatch
 from minitfm.run.limits import check_fits, training_parts
-from minitfm.run.rundir import DONE, find_run_dir, read_summary
+from minitfm.run.rundir import find_run_dir
 from minitfm.run.state import RunState
+from minitfm.run.summary import DONE, read_summary
 from minitfm.yamlfile import read_yaml
 
 FIXED_SECTIONS = ("task", "model")  # what a resume may not change...

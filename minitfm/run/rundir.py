@@ -1,57 +1,150 @@
-"""Run directories: where a run goes, how it is told apart, locked, prepared, and how it ended
-(what a RUN argument means is `argument.py`'s).
+"""Run folders: where a run goes, how one is told apart and found, how a run opens one (picks,
+checks, locks, prepares it), and how a run's files are opened in place (which run a RUN argument
+means is `which_run.py`'s; how a run ended, with its summary.json, `summary.py`'s).
 
 A run directory `runs/<name>-<YYYYmmdd-HHMMSS>/` holds `config.yaml` (resolved),
-`metrics.jsonl`, `checkpoints/last.pt`, `checkpoints/best.pt`, TensorBoard event files and,
-whenever training stops, `summary.json`: `status` (finished, stopped at target, interrupted,
-paused or failed), `step`, `steps`, `best_exact_match`, `wall_s` (summed over resumes) and
-`ended`. A run without one is `running` while a process holds its `.lock`, else it was killed:
-`interrupted` when it has `checkpoints/last.pt` (`--resume` continues it), `failed` when not.
-A hand-edited or copied run can hold anything: its files are read with caps and checks, and a
-damaged one is a `CheckpointError` saying which file and why (`minitfm runs` lists the run as
-`unreadable`). Every file is opened by `files.open_run_file`: never through a link, only a
-regular file. No torch here: listing runs is instant.
+`metrics.jsonl`, `checkpoints/last.pt`, `checkpoints/best.pt` and TensorBoard event files. One
+training process at a time holds its `.lock`; a fresh run clears what an overwritten one left
+(`MADE_FILES`), a resumed one the records past its checkpoint (`drop_records_after`). Every file
+of a run read, appended to or locked in place (`.lock`, metrics.jsonl, attention.jsonl,
+eval-*.json, a sweep's logs...) is opened by `open_run_file`: never through a symbolic link (one
+planted in a shared run folder would make minitfm write into a file of yours), and only a
+regular file (a FIFO would hang the read). `remove_files` removes only regular files, never
+through a linked folder. A sweep's folder is opened with the same pieces. No torch here.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import re
 import shutil
+import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import IO, BinaryIO
 
 from minitfm.config import Config, to_yaml
-from minitfm.errors import CheckpointError, MinitfmError, RunFailed, option, quote
-from minitfm.run.files import (
-    check_writable,
-    drop_records_after,
-    make_dirs,
-    open_run_file,
-    remove_files,
-    to_json,
-    unreadable,
-    write_atomic,
-)
-from minitfm.yamlfile import MAX_CONFIG_BYTES, error_line, load_yaml
+from minitfm.errors import CheckpointError, MinitfmError, RunFailed, option
+from minitfm.run.files import atomic_file, write_atomic
 
 CHECKPOINTS = ("best", "last")
-SUMMARY = "summary.json"
-DONE = ("finished", "stopped at target")
-STATUSES = (*DONE, "interrupted", "paused", "failed")  # what summary.json may say
-UNREADABLE = "unreadable"  # a run whose summary.json or config.yaml is damaged
-MAX_SUMMARY_BYTES = 1_000_000  # a summary is a few hundred bytes
 # What training writes where it is (locked, appended to); every other file is replaced whole.
 IN_PLACE = (".lock", "metrics.jsonl", "attention.jsonl")
 RECORDS = ("metrics.jsonl", "attention.jsonl")  # of those, a record per line, step first
-SECTIONS = ("task", "model", "train", "log")  # config.yaml's mappings of keys
+# O_NONBLOCK: a FIFO put in place of a file must not block the open (it is refused after)
+NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+OPEN_FLAGS = {"r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+              "a+": os.O_RDWR | os.O_APPEND | os.O_CREAT}  # by open()'s mode, without "b"
+FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+PIECE = 65_536  # bytes of a record file read at once
+RECORD_STEP = re.compile(rb'\{"step": ?(\d{1,10})[,}]')  # a record's start as minitfm writes it
+
+
+# --- a run's files, opened where they are ---
+
+class NotRegularFile(OSError):
+    """A run's file that is a symbolic link, a FIFO, a folder or a device: never opened. Its
+    `strerror` says what it is: `is a symbolic link (...)`, `is not a regular file (a FIFO)`."""
+
+
+def kind(mode: int) -> str:
+    """What a file that is no regular file is, in words (`mode` from lstat)."""
+    kinds = {stat.S_ISLNK: "a symbolic link", stat.S_ISFIFO: "a FIFO", stat.S_ISDIR: "a folder",
+             stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "a device")
+
+
+def not_regular(path: Path, mode: int) -> NotRegularFile:
+    """The error for `path`, which is no regular file (`mode` from lstat)."""
+    what = ("is a symbolic link (minitfm never opens a run's files through one)"
+            if stat.S_ISLNK(mode) else f"is not a regular file ({kind(mode)})")
+    return NotRegularFile(errno.EINVAL, what, str(path))
+
+
+def open_run_file(path: Path, mode: str = "rb", errors: str | None = None) -> IO:
+    """Open a run's file as open() would (`mode` r, a or a+, with b for bytes; text is UTF-8),
+    but never through a symbolic link and only a regular file: else `NotRegularFile`."""
+    try:
+        fd = os.open(path, OPEN_FLAGS[mode.replace("b", "")] | NO_LINK, 0o666)
+    except OSError:  # ELOOP for a link, ENXIO for a FIFO no one reads: say which it is
+        found = lstat_mode(path)
+        if found is None or stat.S_ISREG(found):
+            raise
+        raise not_regular(path, found) from None
+    found = os.fstat(fd).st_mode
+    if not stat.S_ISREG(found):
+        os.close(fd)
+        raise not_regular(path, found)
+    return os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8", errors=errors)
+
+
+def lstat_mode(path: Path) -> int | None:
+    """The mode of `path` itself (a link's own), None when there is nothing to look at."""
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return None
+
+
+def check_writable(folder: Path, names: Iterable[str]) -> None:
+    """Each of `names` in `folder`, which a command will write where it is (append to, lock),
+    is a regular file or none yet: asked before anything is written, a MinitfmError naming
+    the first that is not."""
+    for name in names:
+        found = lstat_mode(folder / name)
+        if found is not None and not stat.S_ISREG(found):
+            what = not_regular(folder / name, found).strerror
+            raise MinitfmError(f"'{folder / name}' {what}; minitfm writes {name} where it is: "
+                               f"remove it and try again")
+
+
+def unreadable(name: str, err: OSError) -> str:
+    """Why a run's file `name` could not be read, in words: `summary.json is not a regular file
+    (a FIFO)`, `cannot read summary.json (Permission denied)`."""
+    if isinstance(err, NotRegularFile):
+        return f"{name} {err.strerror}"
+    return f"cannot read {name} ({err.strerror})"
+
+
+def remove_files(folder: Path, names: str) -> None:
+    """Remove the regular files in `folder` whose names match the regex `names`; a link, a
+    FIFO or a folder of that name stays, and a linked `folder` is never entered."""
+    try:
+        fd = os.open(folder, FOLDER_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # a link in place of the folder: left alone
+            return
+        raise
+    try:
+        for entry in os.scandir(fd):
+            if re.fullmatch(names, entry.name) and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: Path) -> None:
+    """`mkdir -p` that removes the folders it made when a later one fails (a name too long)."""
+    created: list[Path] = []
+    try:
+        for folder in reversed([path, *path.parents]):
+            try:
+                if not stat.S_ISDIR(os.stat(folder).st_mode):  # a file: say so, not EEXIST
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder)
+            except FileNotFoundError:  # (a symlink loop raises its own ELOOP above)
+                folder.mkdir()
+                created.append(folder)
+    except OSError:
+        for folder in reversed(created):
+            folder.rmdir()
+        raise
 
 
 # --- finding a run ---
@@ -284,13 +377,62 @@ TEMP_FILE = r"\..+\.tmp"
 def clear_made_files(run_dir: Path) -> None:
     """Remove what minitfm wrote into a run being overwritten (`MADE_FILES`), and nothing else:
     a file of the user's stays, and so does the folder that holds one; a link is never
-    followed (see `files.remove_files`)."""
+    followed (see `remove_files`)."""
     for folder, names in MADE_FILES.items():
         where = run_dir / folder
         remove_files(where, f"{names}|{TEMP_FILE}")
         if folder in PICTURE_FOLDERS and not where.is_symlink() and where.is_dir() \
                 and not any(where.iterdir()):
             where.rmdir()
+
+
+def drop_records_after(path: Path, step: int) -> None:
+    """A run's file of records (metrics.jsonl, attention.jsonl) without the lines of steps past
+    `step`: what a process killed after its last checkpoint wrote, which the run resumed from
+    that checkpoint writes again. The file is rewritten (atomically) only when a line must go,
+    and every line kept stays byte for byte: a line that is no record minitfm writes (a hand
+    edit) stays, a torn last line (a write cut short) goes."""
+    try:
+        with open_run_file(path) as f:
+            if not any_past(f, step):
+                return
+            f.seek(0)
+            with atomic_file(path) as out:
+                piece, keep, begun = b"\n", True, 0
+                for piece, starts in line_pieces(f):
+                    if starts:
+                        keep, begun = not is_past(piece, step), out.tell()
+                    if keep:
+                        out.write(piece)
+                if not piece.endswith(b"\n"):  # torn: the line ends with the file
+                    out.truncate(begun)
+    except FileNotFoundError:  # a run that never wrote one
+        pass
+
+
+def any_past(f: BinaryIO, step: int) -> bool:
+    """Whether `f` holds a record past `step`, or a torn last line."""
+    piece = b"\n"
+    for piece, starts in line_pieces(f):
+        if starts and is_past(piece, step):
+            return True
+    return not piece.endswith(b"\n")
+
+
+def line_pieces(f: BinaryIO) -> Iterator[tuple[bytes, bool]]:
+    """`f` in pieces of at most PIECE bytes (a huge line costs no memory), each with whether
+    it starts a line."""
+    starts = True
+    while piece := f.readline(PIECE):
+        yield piece, starts
+        starts = piece.endswith(b"\n")
+
+
+def is_past(head: bytes, step: int) -> bool:
+    """Whether the line that begins with `head` is a record minitfm wrote (`to_json` puts the
+    step first) of a step past `step`."""
+    found = RECORD_STEP.match(head)
+    return found is not None and int(found[1]) > step
 
 
 def write_failure(err: OSError, run_dir: Path) -> str:
@@ -300,141 +442,3 @@ def write_failure(err: OSError, run_dir: Path) -> str:
     kept = (f"; {', '.join(saved)} in {run_dir / 'checkpoints'} stay valid" if saved
             else "; no checkpoint was written yet")
     return f"cannot write to '{where}' ({err.strerror or err}){kept}"
-
-
-# --- how it ended ---
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> float:
-    """Write `summary.json` atomically; `wall_s` adds up over resumes. Returns that total."""
-    previous = read_summary(run_dir) or {}
-    total = summary["wall_s"] + previous.get("wall_s", 0.0)
-    record = {**summary, "wall_s": total, "ended": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    write_atomic(run_dir / SUMMARY, (to_json(record, indent=1) + "\n").encode("utf-8"))
-    return total
-
-
-def read_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `summary.json`, or None when it has none (or a damaged one)."""
-    try:
-        return load_summary(run_dir)
-    except CheckpointError:
-        return None
-
-
-def load_summary(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `summary.json` (None when it has none), checked as minitfm writes it: an
-    object whose `status` is one of STATUSES, its numbers (`SUMMARY_NUMBERS`) of their kind
-    and range: no NaN, infinity or 400-digit step."""
-    text = read_small(Path(run_dir) / SUMMARY, MAX_SUMMARY_BYTES)
-    if text is None:
-        return None
-    try:
-        summary = json.loads(text)
-    except RecursionError:  # json nests recursively: "[[[[...]]]]"
-        raise CheckpointError(f"{SUMMARY} is nested too deeply") from None
-    except ValueError as err:
-        raise CheckpointError(f"{SUMMARY} is not valid JSON ({err})") from None
-    if not isinstance(summary, dict):
-        raise CheckpointError(f"{SUMMARY} holds a {type(summary).__name__}, not the object "
-                              f"minitfm writes")
-    if summary.get("status") not in STATUSES:  # a list in it is no status either
-        found = quote(summary["status"]) if "status" in summary else "missing"
-        raise CheckpointError(f"{SUMMARY} has no status minitfm writes ({found}; one of "
-                              f"{', '.join(STATUSES)})")
-    for key, (kind, low, high) in SUMMARY_NUMBERS.items():  # NaN, Infinity, 1e308, a step
-        value = summary.get(key)  # of 400 digits: JSON reads them, the maths cannot
-        if key not in summary or (value is None and key not in ("step", "wall_s")):
-            continue
-        # NaN and the infinities fail the comparison (math.isfinite overflows on a long int)
-        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-            number = "an integer" if kind is int else "a number"
-            raise CheckpointError(f"{SUMMARY}: {key} ({quote(value)}) is not {number} from "
-                                  f"{low:,} to {high:,}")
-    return summary
-
-
-# summary.json's numbers as training writes them (kind, lowest, highest): what `runs`, `sweep`
-# and `compare` compute with. A step at most train.steps' bound; 10**9 s is 31 years.
-SUMMARY_NUMBERS = {"step": (int, 0, 10**9), "steps": (int, 1, 10**9),
-                   "wall_s": ((int, float), 0, 10**9),
-                   "best_exact_match": ((int, float), -1, 1),  # -1: not evaluated yet
-                   "exact_match": ((int, float), 0, 1), "token_accuracy": ((int, float), 0, 1)}
-
-
-def read_run_config(run_dir: Path) -> dict[str, Any] | None:
-    """The run's `config.yaml` as plain data (None when it has none), read as a user's config
-    is (`yamlfile.load_yaml`: capped size, aliases bounded): a mapping of sections."""
-    text = read_small(Path(run_dir) / "config.yaml", MAX_CONFIG_BYTES)
-    if text is None:
-        return None
-    try:
-        data = load_yaml(text)
-    except yaml.MarkedYAMLError as err:
-        raise CheckpointError(f"config.yaml is not valid YAML at line {error_line(err)} "
-                              f"({err.problem})") from None
-    except yaml.YAMLError as err:
-        raise CheckpointError(f"config.yaml is not valid YAML ({err})") from None
-    except RecursionError:  # PyYAML builds nested collections recursively
-        raise CheckpointError("config.yaml is nested too deeply") from None
-    if not isinstance(data, dict):
-        what = "nothing" if data is None else f"a {type(data).__name__}"
-        raise CheckpointError(f"config.yaml holds {what}, not the mapping of sections minitfm "
-                              f"writes")
-    for section in SECTIONS:
-        if not isinstance(data.get(section, {}), dict):
-            raise CheckpointError(f"config.yaml: {section} ({quote(data[section])}) is not a "
-                                  f"mapping of keys")
-    if not isinstance(data.get("task", {}).get("name", ""), str):
-        raise CheckpointError(f"config.yaml: task.name ({quote(data['task']['name'])}) is "
-                              f"not a task's name")
-    return data
-
-
-def read_small(path: Path, limit: int) -> str | None:
-    """The text of the regular file `path`, at most `limit` bytes (None when there is none).
-    Anything else is a CheckpointError: a link or a FIFO (see `files.open_run_file`), a folder,
-    a larger file, bytes that are not UTF-8."""
-    try:
-        with open_run_file(path) as f:
-            data = f.read(limit + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise CheckpointError(unreadable(path.name, err)) from None
-    if len(data) > limit:
-        raise CheckpointError(f"{path.name} is larger than {limit:,} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path.name} is not UTF-8 text") from None
-
-
-def is_locked(run_dir: Path) -> bool:
-    """True while a training process holds the run's `.lock` (see `RunLock`)."""
-    try:
-        lock = open_run_file(Path(run_dir) / ".lock")
-    except OSError:  # no lock file (never trained), or no file minitfm made
-        return False
-    with lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released again by the close
-        except BlockingIOError:
-            return True
-        except OSError:  # a lock file that cannot be locked is held by nobody
-            pass
-    return False
-
-
-def run_status(run_dir: Path) -> str:
-    """running, finished, stopped at target, interrupted, paused, failed, or unreadable (a
-    damaged summary.json)."""
-    run_dir = Path(run_dir)
-    if is_locked(run_dir):
-        return "running"
-    try:
-        summary = load_summary(run_dir)
-    except CheckpointError:
-        return UNREADABLE
-    if summary is not None:
-        return summary["status"]
-    return "interrupted" if (run_dir / "checkpoints" / "last.pt").is_file() else "failed"

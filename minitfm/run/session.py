@@ -56,13 +56,7 @@ from minitfm.run.instruments import (
 from minitfm.run.limits import check_fits, training_parts
 from minitfm.run.memory import peak_rss_mb
 from minitfm.run.resume import Resumed, edits_note, restore, resume_config
-from minitfm.run.rundir import (
-    open_run_dir,
-    read_summary,
-    resume_run_dir,
-    write_failure,
-    write_summary,
-)
+from minitfm.run.rundir import open_run_dir, resume_run_dir, write_failure
 from minitfm.run.schedule import (
     LossMeter,
     attention_every,
@@ -73,6 +67,7 @@ from minitfm.run.schedule import (
 )
 from minitfm.run.signals import StopSignal
 from minitfm.run.state import RunState, init_state
+from minitfm.run.summary import read_summary, write_summary
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import Batch, eval_set
 

@@ -52,7 +52,7 @@ from minitfm.run.rundir import open_run_dir, write_failure
 from minitfm.run.schedule import check_due, check_pairs
 from minitfm.run.session import TRAINING_LOCK, Training, warnings
 from minitfm.run.signals import StopSignal, stopped_by
-from minitfm.run.stackable import stack_differences
+from minitfm.run.stack_key import stack_differences
 from minitfm.run.state import init_state
 from minitfm.run.threads import ThreadClaim, ThreadPacer
 from minitfm.tasks.base import make_batch

@@ -37,7 +37,7 @@ from typing import IO
 from minitfm.config import parse_threads
 from minitfm.errors import quote
 from minitfm.run.cpuload import CpuLoad
-from minitfm.run.files import kind
+from minitfm.run.rundir import kind
 
 REGISTRY_ENV = "MINITFM_REGISTRY"  # another registry folder (tests)
 RECHECK_S = 1.0  # how often a training run looks at its neighbours again

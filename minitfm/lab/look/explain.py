@@ -50,7 +50,8 @@ from minitfm.lab.look.patterns import HeadPattern, head_patterns, mean_maps
 from minitfm.lab.look.probe import pick_probe
 from minitfm.lab.options import ExplainOptions
 from minitfm.lab.pictures import check_output, save_png
-from minitfm.run.files import open_run_file, to_json, write_atomic
+from minitfm.run.files import to_json, write_atomic
+from minitfm.run.rundir import open_run_file
 from minitfm.tasks.base import Pair, make_batch
 
 SURE = 1e-3  # a teacher-forced verdict closer than this to a tie is decoded instead (`correct`)

@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from minitfm import __version__
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import MinitfmError
@@ -54,6 +53,7 @@ from minitfm.lab.measure.evaluate import input_limit
 from minitfm.lab.pictures import GAMMA, PAGE_MARK, PAGE_SUFFIXES, PALETTE, check_output
 from minitfm.run.files import to_json, write_atomic
 from minitfm.tasks.base import Task
+from minitfm.version import __version__
 
 PAGE_NAME = "explorer.html"
 # In this order: each uses those before it (page.js all of them).

@@ -27,7 +27,7 @@ from minitfm.lab.loaded import Loaded
 from minitfm.lab.look.explain import CARDS_MARK, EFFECT_NAMES, weights_digest
 from minitfm.lab.look.probe import KINDS
 from minitfm.lab.look.timeline import read_timeline
-from minitfm.run.files import open_run_file
+from minitfm.run.rundir import open_run_file
 
 MAX_SNAPSHOTS = 60  # attention.jsonl records kept (evenly spread, the last one always)
 MAX_TRAIN_POINTS = 400  # loss curve points kept (evenly spread)

@@ -37,7 +37,7 @@ from minitfm.lab.curves import read_metrics
 from minitfm.lab.look.forecast import CLICK, Course, gauge_readings, make_forecast
 from minitfm.lab.look.gauges import GAUGE_SAMPLES
 from minitfm.run.files import name_text
-from minitfm.run.rundir import DONE, load_summary, read_run_config
+from minitfm.run.summary import DONE, load_summary, read_run_config
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
 

@@ -54,8 +54,7 @@ from minitfm.lab.curves import read_metrics
 from minitfm.lab.look.forecast import Course, Forecast, gauge_readings, make_forecast
 from minitfm.lab.look.grokking import modadd_gauges
 from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, LatestPass, has_alignment
-from minitfm.run.files import append_metrics
-from minitfm.run.instruments import GaugesDue, Instrument, Started
+from minitfm.run.instruments import GaugesDue, Instrument, Started, append_metrics
 from minitfm.tasks.base import Pair, Task
 
 GAUGE_SAMPLES = ALIGNMENT_SAMPLES  # held-out pairs a reading runs through the model

@@ -36,8 +36,8 @@ from minitfm.lab.pictures import (
     wrap_to_width,
     write_picture,
 )
-from minitfm.run.argument import run_directory
-from minitfm.run.rundir import read_run_config
+from minitfm.run.summary import read_run_config
+from minitfm.run.which_run import run_directory
 
 MAX_COLUMNS = 12  # a strip of more recorded steps shows this many, evenly spread
 GIF_FRAME_MS, GIF_LAST_MS = 700, 2500  # the last frame, the trained model, stays longer

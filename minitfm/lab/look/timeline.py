@@ -39,8 +39,9 @@ from minitfm.lab.look.probe import (
     run_probe,
     scores_of,
 )
-from minitfm.run.files import open_run_file, to_json, unreadable
+from minitfm.run.files import to_json
 from minitfm.run.instruments import Evaluation, Instrument, SnapshotDue, Started
+from minitfm.run.rundir import open_run_file, unreadable
 from minitfm.tasks.base import BOS_ID, EOS_ID, Pair, Task
 
 ATTENTION_FILE = "attention.jsonl"

@@ -48,8 +48,8 @@ from minitfm.lab.many.stats import (
     welch_interval,
 )
 from minitfm.lab.many.verdicts import resolution, seeds_line, verdict
-from minitfm.run.files import open_run_file, unreadable
-from minitfm.run.rundir import DONE
+from minitfm.run.rundir import open_run_file, unreadable
+from minitfm.run.summary import DONE
 
 FIGURES = {"exact_match": "held-out exact match", "steps": "steps to target",
            "seconds": "seconds to target", "success": "success rate"}

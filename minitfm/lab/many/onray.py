@@ -58,10 +58,11 @@ from minitfm.lab.many.scheduler import (
     plan_job,
     stop_message,
 )
-from minitfm.lab.many.stacks import on_gpu, stack_command
-from minitfm.run.files import open_run_file, write_atomic
-from minitfm.run.rundir import DONE, run_status
+from minitfm.lab.many.stacking import on_gpu, stack_command
+from minitfm.run.files import write_atomic
+from minitfm.run.rundir import open_run_file
 from minitfm.run.signals import CaughtSignals
+from minitfm.run.summary import DONE, run_status
 
 MAX_RETRIES = 3  # Ray retries a task whose worker or node died this many times
 TOKEN = ".minitfm-ray-token"  # in the sweep folder: a task that reads it sees the folder

@@ -15,8 +15,8 @@ from minitfm.errors import CheckpointError
 from minitfm.lab.curves import run_curves
 from minitfm.lab.many.runs import HIDDEN_KEYS, short_label
 from minitfm.lab.pictures import check_output, line_style, save_png
-from minitfm.run.argument import run_directory
-from minitfm.run.rundir import read_run_config
+from minitfm.run.summary import read_run_config
+from minitfm.run.which_run import run_directory
 
 PLOT_NAME = "plot.png"
 
@@ -57,7 +57,7 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's config.yaml as plain data ({} when it has none); a damaged one (see
-    `rundir.read_run_config`) is a CheckpointError naming the run."""
+    `summary.read_run_config`) is a CheckpointError naming the run."""
     try:
         return read_run_config(run_dir) or {}
     except CheckpointError as err:

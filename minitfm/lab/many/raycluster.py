@@ -15,7 +15,7 @@ on every worker's `sys.path` (`ray/_private/worker.py`, "Also add the current di
 `minitfm/` package or a `tqdm.py` lying there would be imported by every worker in place of the
 installed one. With it, a worker's `sys.path` and working folder hold Ray's copy of that empty
 folder instead, as `python -P` keeps the sweep's local children off the working folder
-(`lab/children.py`).
+(`lab/child_process.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.children import python_module
+from minitfm.lab.child_process import python_module
 
 RAY_MISSING = "Ray is not installed: pip install 'minitfm[ray]' (on every node of the cluster)"
 ADDRESS_ENV = "RAY_ADDRESS"

@@ -25,7 +25,8 @@ from pathlib import Path
 from minitfm.errors import MinitfmError, quote
 from minitfm.lab.curves import read_eval
 from minitfm.lab.many.grid import RunSpec
-from minitfm.run.files import kind, lstat_mode, open_run_file, to_json, write_atomic
+from minitfm.run.files import to_json, write_atomic
+from minitfm.run.rundir import kind, lstat_mode, open_run_file
 
 MAX_RETURN = 1_000_000_000  # bytes of a run directory sent back through the object store
 

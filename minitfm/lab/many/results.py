@@ -28,7 +28,7 @@ from minitfm.lab.many.runs import short_label
 from minitfm.lab.many.seeds import configuration_rows, reached, write_configurations
 from minitfm.lab.pictures import LINE_COLOURS, line_style, save_png
 from minitfm.run.files import to_json, write_atomic
-from minitfm.run.rundir import DONE, read_summary, run_status
+from minitfm.run.summary import DONE, read_summary, run_status
 
 
 def eval_ranges(spec: RunSpec, extra: list[tuple[int, int]]) -> list[tuple[int, int]]:

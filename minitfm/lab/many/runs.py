@@ -18,14 +18,8 @@ from typing import Any
 from minitfm.config import Config, flatten
 from minitfm.errors import CheckpointError, MinitfmError
 from minitfm.lab.curves import scan_metrics, skipped
-from minitfm.run.files import open_run_file
-from minitfm.run.rundir import (
-    UNREADABLE,
-    has_config_yaml,
-    load_summary,
-    read_run_config,
-    run_status,
-)
+from minitfm.run.rundir import has_config_yaml, open_run_file
+from minitfm.run.summary import UNREADABLE, load_summary, read_run_config, run_status
 
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
 HIDDEN_KEYS = ("name", "log.dir", "threads")  # where a run went and how fast, not what it is

@@ -22,13 +22,14 @@ from pathlib import Path
 
 from minitfm.config import BUILT_IN_CODES
 from minitfm.errors import Interrupted, shown_path
-from minitfm.lab.children import python_module
+from minitfm.lab.child_process import python_module
 from minitfm.lab.curves import read_eval
 from minitfm.lab.many.grid import Grid, RunSpec
 from minitfm.lab.many.results import eval_path, eval_ranges, run_line
-from minitfm.run.files import open_run_file, write_atomic
-from minitfm.run.rundir import DONE, run_status
+from minitfm.run.files import write_atomic
+from minitfm.run.rundir import open_run_file
 from minitfm.run.signals import CaughtSignals
+from minitfm.run.summary import DONE, run_status
 
 MINITFM = python_module("minitfm")  # safe-path mode: the working folder is not on its path
 POLL_S = 0.1  # how often the scheduler looks at its children

@@ -28,7 +28,7 @@ from minitfm.lab.many.runs import short_label
 from minitfm.lab.many.stats import Interval, mean_interval, rate_interval
 from minitfm.lab.pictures import LINE_COLOURS, save_png
 from minitfm.run.files import to_json, write_atomic
-from minitfm.run.rundir import DONE, UNREADABLE, load_summary, read_run_config, run_status
+from minitfm.run.summary import DONE, UNREADABLE, load_summary, read_run_config, run_status
 
 MISSING = "missing"  # a run a sweep's results.jsonl names, whose folder is not there
 

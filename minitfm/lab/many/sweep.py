@@ -39,7 +39,7 @@ from minitfm.lab.many.grid import (
 from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write_results
 from minitfm.lab.many.runs import SWEEP_FILE, read_record
 from minitfm.lab.many.scheduler import PROCESS_BYTES, Command, Job, Scheduler, plan_job
-from minitfm.lab.many.stacks import (
+from minitfm.lab.many.stacking import (
     choose_stacking,
     done_text,
     plan_stacks,
@@ -48,16 +48,17 @@ from minitfm.lab.many.stacks import (
     unstacked_why,
 )
 from minitfm.lab.options import SweepOptions
-from minitfm.run.files import (
+from minitfm.run.files import to_json, write_atomic
+from minitfm.run.limits import check_fits, decoding_parts, training_parts
+from minitfm.run.rundir import (
     check_writable,
+    is_run_dir,
+    lock_exclusively,
     make_dirs,
+    new_run_dir,
     open_run_file,
     remove_files,
-    to_json,
-    write_atomic,
 )
-from minitfm.run.limits import check_fits, decoding_parts, training_parts
-from minitfm.run.rundir import is_run_dir, lock_exclusively, new_run_dir
 from minitfm.run.threads import cores
 
 STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name
@@ -221,7 +222,7 @@ class Plan:
     base: dict[str, Any]  # what every run shares (see base_config), stored in sweep.json
     note: str | None = None  # why the folder is a new one, when an old one held this grid
     stacks: list[list[RunSpec]] = field(default_factory=list)  # none: each run alone
-    stacking: str = ""  # why the runs are stacked or not (see stacks.choose_stacking)
+    stacking: str = ""  # why the runs are stacked or not (see stacking.choose_stacking)
     on: str = "local"  # where the jobs run: local processes, or Ray tasks (onray.py)
     ray_address: str | None = None
 

@@ -32,7 +32,7 @@ from minitfm.book.loop import make_optimizer
 from minitfm.book.model import greedy_decode, sequence_loss
 from minitfm.config import Config, load_config
 from minitfm.fast.model import CODES, build_model
-from minitfm.lab.children import python_module
+from minitfm.lab.child_process import python_module
 from minitfm.lab.measure.reference import (
     TRAINERS,
     XT_MISSING,
@@ -40,8 +40,8 @@ from minitfm.lab.measure.reference import (
     import_xtransformers,
     torch_adamw,
 )
-from minitfm.run.files import open_run_file
 from minitfm.run.memory import peak_rss_mb
+from minitfm.run.rundir import open_run_file
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set, make_batch
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from minitfm.config import BUILT_IN_CODES
 from minitfm.errors import CheckpointError, shown_path
-from minitfm.run.rundir import CHECKPOINTS, find_run_dir, is_run_dir, read_run_config, read_summary
+from minitfm.run.rundir import CHECKPOINTS, find_run_dir, is_run_dir
+from minitfm.run.summary import read_run_config, read_summary
 
 
 def default_run(which: str = "best", log_dir: str | Path = "runs") -> tuple[Path, str]:

@@ -1,7 +1,7 @@
-"""Stacks: the runs of a sweep that share a model shape, trained in one job as one stacked model
-(`run/stack.py`; the maths is `fast/stack.py`).
+"""Stacking: the runs of a sweep that share a model shape, trained in one job as one stacked
+model (`run/stack.py`; the maths is `fast/stack.py`).
 
-`minitfm sweep` groups the runs that still have work by `config.stack_key` and cuts each group
+`minitfm sweep` groups the runs that still have work by `run/stack_key.py` and cuts each group
 into stacks (`plan_stacks`): as many as jobs run at once, none larger than the memory holds. A
 stack's job is one command, `minitfm stack FOLDER ID...` (`stack_command`): it trains those of
 its runs that have not ended, as one stack (several in turn where the device's memory holds
@@ -17,15 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.children import python_module
+from minitfm.lab.child_process import python_module
 from minitfm.lab.many.grid import Grid, RunSpec, plan_runs
 from minitfm.lab.many.results import eval_path, eval_ranges
 from minitfm.lab.many.runs import read_record
 from minitfm.lab.many.scheduler import PROCESS_BYTES, Job
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.limits import available_bytes, check_fits, gpu_free_bytes, training_parts
-from minitfm.run.rundir import DONE, read_summary, run_status
-from minitfm.run.stackable import stack_key
+from minitfm.run.stack_key import stack_key
+from minitfm.run.summary import DONE, read_summary, run_status
 
 
 def stack_command(folder: Path, specs: list[RunSpec], threads: int, samples: int,

@@ -417,7 +417,7 @@ def test_solve_skips_x_transformers_with_a_note_when_it_cannot_be_imported(monke
 def test_bench_tables_print_a_row_per_trainer_with_the_ratio():
     from rich.console import Console
 
-    from minitfm.app.tables import bench_tables
+    from minitfm.app.commands.bench import bench_tables
 
     runs = [{"seed": s, "wall_s": w, "peak_rss_mb": 300.0, "steps_to_99": st,
              "exact_match": em, "steps": st or 300}
@@ -509,7 +509,7 @@ def test_bench_stacks_times_whole_stacked_sweeps_against_one_run_at_a_time(monke
     minute from the wall time, the ratio against one at a time; the table shows them."""
     from rich.console import Console
 
-    from minitfm.app.tables import stacks_table
+    from minitfm.app.commands.bench import stacks_table
     from minitfm.lab.measure.bench import stacked_sweeps
 
     rows = stacked_sweeps([1, 2], torch.device("cpu"), 1, quick=True)

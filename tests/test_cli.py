@@ -42,6 +42,58 @@ def test_readme_table_lists_every_command_and_no_other():
     assert sorted(listed) == sorted(COMMANDS), "README's command table and the CLI differ"
 
 
+def test_the_table_of_commands_is_the_help():
+    """app/cli.py's COMMANDS, in its order, is what `minitfm --help` lists (the hidden one left
+    out) and what Typer registered."""
+    from minitfm.app import cli
+
+    shown = [name for name in cli.COMMANDS if not cli.SETTINGS.get(name, {}).get("hidden")]
+    assert listed_in_help(run_cli("--help").stdout) == shown == COMMANDS
+    assert [name for name in cli.COMMANDS if name not in shown] == ["stack"]
+
+
+def test_each_module_of_app_commands_holds_one_command_of_the_table():
+    """One module per command: a module of app/commands/ that the table does not name, or a
+    command of the table that lives elsewhere, fails here."""
+    from minitfm.app import cli
+
+    def home(command) -> str:
+        """The module that defines a command (a group's: its commands' module)."""
+        if isinstance(command, typer.Typer):
+            command = command.registered_commands[0].callback
+        return command.__module__
+
+    folder = ROOT / "minitfm" / "app" / "commands"
+    modules = [f"minitfm.app.commands.{path.stem}" for path in sorted(folder.glob("*.py"))]
+    assert sorted(map(home, cli.COMMANDS.values())) == \
+        [name for name in modules if not name.endswith("__init__")]
+
+
+def test_no_command_builds_its_options_by_position():
+    """A command builds its options class (lab/options.py) from its parameters by name
+    (`options_from`), the Python API by keyword: sweep's 11 positional arguments, in another
+    order than its parameters', could swap two of them without a word."""
+    import ast
+
+    calls = [f"{path.name}: {ast.unparse(node)}"
+             for path in sorted((ROOT / "minitfm" / "app").rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+             if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("Options")
+             and node.args]
+    assert calls == []
+
+
+def test_the_apps_packages_name_all_their_modules():
+    """app/'s and app/commands/'s docstrings are their maps: each names all its modules."""
+    for folder in (ROOT / "minitfm" / "app", ROOT / "minitfm" / "app" / "commands"):
+        doc = (folder / "__init__.py").read_text(encoding="utf-8")
+        rooms = [path.stem for path in sorted(folder.iterdir()) if path.suffix == ".py"
+                 or (path / "__init__.py").is_file()]
+        missing = [room for room in rooms if room != "__init__"
+                   and not re.search(rf"\b{room}\b", doc)]
+        assert not missing, f"{folder.name}/__init__.py does not name {missing}"
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_command_has_real_help(command):
     result = run_cli(command, "--help")

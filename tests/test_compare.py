@@ -176,7 +176,7 @@ def test_the_sweeps_files_hold_each_configurations_interval(tmp_path):
 
 
 def test_the_sweep_table_gives_intervals_and_says_how_misses_count(tmp_path):
-    from minitfm.app.tables import sweep_table
+    from minitfm.app.commands.sweep import sweep_table
 
     rows = sweep_rows(tmp_path, [(0, 100, 0.99), (1, 120, 0.99), (2, None, 0.5)])
     for row in rows:
@@ -442,7 +442,7 @@ def test_a_summary_with_numbers_no_run_writes_is_unreadable_and_compare_leaves_i
 
 
 def test_the_sweep_table_leaves_out_a_run_whose_summary_holds_nan(tmp_path):
-    from minitfm.app.tables import sweep_table
+    from minitfm.app.commands.sweep import sweep_table
 
     runs = [(0, 100, 0.99), (1, 120, 0.99), (2, 140, 0.99)]
     fake_run(tmp_path, "seed=1", 1, 120, 0.99)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from minitfm.app.api import train_run
-from minitfm.app.tables import shell_quote
+from minitfm.app.text import shell_quote
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, shown_path
 from minitfm.lab.look.timeline import ATTENTION_FILE, read_timeline

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from minitfm.app.api import train_run
-from minitfm.app.tables import printable, shell_quote
+from minitfm.app.text import printable, shell_quote
 from minitfm.config import load_config
 from minitfm.run.rundir import NotRegularFile, open_run_file
 from tests.helpers import TINY, assert_clean_error, given_once, run_cli

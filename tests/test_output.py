@@ -22,9 +22,11 @@ from rich.cells import cell_len
 from rich.console import Console
 
 import minitfm
-from minitfm.app.console import clean_errors, show
+from minitfm.app.commands.bench import bench_tables
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.output import show
 from minitfm.app.progress import ConsoleReporter
-from minitfm.app.tables import bench_tables, heading_lines
+from minitfm.app.text import heading_lines
 from minitfm.config import load_config
 from minitfm.errors import shown_path
 from minitfm.run.instruments import Started, Stepped, TrainLine
@@ -294,7 +296,7 @@ def test_only_the_face_imports_rich():
                  if path.relative_to(package).parts[0] != "app" and any(
                      name.split(".")[0] == "rich" for name in imported_modules(path))]
     assert offenders == []
-    assert "rich.table" in imported_modules(package / "app" / "tables.py")
+    assert "rich.table" in imported_modules(package / "app" / "output.py")
 
 
 # --- warnings and interruptions ---

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from minitfm.app.api import train_run
-from minitfm.app.tables import printable, shell_quote
+from minitfm.app.text import printable, shell_quote
 from minitfm.config import load_config
 from minitfm.errors import shown_path
 from tests.helpers import TINY, run_cli

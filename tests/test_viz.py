@@ -10,7 +10,7 @@ import torch
 from matplotlib.text import Text
 from rich.console import Console
 
-from minitfm.app.tables import attention_heatmaps, heatmap_legend
+from minitfm.app.commands.visualize_attention import attention_heatmaps, heatmap_legend
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.errors import shown_path

@@ -135,7 +135,8 @@ class Run(Loaded):
         >>> report = run.evaluate(min_len=17, max_len=32)  # beyond the trained lengths
         >>> report["exact_match"], report["per_length"]["17"]["exact_match"]
         """
-        options = EvalOptions(samples, min_len, max_len, seed, batch_size)
+        options = EvalOptions(samples=samples, min_len=min_len, max_len=max_len, seed=seed,
+                              batch_size=batch_size)
         for name, value, low, high in bounded(options):  # the bounds of `minitfm eval`
             check_integer(name, value, low, high)
         with api_spelling(), self.running():
@@ -152,7 +153,8 @@ class Run(Loaded):
         """
         from minitfm.lab.look.explain import explain
 
-        options = ExplainOptions(samples, None if out is None else Path(out), force)
+        options = ExplainOptions(samples=samples, out=None if out is None else Path(out),
+                                 force=force)
         for name, value, low, high in bounded(options):  # the bounds of `minitfm explain`
             check_integer(name, value, low, high)
         with self.running():
@@ -173,8 +175,8 @@ class Run(Loaded):
         for name, value in (("clean", clean), ("corrupt", corrupt)):
             check_type(name, value, (str, type(None)), "a string in task syntax, or None")
         with self.running():
-            report = patch(self, PatchOptions(clean, corrupt, None if out is None else Path(out),
-                                              force))
+            report = patch(self, PatchOptions(clean=clean, corrupt=corrupt, force=force,
+                                              out=None if out is None else Path(out)))
         if report.warning:
             warnings.warn(report.warning, stacklevel=2)
         return report

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task
 from rich.table import Column, Table
 from rich.text import Text
 
-from minitfm.app.tables import printable, shell_quote
+from minitfm.app.text import printable, shell_quote
 from minitfm.errors import shown_path
 from minitfm.run.instruments import (
     Ended,

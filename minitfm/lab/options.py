@@ -2,7 +2,7 @@
 run, and the sweep.
 
 Each field states its option once: the default, the bounds (`low`..`high`, for numbers) and the
-help text. The command line builds its Typer options from them (`app/console.py`, `option`),
+help text. The command line builds its Typer options from them (`app/parameters.py`, `option`),
 the Python API checks its arguments against the same bounds (`app/api.py`), and the lab
 functions take the object whole: `eval_report(loaded, EvalOptions(max_len=32))`. RUN and
 --checkpoint are not options of a command but of the loading (`lab/loaded.py`); a sweep's

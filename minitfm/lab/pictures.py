@@ -202,7 +202,7 @@ def colours(weights: np.ndarray) -> np.ndarray:
 
 def level(weight: float) -> int:
     """Palette index of an attention weight, on the figures' scale (colour ∝ weight**GAMMA): the
-    terminal's heatmaps (drawn by app/tables.py)."""
+    terminal's heatmaps (drawn by app/commands/visualize_attention.py)."""
     if not math.isfinite(weight):  # a diverged model's NaN: the blank end of the scale
         return 0
     return min(int(max(weight, 0.0) ** GAMMA * len(PALETTE)), len(PALETTE) - 1)

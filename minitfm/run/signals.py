@@ -110,7 +110,7 @@ def exit_while_starting(signum, frame) -> None:
 def started() -> None:
     """A command takes over: Ctrl-C raises KeyboardInterrupt again, as Python has it (marked as
     Ctrl-C's, `errors.CtrlC`, so that one a learner's code raises is told apart), and SIGTERM
-    raises Terminated, for the command's own handling (see `app.console.clean_errors`): killed
+    raises Terminated, for the command's own handling (see `app.exit_codes.clean_errors`): killed
     at once instead, a command would leave a half-written temp file behind."""
     for signum, usual, replaced in (
             (signal.SIGINT, ctrl_c, (exit_while_starting, signal.default_int_handler)),

@@ -14,7 +14,7 @@ for a single key. `head_scores` gives all three from one pass.
 
 A probe's maps are drawn as `MapBlock`s, one per kind of attention: its weights with the tokens
 on both axes, as the PNG figures (`figures.py`), TensorBoard's pictures (`mapgrid.py`) and the
-terminal's heatmaps (`app/tables.py`) show them.
+terminal's heatmaps (`app/commands/visualize_attention.py`) show them.
 
 Shapes: B batch, L layers, H n_heads, S source len, T target len (+1 for BOS), T_q and T_k
 query and key len (as in book/attention.py, where K is the head width).

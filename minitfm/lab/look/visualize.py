@@ -1,5 +1,6 @@
 """`minitfm visualize-attention`: one input through a loaded run, its attention maps as a PNG,
-and how well each cross-attention head aligns (the terminal's heatmaps: `app/tables.py`).
+and how well each cross-attention head aligns (the terminal's heatmaps:
+`app/commands/visualize_attention.py`).
 
 The probe and the scores are `probe.py`'s, the figure `figures.py`'s; here they meet a loaded
 run (`lab/loaded.py`) and the command's options (`lab/options.py`).

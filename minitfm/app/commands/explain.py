@@ -1,5 +1,5 @@
-"""`minitfm explain` and `minitfm patch`: what each head does, and which activations carry an
-answer (the lab's `look/explain.py` and `look/patching.py` measure; this prints)."""
+"""`minitfm explain`: what each head does, its role card in a table (`roles_table`) and a PNG,
+and the logit lens (`lens_table`); the lab's `look/explain.py` measures, this prints."""
 
 from __future__ import annotations
 
@@ -8,31 +8,26 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
-from minitfm.app.console import (
-    App,
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.loading import claimed_threads, loaded_run
+from minitfm.app.output import show, wrote
+from minitfm.app.parameters import (
     book_option,
     checkpoint_option,
-    claimed_threads,
-    clean_errors,
     json_option,
-    loaded_run,
     option,
+    options_from,
     run_argument,
-    show,
     threads_option,
-    warn,
-    wrote,
 )
-from minitfm.app.tables import printable
+from minitfm.app.text import printable
 from minitfm.errors import shown_path
-from minitfm.lab.options import ExplainOptions, PatchOptions
+from minitfm.lab.options import ExplainOptions
 from minitfm.run.files import to_json
 
-app = App()  # its commands join minitfm's (app/cli.py)
 EFFECT_STYLES = {"essential": "bold red", "helps": "yellow", "minor": "", "negligible": "dim"}
 
 
-@app.command()
 @clean_errors
 def explain(
     run: Path | None = run_argument(),
@@ -46,7 +41,7 @@ def explain(
 ) -> None:
     """What each head does: its attention pattern, what switching it off costs, its share in
     restoring an answer under patching, and its role in words; a PNG of role cards."""
-    options = ExplainOptions(samples, out, force)
+    options = options_from(ExplainOptions, locals())
     with claimed_threads(threads):
         from minitfm.lab.look.explain import explain as explain_run
 
@@ -112,64 +107,4 @@ def roles_table(report) -> Table:
         table.add_row(card.label, named, f"{p.score:.2f}",
                       Text(card.effect, style=EFFECT_STYLES[card.effect]), *drops,
                       f"{card.restored:.2f}", card.sentence)
-    return table
-
-
-@app.command()
-@clean_errors
-def patch(
-    run: Path | None = run_argument(),
-    clean: str | None = option(PatchOptions, "clean"),
-    corrupt: str | None = option(PatchOptions, "corrupt"),
-    checkpoint: str = checkpoint_option(),
-    out: Path | None = option(PatchOptions, "out"),
-    force: bool = option(PatchOptions, "force"),
-    as_json: bool = json_option("Print one JSON object instead of tables."),
-    threads: str = threads_option(),
-    book: Path | None = book_option(),
-) -> None:
-    """Activation patching: how much of the clean input's answer each head, and the residual
-    stream at each position, restores when patched into the corrupted input's run."""
-    options = PatchOptions(clean, corrupt, out, force)
-    with claimed_threads(threads):
-        from minitfm.lab.look.patching import patch as patch_run
-
-        loaded = loaded_run(run, checkpoint, book)
-        with loaded.running(as_json):
-            report = patch_run(loaded, options)
-    if report.warning:
-        warn(report.warning)
-    if as_json:
-        print(to_json(report.as_dict()))
-        return
-    show(Text(printable(report.title())))
-    heads = Table(title="heads: restored share (0: as corrupted, 1: as clean)")
-    n_heads = max(row["head"] for row in report.heads) + 1
-    heads.add_column("layer")
-    for head in range(n_heads):
-        heads.add_column(f"head {head}", justify="right")
-    layers: dict[str, list[str]] = {}
-    for row in report.heads:
-        layers.setdefault(f"{row['kind']} L{row['layer']}", []).append(f"{row['restored']:.2f}")
-    for name, cells in layers.items():
-        heads.add_row(name, *cells)
-    show(heads)
-    show(stream_table(report, "encoder", "residual stream, encoder side: restored share at "
-                                         "each source position (clean/corrupted token)"))
-    show(stream_table(report, "decoder", "residual stream, decoder side: restored share at "
-                                         "each output position (read→written in the clean run; "
-                                         "clean/corrupted where the answers differ)"))
-    wrote(report.png)
-
-
-def stream_table(report, side: str, title: str) -> Table:
-    """The residual points of one side, a column per position labelled as the explorer's page
-    labels it (source tokens; output positions read→written)."""
-    table = Table(title=title)
-    table.add_column("point")
-    labels = report.source_labels() if side == "encoder" else report.output_labels()
-    for label in labels:
-        table.add_column(printable(label), justify="right")
-    for name, values in report.streams(side):
-        table.add_row(name, *(f"{v:.2f}" for v in values))
     return table

@@ -14,25 +14,20 @@ from pathlib import Path
 import typer
 
 from minitfm.app.arguments import split_run_and_inputs, stdin_lines
-from minitfm.app.console import (
-    App,
-    Command,
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.loading import claimed_threads, loaded_run
+from minitfm.app.output import note, warn
+from minitfm.app.parameters import (
     book_option,
     checkpoint_option,
-    claimed_threads,
-    clean_errors,
     json_option,
-    loaded_run,
-    note,
     run_argument,
     threads_option,
-    warn,
 )
-from minitfm.app.tables import printable
+from minitfm.app.text import printable
+from minitfm.app.usage import Command
 from minitfm.errors import MinitfmError, quote
 from minitfm.run.files import to_json
-
-app = App()  # its command joins minitfm's (app/cli.py)
 
 
 class PredictCommand(Command):
@@ -71,7 +66,6 @@ def dashed(arg: str) -> bool:
     return arg.startswith("-") and len(arg) > 1 and not arg.startswith("--")
 
 
-@app.command(cls=PredictCommand)
 @clean_errors
 def predict(
     run: Path | None = run_argument(),

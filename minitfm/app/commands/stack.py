@@ -7,13 +7,13 @@ from pathlib import Path
 
 import typer
 
-from minitfm.app.console import App, claimed_threads, clean_errors, fail, option, say
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.loading import claimed_threads
+from minitfm.app.output import fail, say
+from minitfm.app.parameters import option
 from minitfm.lab.options import SweepOptions
 
-app = App()  # its command joins minitfm's (app/cli.py)
 
-
-@app.command(hidden=True)
 @clean_errors
 def stack(
     folder: Path = typer.Argument(..., metavar="SWEEP", help="The sweep folder."),

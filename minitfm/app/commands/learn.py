@@ -10,9 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
-from minitfm.app.console import App, OneLineErrors, clean_errors, json_option, note, say, show
-from minitfm.app.tables import grades_table, printable, zoo_table
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.output import note, say, show
+from minitfm.app.parameters import json_option
+from minitfm.app.text import printable
+from minitfm.app.usage import App, OneLineErrors
 from minitfm.errors import MinitfmError, shown_path
 from minitfm.run.files import to_json
 
@@ -142,3 +146,25 @@ def bugs(folder: Path = typer.Argument(Path("bugs"), metavar="[DIR]",
         f"README.md lists their symptoms); train it with minitfm train --book "
         f"{printable(str(folder))}")
     say(f"next: minitfm learn check {printable(str(folder))}")
+
+
+def grades_table(grades: list) -> Table:
+    """`minitfm learn check`: each exercise's status, in the book's order."""
+    table = Table(title="minitfm learn check")
+    for column in ("#", "exercise", "file", "status"):
+        table.add_column(column)
+    marks = {"passed": "passed", "failed": "FAILED", "not started": "not started"}
+    for grade in grades:
+        table.add_row(str(grade.number), grade.exercise.name, grade.exercise.file,
+                      marks[grade.status])
+    return table
+
+
+def zoo_table(results: list) -> Table:
+    """`minitfm learn check` on a bug zoo: each planted bug's symptom, fixed or not."""
+    table = Table(title="minitfm learn check: the bug zoo")
+    for column in ("#", "symptom", "fixed"):
+        table.add_column(column)
+    for number, (bug, fixed) in enumerate(results, 1):  # once fixed, what the mistake was
+        table.add_row(str(number), bug.symptom, f"fixed: {bug.mistake}" if fixed else "not yet")
+    return table

@@ -1,6 +1,5 @@
 """`minitfm explore`: a trained run in one offline web page (the page is
-`lab/look/explorer.py`'s). A module of its own, as `minitfm learn`'s commands are: `app/cli.py`
-registers it in its place among the commands.
+`lab/look/explorer.py`'s).
 """
 
 from __future__ import annotations
@@ -9,18 +8,10 @@ from pathlib import Path
 
 import typer
 
-from minitfm.app.console import (
-    checkpoint_option,
-    claimed_threads,
-    clean_errors,
-    console,
-    force_option,
-    loaded_run,
-    run_argument,
-    threads_option,
-    warn,
-    wrote,
-)
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.loading import claimed_threads, loaded_run
+from minitfm.app.output import console, warn, wrote
+from minitfm.app.parameters import checkpoint_option, force_option, run_argument, threads_option
 
 
 @clean_errors

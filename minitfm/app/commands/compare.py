@@ -10,16 +10,16 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from minitfm.app.console import App, clean_errors, json_option, note, say, show
-from minitfm.app.tables import printable
+from minitfm.app.exit_codes import clean_errors
+from minitfm.app.output import note, say, show
+from minitfm.app.parameters import json_option
+from minitfm.app.text import printable
 from minitfm.run.files import to_json
 
-app = App()  # its command joins minitfm's (app/cli.py)
 SIDE_HELP = ("a run directory, or a folder of runs (a sweep folder: all its runs); repeat for "
              "more. With --{other}, instead of SWEEP A B.")
 
 
-@app.command()
 @clean_errors(uses_torch=False)
 def compare(
     args: list[str] | None = typer.Argument(

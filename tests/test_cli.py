@@ -319,6 +319,22 @@ def test_an_option_given_twice_is_one_line_not_the_last_one_kept(args, needle):
     assert_clean_error(run_cli(*args), 2, needle)
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["eval", "run"], "run 'run' not found"),
+    (["runs", "folder"], "'folder'"),
+    (["compare", "args", "x"], "(got 2 arguments)"),
+])
+def test_a_word_spelled_as_an_arguments_name_is_that_argument(args, needle, tmp_path,
+                                                             monkeypatch):
+    """A positional argument has a name too (`run`, `folder`, `args`): a word on the command
+    line spelled so is the argument's value, never counted as an option given twice (it was a
+    traceback: an argument has no `is_flag`)."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(*args)
+    assert result.exit_code == 2 and "Traceback" not in result.stdout + result.stderr, result
+    assert needle in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("args, needles", [
     (["train.steps=2", "train.steps=3"], ["train.steps is given twice (2, 3): give it once"]),
     (["seed=1", "seed=2"], ["seed is given twice (1, 2): give it once"]),

@@ -84,7 +84,8 @@ def once_each(command, ctx, args: list[str]) -> None:
     never an option of its own."""
     names = {opt: param for param in command.params if getattr(param, "opts", None)
              and not getattr(param, "multiple", False) and not getattr(param, "count", False)
-             for opt in [*param.opts, *getattr(param, "secondary_opts", [])]}
+             for opt in [*param.opts, *getattr(param, "secondary_opts", [])]
+             if opt.startswith("-")}  # an argument's name (`run`) is a word, not an option
     given: dict[str, list[str]] = {}
     tokens = iter(args)
     for token in tokens:

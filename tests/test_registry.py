@@ -29,8 +29,11 @@ IS_ROOT = os.geteuid() == 0
 # What `eval`, `predict`, `train`... do first: register, then read the neighbours (twice, as
 # training does every second: the warning still comes once).
 # Inside the claim it also prints its pid and the listings of the folders named in WATCHED.
+# Other programs' load is left out (CpuLoad.others: 0): the registry alone decides here, so the
+# two counts agree however busy the machine is (run/cpuload.py has tests of its own).
 CLAIM = ("import json, os, sys\n"
-         "from minitfm.run.threads import ThreadClaim\n"
+         "from minitfm.run.threads import CpuLoad, ThreadClaim\n"
+         "CpuLoad.others = lambda self, pids: 0\n"
          "say = lambda text: print('warning:', text, file=sys.stderr)\n"
          "with ThreadClaim('auto', warn=say) as claim:\n"
          "    print(claim.resolve(), claim.resolve())\n"
@@ -190,6 +193,7 @@ def register_here(scene: Scene, monkeypatch) -> tuple[list[int], list[str], int,
     for name, value in scene.env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(threads.tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    monkeypatch.setattr(threads.CpuLoad, "others", lambda self, pids: 0)  # as in CLAIM
     warnings = []
     with ThreadClaim("auto", warn=lambda text: warnings.append(f"warning: {text}")) as claim:
         counts = [claim.resolve(), claim.resolve()]

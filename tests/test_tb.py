@@ -303,3 +303,25 @@ def test_the_run_writes_its_records_with_the_fast_checksum_and_tensorboard_reads
             break
         records += 1
     assert records > 50  # scalars, text, and the pictures (long records, in lanes)
+
+
+def test_a_resumed_runs_event_file_is_read_after_those_of_the_process_before_it(tmp_path,
+                                                                               monkeypatch):
+    """TensorBoard reads event files in name order, which starts with the second each was made
+    in and then the pid as text: a resume within the killed process's second waits for the next
+    one, so its file comes last and its purge mark hides the killed process's later steps."""
+    import time
+
+    from minitfm.lab.look import tb
+
+    now = int(time.time())
+    (tmp_path / f"events.out.tfevents.{now}.host.99999.0.abc").write_bytes(b"")
+    (tmp_path / "events.out.tfevents.notanumber").write_bytes(b"")  # not TensorBoard's: ignored
+    tb.after_earlier_files(tmp_path)
+    assert time.time() >= now + 1  # the next second has come
+    slept = []
+    monkeypatch.setattr(tb.time, "sleep", slept.append)
+    (tmp_path / f"events.out.tfevents.{now}.host.99999.0.abc").unlink()
+    (tmp_path / f"events.out.tfevents.{now - 5}.host.1.0.abc").write_bytes(b"")
+    tb.after_earlier_files(tmp_path)  # only files of earlier seconds: no wait
+    assert slept == [0.0]

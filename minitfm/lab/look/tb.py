@@ -30,6 +30,7 @@ from __future__ import annotations
 import secrets
 import struct
 import threading
+import time
 import unicodedata
 import zlib
 from typing import TYPE_CHECKING
@@ -96,6 +97,8 @@ class TensorBoardLogger(Instrument):
         # purge_step: a resumed run's events from the step after its checkpoint replace those a
         # process killed after that save wrote (TensorBoard hides the older ones; it takes the
         # first such mark in a run for its start, so a fresh run writes one at step 0).
+        if run.step:
+            after_earlier_files(run.run_dir)
         self.writer = SummaryWriter(log_dir=str(run.run_dir), purge_step=run.step + 1 if
                                     run.step else 0, filename_suffix=f".{secrets.token_hex(8)}")
         self.previous_hook = threading.excepthook
@@ -241,6 +244,19 @@ class TensorBoardLogger(Instrument):
         finally:
             threading.excepthook = self.previous_hook
             self.writer = None
+
+
+def after_earlier_files(run_dir) -> None:
+    """Wait, if need be, until this second is later than every event file's in `run_dir`.
+
+    TensorBoard reads a run's event files in name order, and a name starts with the second it
+    was made in, then the host and the pid (as text: "10012" < "9876"). A run resumed within the
+    second its killed process started would otherwise be read first, and its purge mark could
+    not hide the killed process's later steps. At most a second, and only on resume."""
+    seconds = [int(part) for path in run_dir.glob("events.out.tfevents.*")
+               if (part := path.name.split(".")[3]).isdigit()]
+    if seconds:
+        time.sleep(max(0.0, max(seconds) + 1 - time.time()))
 
 
 def markdown_text(text: str) -> str:

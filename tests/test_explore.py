@@ -53,7 +53,7 @@ def find_node() -> str | None:
 
 
 NODE = find_node()
-EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "look" / "explore"
+EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore" / "page"
 RUNNER = Path(__file__).resolve().parent / "js" / "run_model.js"
 TOLERANCE = 1e-4  # the bar for logits and attention weights
 NO_NODE = ("no Node.js (neither `node` on PATH nor Playwright's): install Node.js or the dev "

@@ -153,10 +153,13 @@ def wing(name: str) -> tuple[int, str]:
 def wrong_wing_arrows(graph: dict[str, set[str]]) -> list[str]:
     """The imports of a lab module from a wing above its own or beside it (or of a shared module
     from any wing)."""
+    def wrong(name: str, dep: str) -> bool:
+        (floor, own), (dep_floor, dep_wing) = wing(name), wing(dep)
+        return dep_floor > floor or (dep_floor == floor and dep_wing != own)
+
     lab = [name for name in graph if name.startswith("minitfm.lab")]
     return sorted(f"{name} -> {dep}" for name in lab for dep in graph[name]
-                  if dep.startswith("minitfm.lab") and (wing(dep)[0] > wing(name)[0] or (
-                      wing(dep)[0] == wing(name)[0] and wing(dep)[1] != wing(name)[1])))
+                  if dep.startswith("minitfm.lab") and wrong(name, dep))
 
 
 def test_every_lab_module_is_shared_or_in_a_wing():

@@ -9,7 +9,7 @@ and a test checks that they cover it exactly.
 
 A new synthetic task is its class (`tasks/synthetic.py`) plus one TaskSpec below; a new
 positional scheme is its class (`book/positions.py`), one PositionalSpec below and its
-JavaScript twin (`lab/explore/model.js`), so that the explorer's page answers as PyTorch does.
+JavaScript twin (`lab/explore/page/model.js`), so that the explorer's page answers as PyTorch does.
 
 The one length rule lives here too: a model needs a position for every source token and for
 BOS + every target token (`positions_needed`), and learned or randomized positions can run out
@@ -39,7 +39,7 @@ class TaskSpec:
     task_symbols: tuple[str, ...] = ()  # ids after the special tokens, before the data symbols
     longest_source: Callable[[int], int] = as_long  # tokens, for inputs of up to n symbols
     longest_target: Callable[[int], int] = as_long  # tokens, for inputs of up to n symbols
-    reading: str | None = "words"  # how lab/explore/task.js reads typed text (None: task.tokenize)
+    reading: str | None = "words"  # how the explorer's task.js reads typed text (None: tokenize)
     from_files: bool = False  # its pairs are read from files: targets known only once read
 
     def vocab_size(self, n_symbols: int) -> int:

@@ -10,8 +10,7 @@ from minitfm.book.metrics import evaluate, predict
 from minitfm.book.model import Seq2SeqTransformer, greedy_decode
 from minitfm.config import ModelConfig, load_config
 from minitfm.errors import shown_path
-from minitfm.lab.loaded import load
-from minitfm.lab.look.ablate import (
+from minitfm.lab.interpret.ablate import (
     HeadAblation,
     HeadMeans,
     ablate_model,
@@ -19,6 +18,7 @@ from minitfm.lab.look.ablate import (
     edited_heads,
     head_means,
 )
+from minitfm.lab.loaded import load
 from minitfm.lab.options import AblateOptions
 from minitfm.tasks.base import eval_set, make_batch
 from tests.helpers import TINY, assert_clean_error, run_cli

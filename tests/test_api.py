@@ -217,7 +217,7 @@ def test_heads_off_in_one_thread_leave_a_plain_predict_in_another_alone(run, mon
     import threading
     from contextlib import contextmanager
 
-    from minitfm.lab.look import ablate
+    from minitfm.lab.interpret import ablate
 
     intact = run.predict(TEXTS)
     ablated = run.predict(TEXTS, heads_off=EVERY_HEAD, mode=mode)
@@ -252,7 +252,7 @@ def test_two_threads_patching_at_once_get_each_its_own_answer(run, monkeypatch, 
     import threading
     from contextlib import contextmanager
 
-    from minitfm.lab.look import patching
+    from minitfm.lab.interpret import patching
 
     alone = {text: run.patch(text, out=tmp_path / f"{i}.png").as_dict()
              for i, text in enumerate(("1 2 3 4", "2 3 4 1"))}
@@ -287,7 +287,7 @@ def test_the_logit_lens_in_one_thread_is_not_fed_by_another(run, monkeypatch):
     import threading
     from contextlib import contextmanager
 
-    from minitfm.lab.look import lens
+    from minitfm.lab.interpret import lens
 
     src = run.task.parse("1 2 3 4")
     alone = lens.logit_lens(run.model, run.task, src)

@@ -12,17 +12,20 @@ module below it imports it: the version a command prints or a page records is re
 kernel's `version`, below every floor. The kernel is the package's top-level modules, each a
 floor of its own: torch-free, each importing only the kernel below it.
 
-The lab has wings by concern, floors inside its floor: the modules it shares (`lab/*.py`: the
-loaded run, the options, the curves, the pictures) at the bottom, then `measure`, `look`,
-`many`. So `look` may use `measure`, never `many`; `many` may use both; nothing shared uses a
-wing. And no room grows too big: no module over 500 lines (a lab module over 450), no public
-function with more than 6 parameters but the Typer commands, whose parameters are the options.
+The lab has wings by the question each answers, on floors inside its floor: the modules it
+shares (`lab/*.py`: the loaded run, the options, the curves, the pictures) at the bottom, then
+`measure`, `attention`, `interpret` and `watch` side by side, `explore`, `many`. A lab module
+may import its own wing and the floors below it, never a wing beside it or above; nothing
+shared uses a wing. And no room grows too big: no module over 500 lines (a lab module over 450),
+no module docstring over 30 lines, no public function with more than 6 parameters but the Typer
+commands, whose parameters are the options. Every package's docstring names all its rooms.
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -34,8 +37,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "minitfm"
 KERNEL = ["version", "errors", "catalog", "yamlfile", "schema", "overrides", "config"]
 FLOORS = [*KERNEL, "tasks", "book", "fast", "learn", "run", "lab", "app"]  # bottom to top
 TOP = {"minitfm", "minitfm.__main__"}  # the front door sits above every floor
-WINGS = ["measure", "look", "many"]  # the lab's wings, bottom to top, above its shared modules
-MAX_LINES, MAX_LAB_LINES, MAX_PARAMETERS = 500, 450, 6
+# the lab's wings, a floor each, bottom to top, above its shared modules; wings on one floor
+# side by side, neither importing the other
+WINGS = [("measure",), ("attention",), ("interpret", "watch"), ("explore",), ("many",)]
+MAX_LINES, MAX_LAB_LINES, MAX_PARAMETERS, MAX_DOCSTRING_LINES = 500, 450, 6, 30
 
 
 def module_name(path: Path) -> str:
@@ -135,24 +140,33 @@ def test_no_import_circles():
             visit(name, [name])
 
 
-def wing(name: str) -> int:
-    """The floor of a lab module inside the lab: 0 for a shared one (`minitfm.lab.loaded`),
-    1 + the wing's index in WINGS for a module of a wing (`minitfm.lab.look.probe` -> 2)."""
+def wing(name: str) -> tuple[int, str]:
+    """Where a lab module sits inside the lab: (0, "") for a shared one (`minitfm.lab.loaded`),
+    (1 + the floor's index in WINGS, the wing) for a module of a wing
+    (`minitfm.lab.attention.probe` -> (2, "attention"))."""
     parts = name.split(".")
-    return WINGS.index(parts[2]) + 1 if len(parts) > 2 and parts[2] in WINGS else 0
+    wing_name = parts[2] if len(parts) > 2 else ""
+    return next(((i + 1, wing_name) for i, names in enumerate(WINGS) if wing_name in names),
+                (0, ""))
 
 
 def wrong_wing_arrows(graph: dict[str, set[str]]) -> list[str]:
-    """The imports of a lab module from a wing above its own (or of a shared module from any)."""
+    """The imports of a lab module from a wing above its own or beside it (or of a shared module
+    from any wing)."""
+    def wrong(name: str, dep: str) -> bool:
+        (floor, own), (dep_floor, dep_wing) = wing(name), wing(dep)
+        return dep_floor > floor or (dep_floor == floor and dep_wing != own)
+
     lab = [name for name in graph if name.startswith("minitfm.lab")]
     return sorted(f"{name} -> {dep}" for name in lab for dep in graph[name]
-                  if dep.startswith("minitfm.lab") and wing(dep) > wing(name))
+                  if dep.startswith("minitfm.lab") and wrong(name, dep))
 
 
 def test_every_lab_module_is_shared_or_in_a_wing():
+    wings = {name for floor in WINGS for name in floor}
     for name in (m for m in MODULES if m.startswith("minitfm.lab.")):
         path = MODULES[name].relative_to(PACKAGE / "lab")
-        assert len(path.parts) == 1 or path.parts[0] in WINGS, name
+        assert len(path.parts) == 1 or path.parts[0] in wings, name
 
 
 def test_the_lab_wings_import_their_own_floor_and_below_only():
@@ -160,14 +174,20 @@ def test_the_lab_wings_import_their_own_floor_and_below_only():
 
 
 def test_the_wing_checker_finds_a_wrong_arrow():
-    graph = {"minitfm.lab.look.probe": {"minitfm.lab.many.runs", "minitfm.lab.measure.bench",
-                                        "minitfm.lab.pictures"},
-             "minitfm.lab.many.sweep": {"minitfm.lab.look.probe", "minitfm.lab.measure.bench"},
-             "minitfm.lab.measure.bench": {"minitfm.lab.look.tb"},
-             "minitfm.lab.pictures": {"minitfm.lab.many.plots"}}
-    assert wrong_wing_arrows(graph) == ["minitfm.lab.look.probe -> minitfm.lab.many.runs",
-                                        "minitfm.lab.measure.bench -> minitfm.lab.look.tb",
-                                        "minitfm.lab.pictures -> minitfm.lab.many.plots"]
+    graph = {"minitfm.lab.attention.probe": {"minitfm.lab.many.runs", "minitfm.lab.measure.bench",
+                                             "minitfm.lab.pictures"},
+             "minitfm.lab.many.sweep": {"minitfm.lab.attention.probe", "minitfm.lab.measure.bench"},
+             "minitfm.lab.measure.bench": {"minitfm.lab.watch.tb"},
+             "minitfm.lab.pictures": {"minitfm.lab.many.plots"},
+             "minitfm.lab.watch.gauges": {"minitfm.lab.interpret.ablate",
+                                          "minitfm.lab.watch.forecast",
+                                          "minitfm.lab.attention.probe"},
+             "minitfm.lab.explore.explorer": {"minitfm.lab.interpret.ablate",
+                                              "minitfm.lab.watch.gauges"}}
+    assert wrong_wing_arrows(graph) == ["minitfm.lab.attention.probe -> minitfm.lab.many.runs",
+                                        "minitfm.lab.measure.bench -> minitfm.lab.watch.tb",
+                                        "minitfm.lab.pictures -> minitfm.lab.many.plots",
+                                        "minitfm.lab.watch.gauges -> minitfm.lab.interpret.ablate"]
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -175,6 +195,53 @@ def test_no_room_is_too_big(name):
     lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
     most = MAX_LAB_LINES if name.startswith("minitfm.lab") else MAX_LINES
     assert lines <= most, f"{name} has {lines} lines, at most {most}: split it by concern"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_docstring_is_too_long(name):
+    """A module's docstring is its contract: what it holds and promises. Measurements and their
+    dates live in docs/, beside the other numbers."""
+    docstring = ast.get_docstring(ast.parse(MODULES[name].read_text(encoding="utf-8")),
+                                  clean=False) or ""
+    lines = len(docstring.splitlines())
+    assert lines <= MAX_DOCSTRING_LINES, \
+        f"{name}'s docstring has {lines} lines, at most {MAX_DOCSTRING_LINES}: keep the contract"
+
+
+def rooms(package: Path) -> list[str]:
+    """The modules (`name.py`) and subpackages (`name/`) of a package folder."""
+    return sorted([p.name for p in package.glob("*.py") if p.name != "__init__.py"] +
+                  [f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").is_file()])
+
+
+def unnamed(docstring: str, names: list[str]) -> list[str]:
+    """The rooms a package's docstring does not name: a room is named as `name.py` or `name/`
+    (not as another folder's: `book/model.py` names no `model.py` of its own), or as `name` in
+    backquotes."""
+    def named(room: str) -> bool:
+        stem = room.removesuffix(".py").removesuffix("/")
+        return bool(re.search(rf"(?<![\w/.]){re.escape(stem)}(\.py|/)(?![\w])", docstring) or
+                    f"`{stem}`" in docstring)
+
+    return [room for room in names if not named(room)]
+
+
+PACKAGES = sorted(name for name, path in MODULES.items() if path.name == "__init__.py")
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_package_names_its_rooms(package):
+    """A package's docstring is its map, read in order: it names each of its modules and
+    subpackages, so that no room is missing from it (lab/look's named 10 of its 19)."""
+    path = MODULES[package]
+    docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    assert unnamed(docstring, rooms(path.parent)) == [], f"{package}'s docstring does not name them"
+
+
+def test_the_map_checker_finds_an_unnamed_room():
+    docstring = "`probe.py`: one input; `visualize`; `watch/` and book/model.py, `stack_key.py`"
+    names = ["model.py", "probe.py", "stack.py", "visualize.py", "watch/", "explore/"]
+    assert unnamed(docstring, names) == ["model.py", "stack.py", "explore/"]
 
 
 def typer_commands() -> set[str]:

@@ -21,7 +21,7 @@ from minitfm.app.api import train_run
 from minitfm.app.text import shell_quote
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, shown_path
-from minitfm.lab.look.timeline import ATTENTION_FILE, read_timeline
+from minitfm.lab.attention.timeline import ATTENTION_FILE, read_timeline
 from minitfm.run.rundir import RunLock
 from minitfm.run.summary import read_summary
 from tests.helpers import TINY, assert_clean_error, run_cli

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -70,6 +71,17 @@ def test_every_relative_link_resolves(page):
         if fragment:
             assert target.suffix == ".md", f"{page.name}: {link} has an anchor into no page"
             assert fragment in anchors(target), f"{page.name}: {link} names no heading"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_the_package_files_and_tools_a_page_names_are_there(page):
+    """A file of the package a page names (`minitfm/lab/watch/gauges.py`) is there, and a tool
+    it runs (`python -m minitfm.lab.watch.forecast_check`) is a module: rooms move."""
+    text = page.read_text(encoding="utf-8")
+    for path in re.findall(r"(?<![\w/.])(minitfm/[\w/.]*\w)", text):
+        assert (ROOT / path).exists(), f"{page.name} names {path}, which is not there"
+    for name in re.findall(r"python -m (minitfm[\w.]*\w)", text):
+        assert importlib.util.find_spec(name) is not None, f"{page.name} runs {name}: no module"
 
 
 def test_anchor_rule_is_githubs():

@@ -15,8 +15,8 @@ import torch
 from minitfm.config import Config
 from minitfm.errors import shown_path
 from minitfm.fast.model import build_model
-from minitfm.lab.look.explain import Drop
-from minitfm.lab.look.patching import (
+from minitfm.lab.interpret.explain import Drop
+from minitfm.lab.interpret.patching import (
     contrast,
     patch_activations,
     position_patch,
@@ -24,7 +24,7 @@ from minitfm.lab.look.patching import (
     residual_edits,
     residual_points,
 )
-from minitfm.lab.look.patterns import pattern_keys
+from minitfm.lab.interpret.patterns import pattern_keys
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, TINY, assert_clean_error, run_cli
 
@@ -81,7 +81,7 @@ def test_restored_shares_do_not_depend_on_the_batch(quick):
     alone (float64)."""
     from minitfm import load_run
     from minitfm.errors import MinitfmError
-    from minitfm.lab.look.explain import resampled
+    from minitfm.lab.interpret.explain import resampled
 
     run = load_run(quick)
     model = run.model.double()
@@ -126,8 +126,8 @@ def test_one_teacher_forced_pass_gives_greedy_decodings_verdicts(quick, monkeypa
     verdict sent to decoding (SURE huge) or none (SURE 0) alike."""
     from minitfm import load_run
     from minitfm.book.metrics import predict
-    from minitfm.lab.look import explain
-    from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
+    from minitfm.lab.interpret import explain
+    from minitfm.lab.interpret.ablate import edited_heads, heads_edits, replacements
 
     run = load_run(quick)
     pairs = run.ablation_pairs(300)
@@ -168,7 +168,7 @@ def test_explain_writes_its_report_as_json_beside_the_png_for_the_page(quick, tm
     the digest of the weights measured and each layer's mean maps; a file there that minitfm
     did not write is replaced only with --force, as the PNG."""
     from minitfm import load_run
-    from minitfm.lab.look.explain import weights_digest
+    from minitfm.lab.interpret.explain import weights_digest
 
     out = tmp_path / "cards"
     result = run_cli("explain", str(quick), "--samples", "50", "--json", "--out", out)
@@ -290,7 +290,7 @@ def patched(tmp_path_factory):
     kinds differs from the model's order of passes): its report (API), the CLI's tables and
     JSON of the same command, and the picture's axes."""
     from minitfm import load_run
-    from minitfm.lab.look.cards import patch_figure
+    from minitfm.lab.interpret.cards import patch_figure
 
     run_dir = tmp_path_factory.mktemp("patch") / "run"
     result = run_cli("train", *QUICK, "model.n_decoder_layers=2", "train.steps=30",
@@ -406,8 +406,8 @@ def test_the_role_cards_picture_says_what_unclear_means_and_numbers_the_position
     position (thinned when they would not fit); every text lies inside the figure (newcomer
     #19)."""
     from minitfm import load_run
-    from minitfm.lab.look.cards import cards_figure
-    from minitfm.lab.look.patterns import FITS, WEIGHT, mean_maps
+    from minitfm.lab.interpret.cards import cards_figure
+    from minitfm.lab.interpret.patterns import FITS, WEIGHT, mean_maps
     from tests.test_viz import texts_outside
 
     run = load_run(quick)

@@ -1,9 +1,9 @@
 """`minitfm explore` (issue #30): the page's JavaScript model gives PyTorch's answers, the
 page is one safe offline file, and `Run.predict(heads_off=...)` is what `minitfm ablate`
-measures; (issue #41) its activation patching and logit lens give lab/look/patching.py's and
+measures; (issue #41) its activation patching and logit lens give lab/interpret/patching.py's and
 lens.py's figures, and it embeds `minitfm explain`'s role cards of its own weights only.
 
-The numerics tests run the page's own scripts (minitfm/lab/look/explore/*.js) in Node on small
+The numerics tests run the page's own scripts (minitfm/lab/explore/page/*.js) in Node on small
 trained runs of every positional scheme and both layer-norm placements, and compare greedy
 outputs, logits and attention weights with PyTorch. Node is `node` on PATH, else the one inside
 the Playwright package (the dev extra); with neither they skip with one line, and under
@@ -27,11 +27,11 @@ import torch
 from minitfm.app.api import load_run
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError, shown_path
+from minitfm.lab.explore.explorer import embed_json, page_data, task_spec, write_explorer
+from minitfm.lab.interpret.ablate import ablated, replacements
+from minitfm.lab.interpret.lens import logit_lens
+from minitfm.lab.interpret.patching import contrast, corruption, patch_activations
 from minitfm.lab.loaded import Loaded, load
-from minitfm.lab.look.ablate import ablated, replacements
-from minitfm.lab.look.explorer import embed_json, page_data, task_spec, write_explorer
-from minitfm.lab.look.lens import logit_lens
-from minitfm.lab.look.patching import contrast, corruption, patch_activations
 from minitfm.lab.measure.evaluate import predict_lines
 from minitfm.lab.options import AblateOptions
 from minitfm.tasks import make_task
@@ -53,7 +53,7 @@ def find_node() -> str | None:
 
 
 NODE = find_node()
-EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "look" / "explore"
+EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore" / "page"
 RUNNER = Path(__file__).resolve().parent / "js" / "run_model.js"
 TOLERANCE = 1e-4  # the issue's bar for logits and attention weights
 NO_NODE = ("no Node.js (neither `node` on PATH nor Playwright's): install Node.js or the dev "
@@ -90,7 +90,7 @@ def test_every_positional_scheme_has_its_tables_and_a_case():
     # A scheme in the catalog has a JavaScript twin in model.js: the tables it reads
     # (POSITION_TABLES), and a case above that holds it to PyTorch's answers.
     from minitfm.catalog import POSITIONALS
-    from minitfm.lab.look.explorer import POSITION_TABLES
+    from minitfm.lab.explore.explorer import POSITION_TABLES
 
     assert tuple(POSITION_TABLES) == tuple(POSITIONALS)
     cased = {item.partition("=")[2] for overrides in CASES.values() for item in overrides
@@ -210,7 +210,7 @@ def test_heads_off_in_the_page_equal_run_predict_and_ablate(runs, mode, tmp_path
     values = replacements(loaded, pairs, mode)[("cross", 0)]
     off = torch.tensor([False, True])
     from minitfm.book.metrics import evaluate
-    from minitfm.lab.look.ablate import HeadAblation
+    from minitfm.lab.interpret.ablate import HeadAblation
     examples = pairs[:len(results[-1])]
     baseline = evaluate(model, task, examples, "cpu")
     measured = ablated(loaded, examples, baseline, {("cross", 0): HeadAblation(off, values)},
@@ -251,7 +251,7 @@ def test_the_page_one_input_at_a_time_equals_run_predict_in_any_batch(
 
 
 def differences_with_heads_off(run, result, heads_off, mode) -> tuple[float, float]:
-    from minitfm.lab.look.ablate import edited_heads, switched_off
+    from minitfm.lab.interpret.ablate import edited_heads, switched_off
 
     with edited_heads(run.model, switched_off(run, heads_off, mode)):
         return differences(run.model, result)
@@ -289,7 +289,7 @@ def test_an_exact_tie_goes_to_the_lower_id_as_torch_argmax_and_a_near_tie_is_fla
 # --- issue #41: activation patching and the logit lens, computed in the page ---
 
 def torch_corruption(model, task, src):
-    """lab/look/patching.corruption, None where no one-token change changes the answer."""
+    """lab/interpret/patching.corruption, None where no one-token change changes the answer."""
     try:
         return corruption(model, task, src)
     except MinitfmError:
@@ -304,7 +304,7 @@ def typed_corruption(src, sources):
 @needs_node
 @pytest.mark.parametrize("case", list(CASES))
 def test_patching_in_the_page_equals_patch_activations_to_1e_4(runs, case, tmp_path):
-    """patching.js against lab/look/patching.py on the same inputs: the default corruption
+    """patching.js against lab/interpret/patching.py on the same inputs: the default corruption
     (the first one-token change that changes the answer), a typed one, the scored positions,
     and the restored share of every head and of the residual stream at every point and
     position."""
@@ -361,7 +361,7 @@ def test_patching_a_whole_point_in_the_page_gives_the_clean_run_exactly(runs, ca
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_logit_lens_in_the_page_equals_logit_lens_to_1e_4(runs, case, tmp_path):
     """patching.js's lens, both ways the page computes it (teacher-forced, and from the decoder
-    outputs its greedy decoding kept), against lab/look/lens.py: the tokens written, and per
+    outputs its greedy decoding kept), against lab/interpret/lens.py: the tokens written, and per
     decoder layer and step the token it would write, its probability and that of the written
     token."""
     loaded, data = page_of(runs[case])
@@ -727,7 +727,7 @@ def test_the_page_names_files_without_their_folders(tmp_path):
 def test_explore_warns_in_one_line_when_the_page_will_be_large(recorded, tmp_path,
                                                                   monkeypatch):
     """EX_big_page, at a bound lowered for the test."""
-    from minitfm.lab.look import explorer
+    from minitfm.lab.explore import explorer
 
     monkeypatch.setattr(explorer, "PAGE_WARN_BYTES", 1000, raising=False)
     result = run_cli("explore", recorded, "--out", tmp_path / "page.html")
@@ -757,7 +757,7 @@ def test_the_page_decodes_inputs_up_to_one_bound(case, tmp_path):
 
 def test_explore_registers_its_threads(recorded, tmp_path, monkeypatch):
     """EX_registry: explore computes, so it registers in the thread registry as eval does."""
-    from minitfm.lab.look import explorer
+    from minitfm.lab.explore import explorer
 
     registry = tmp_path / "registry"
     monkeypatch.setenv("MINITFM_REGISTRY", str(registry))

@@ -16,11 +16,11 @@ from minitfm.app.api import load_run
 from minitfm.app.api import train_run as train  # with the attention recorder
 from minitfm.book.metrics import evaluate
 from minitfm.config import load_config
+from minitfm.lab.explore.explorer import SCRIPTS, write_explorer
+from minitfm.lab.interpret.ablate import HeadAblation, ablated, replacements
+from minitfm.lab.interpret.lens import logit_lens
+from minitfm.lab.interpret.patching import contrast, corruption, patch_activations
 from minitfm.lab.loaded import load
-from minitfm.lab.look.ablate import HeadAblation, ablated, replacements
-from minitfm.lab.look.explorer import SCRIPTS, write_explorer
-from minitfm.lab.look.lens import logit_lens
-from minitfm.lab.look.patching import contrast, corruption, patch_activations
 from minitfm.lab.options import AblateOptions
 from tests.helpers import TINY, missing, run_cli
 
@@ -402,8 +402,9 @@ def test_a_page_of_non_finite_numbers_opens_without_errors(pages, browser, tmp_p
 
 def test_role_cards_patching_and_the_logit_lens_show_pythons_figures(pages, browser):
     """docs/explore.md, sections 4 to 6, in the browser: a card per head with explain's role
-    (embedded), the patching tables computed in the page with the shares of lab/look/patching.py
-    for its default corruption (1e-4), the lens of lab/look/lens.py; no console error."""
+    (embedded), the patching tables computed in the page with the shares of
+    lab/interpret/patching.py for its default corruption (1e-4), the lens of lab/interpret/lens.py;
+    no console error."""
     run_dir, path = pages["copy"]
     loaded = load(run_dir, "last", device="cpu")
     model, task = loaded.model, loaded.task

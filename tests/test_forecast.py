@@ -1,5 +1,6 @@
-"""The forecast (lab/look/forecast.py) made from the gauges' readings, and how well it forecasts
-over finished runs (lab/look/forecasts.py, `python -m minitfm.lab.look.forecasts FOLDER...`)."""
+"""The forecast (lab/watch/forecast.py) made from the gauges' readings, and how well it forecasts
+over finished runs (lab/watch/forecast_check.py,
+`python -m minitfm.lab.watch.forecast_check FOLDER...`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 import pytest
 
 from minitfm.config import TrainConfig, load_config, to_yaml
-from minitfm.lab.look.forecast import (
+from minitfm.lab.watch.forecast import (
     ANNEALING_GAIN,
     MARGIN,
     Course,
@@ -19,7 +20,7 @@ from minitfm.lab.look.forecast import (
     fit_line,
     make_forecast,
 )
-from minitfm.lab.look.forecasts import replay, table
+from minitfm.lab.watch.forecast_check import replay, table
 
 
 def test_the_click_accuracy_is_where_every_token_right_gives_half_the_pairs():
@@ -194,7 +195,7 @@ def test_flat_readings_under_a_decaying_lr_forecast_no_unlearning():
     assert make_forecast(flat, run).end_exact >= run.exact(0.5)
 
 
-# --- how well it forecasts (lab/look/forecasts.py) ---
+# --- how well it forecasts (lab/watch/forecast_check.py) ---
 
 def fake_run(folder, name: str, readings: list[tuple], best: float, steps: int = 280):
     """A run directory as a sweep leaves one: its config, its gauge readings, its summary."""
@@ -260,8 +261,8 @@ def test_a_flag_raised_late_is_not_in_time_and_one_on_course_reading_is_a_false_
 
 
 def replay_cli(cwd, *folders):
-    """`python -m minitfm.lab.look.forecasts FOLDER...` run in `cwd`."""
-    return subprocess.run([sys.executable, "-m", "minitfm.lab.look.forecasts", *folders],
+    """`python -m minitfm.lab.watch.forecast_check FOLDER...` run in `cwd`."""
+    return subprocess.run([sys.executable, "-m", "minitfm.lab.watch.forecast_check", *folders],
                           cwd=cwd, capture_output=True, text=True, timeout=120)
 
 

@@ -1,4 +1,4 @@
-"""The gauges (lab/look/gauges.py): read live every log.gauge_every steps, in metrics.jsonl,
+"""The gauges (lab/watch/gauges.py): read live every log.gauge_every steps, in metrics.jsonl,
 TensorBoard and the progress line (the forecast made from them: test_forecast.py)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from minitfm.book.metrics import evaluate
 from minitfm.config import TaskConfig, load_config
+from minitfm.lab.attention.probe import head_scores
 from minitfm.lab.curves import read_metrics
 from minitfm.lab.loaded import load
-from minitfm.lab.look.gauges import GAUGE_SAMPLES, add_keys, alignment, read_gauges
-from minitfm.lab.look.probe import head_scores
+from minitfm.lab.watch.gauges import GAUGE_SAMPLES, add_keys, alignment, read_gauges
 from minitfm.tasks import make_task
 from tests.helpers import QUICK, run_cli
 
@@ -182,7 +182,7 @@ def test_gauges_off_read_nothing(tmp_path):
 
 
 def test_the_explorer_page_embeds_the_readings_and_their_forecasts(run):
-    from minitfm.lab.look.explorer import page_data
+    from minitfm.lab.explore.explorer import page_data
 
     run_dir, _ = run
     data = page_data(load(run_dir, checkpoint="last"))

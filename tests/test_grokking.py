@@ -1,5 +1,5 @@
 """Grokking: the modadd task (its rule, its split, its text), its config, and the gauges of
-minitfm/lab/look/grokking.py (after Nanda et al. 2023)."""
+minitfm/lab/watch/grokking.py (after Nanda et al. 2023)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from minitfm.config import TaskConfig, load_config
 from minitfm.errors import ConfigError, TaskInputError
-from minitfm.lab.look.grokking import (
+from minitfm.lab.watch.grokking import (
     GAUGES,
     KEY_FREQUENCIES,
     answer_logits,

@@ -23,9 +23,9 @@ from PIL import Image
 from minitfm.app.api import train_run as train  # with the attention recorder
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.look.figures import attention_figure
-from minitfm.lab.look.lettering import FONT, font_file, glyphs, lettering
-from minitfm.lab.look.probe import MapBlock
+from minitfm.lab.attention.figures import attention_figure
+from minitfm.lab.attention.lettering import FONT, font_file, glyphs, lettering
+from minitfm.lab.attention.probe import MapBlock
 from minitfm.lab.pictures import is_minitfm_picture, save_png, write_picture
 from tests.helpers import QUICK, assert_clean_error, run_cli
 

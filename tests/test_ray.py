@@ -422,15 +422,15 @@ def test_with_no_address_ray_starts_on_this_machine_and_stops_with_the_sweep(tmp
 DRIVER = """import sys
 from dataclasses import replace
 from minitfm.app.cli import main
-from minitfm.lab.many import onray
-planned = onray.ray_jobs
+from minitfm.lab.many import ray_launcher
+planned = ray_launcher.ray_jobs
 def spoiled(jobs, plan, token):  # seed=0 evaluates --samples 0; seed=1's task raises
     works = planned(jobs, plan, token)
     for key, work in works.items():
         seed = work.specs[0].id
         works[key] = replace(work, samples=0) if seed == "seed=0" else replace(work, folder=0)
     return works
-onray.ray_jobs = spoiled
+ray_launcher.ray_jobs = spoiled
 sys.argv = ["minitfm", *sys.argv[1:]]
 main()
 """

@@ -13,7 +13,7 @@ import pytest
 
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.many import onray, rayfolders
+from minitfm.lab.many import ray_launcher, rayfolders
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.rayfolders import pack, receive
 from minitfm.lab.many.scheduler import Job
@@ -154,10 +154,10 @@ class FakeRay:
         return ref
 
 
-def scheduler_of(sweep: Path, ids: list[str]) -> tuple[onray.RayScheduler, list[Job], list]:
+def scheduler_of(sweep: Path, ids: list[str]) -> tuple[ray_launcher.RayScheduler, list[Job], list]:
     said = []
     jobs = [Job(spec(sweep, run_id), [object()]) for run_id in ids]
-    return onray.RayScheduler(jobs, {}, FakeRay(), said.append), jobs, said
+    return ray_launcher.RayScheduler(jobs, {}, FakeRay(), said.append), jobs, said
 
 
 def test_a_run_that_failed_on_ray_is_reported_failed_and_the_sweep_goes_on(sweep):

@@ -21,8 +21,8 @@ import yaml
 
 from minitfm.config import load_config
 from minitfm.errors import MinitfmError
-from minitfm.lab.look.probe import pick_probe
-from minitfm.lab.look.timeline import ATTENTION_FILE, read_timeline, recorded_probe
+from minitfm.lab.attention.probe import pick_probe
+from minitfm.lab.attention.timeline import ATTENTION_FILE, read_timeline, recorded_probe
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set

@@ -16,7 +16,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 from minitfm.app.api import train_run as train  # with TensorBoard and the attention recorder
 from minitfm.config import Config, load_config
-from minitfm.lab.look.tb import CARD_WIDTH
+from minitfm.lab.watch.tb import CARD_WIDTH
 from tests.helpers import QUICK, TINY
 
 KINDS = ("encoder", "decoder", "cross")
@@ -158,7 +158,7 @@ def test_hparams_hold_the_keys_that_change_what_a_run_learns(run):
     # No stray run: every event file lies in the run directory itself.
     assert {p.parent for p in run_dir.rglob("events.out.tfevents.*")} == {run_dir}
     content = events.PluginTagToContent("hparams")
-    # No experiment summary: TensorBoard builds it from every run (see minitfm.lab.look.tb.finish).
+    # No experiment summary: TensorBoard builds it from every run (see minitfm.lab.watch.tb.finish).
     assert set(content) == {"_hparams_/session_start_info", "_hparams_/session_end_info"}
     start = plugin_data_pb2.HParamsPluginData.FromString(
         content["_hparams_/session_start_info"]).session_start_info
@@ -262,7 +262,7 @@ def test_png_bytes_decode_to_the_same_pixels():
     import numpy as np
     from PIL import Image
 
-    from minitfm.lab.look.tb import png_bytes
+    from minitfm.lab.watch.tb import png_bytes
 
     pixels = np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)
     decoded = Image.open(io.BytesIO(png_bytes(pixels)))
@@ -277,7 +277,7 @@ def test_checksums_are_tensorboards_own(length):
 
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
-    from minitfm.lab.look.crc32c import crc32c, masked_crc32c
+    from minitfm.lab.watch.crc32c import crc32c, masked_crc32c
 
     data = random.Random(length).randbytes(length)
     assert masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
@@ -289,7 +289,7 @@ def test_the_run_writes_its_records_with_the_fast_checksum_and_tensorboard_reads
     from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
     from tensorboard.summary.writer import record_writer
 
-    from minitfm.lab.look.crc32c import masked_crc32c
+    from minitfm.lab.watch.crc32c import masked_crc32c
 
     assert record_writer.masked_crc32c is masked_crc32c  # set when the logger started
     run_dir, _, _ = run

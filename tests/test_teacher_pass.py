@@ -1,5 +1,5 @@
 """One teacher-forced pass over the held-out pairs, read by the gauges and the attention snapshot
-of the same step (lab/look/probe.py, `LatestPass`)."""
+of the same step (lab/attention/probe.py, `LatestPass`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 
 from minitfm.app.api import train_run
 from minitfm.config import load_config
+from minitfm.lab.attention import probe
+from minitfm.lab.attention.probe import LatestPass, head_scores, scores_of
 from minitfm.lab.loaded import load
-from minitfm.lab.look import probe
-from minitfm.lab.look.gauges import read_gauges
-from minitfm.lab.look.probe import LatestPass, head_scores, scores_of
+from minitfm.lab.watch.gauges import read_gauges
 from tests.helpers import QUICK
 
 

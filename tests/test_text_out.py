@@ -221,7 +221,7 @@ def test_tensorboard_samples_show_pairs_text_as_text(text):
     """TB_samples, through TensorBoard's own markdown renderer."""
     from tensorboard.plugin_util import markdown_to_safe_html
 
-    from minitfm.lab.look.tb import TensorBoardLogger
+    from minitfm.lab.watch.tb import TensorBoardLogger
 
     logger = TensorBoardLogger()
     logger.task = type("Task", (), {"format": staticmethod(lambda tokens: tokens)})()
@@ -243,8 +243,8 @@ def recorded(tmp_path_factory) -> Path:
 
 def test_attention_jsonl_of_a_nan_model_is_strict_json(recorded, tmp_path):
     """A NaN model's snapshot (alignment scores NaN) is written with null."""
+    from minitfm.lab.attention.timeline import AttentionRecorder
     from minitfm.lab.loaded import load
-    from minitfm.lab.look.timeline import AttentionRecorder
 
     run_dir = Path(shutil.copytree(recorded, tmp_path / "nan"))
     nan_weights(run_dir)

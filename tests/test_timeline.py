@@ -14,9 +14,9 @@ from minitfm.app.api import train_run as train  # with TensorBoard and the atten
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.errors import shown_path
-from minitfm.lab.look.over_training import MAX_COLUMNS, pick_layer, shown_columns, strip_figure
-from minitfm.lab.look.probe import attention_entropy
-from minitfm.lab.look.timeline import ATTENTION_FILE, AttentionRecorder, read_timeline
+from minitfm.lab.attention.over_training import MAX_COLUMNS, pick_layer, shown_columns, strip_figure
+from minitfm.lab.attention.probe import attention_entropy
+from minitfm.lab.attention.timeline import ATTENTION_FILE, AttentionRecorder, read_timeline
 from minitfm.tasks import make_task
 from minitfm.tasks.base import eval_set
 from tests.helpers import QUICK, assert_clean_error, run_cli

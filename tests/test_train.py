@@ -11,9 +11,9 @@ from minitfm.app.api import train_run as train  # with TensorBoard and the atten
 from minitfm.app.progress import ConsoleReporter
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, RunFailed, shown_path
+from minitfm.lab.attention.timeline import AttentionRecorder
 from minitfm.lab.loaded import load
-from minitfm.lab.look.tb import TensorBoardLogger
-from minitfm.lab.look.timeline import AttentionRecorder
+from minitfm.lab.watch.tb import TensorBoardLogger
 from minitfm.run import instruments
 from minitfm.run.checkpoint import load_checkpoint
 from minitfm.run.instruments import Instrument, MetricsFile, TrainLine

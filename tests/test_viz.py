@@ -14,8 +14,8 @@ from minitfm.app.commands.visualize_attention import attention_heatmaps, heatmap
 from minitfm.book.model import Seq2SeqTransformer
 from minitfm.config import load_config
 from minitfm.errors import shown_path
-from minitfm.lab.look.figures import attention_figure
-from minitfm.lab.look.probe import (
+from minitfm.lab.attention.figures import attention_figure
+from minitfm.lab.attention.probe import (
     KIND_TITLES,
     KINDS,
     alignment_score,
@@ -93,7 +93,7 @@ def test_hard_alignment_score_counts_each_rows_argmax():
 def test_scores_of_a_padded_mixed_length_batch_are_those_of_its_examples(hard):
     """The held-out argmax share (and the mean weight): a padded batch of mixed lengths scores
     what its examples score one by one, each weighted by its target positions."""
-    from minitfm.lab.look.probe import head_scores
+    from minitfm.lab.attention.probe import head_scores
 
     model, task = untrained(2, 2)
     model = model.to(torch.float64)  # no near-tie of an argmax turns on float rounding
@@ -220,8 +220,8 @@ def test_every_title_and_label_lies_inside_the_figure(n_layers, n_heads, n_token
                                                       layer, head):
     from pathlib import Path
 
+    from minitfm.lab.attention.visualize import figure_title
     from minitfm.lab.loaded import Loaded
-    from minitfm.lab.look.visualize import figure_title
 
     model, task = untrained(n_layers, n_heads)
     src = task.parse(" ".join(str(i % 10) for i in range(n_tokens)))
@@ -248,7 +248,7 @@ def test_grid_colours_follow_the_palette_on_the_square_root_scale():
 
 
 def test_grid_pictures_paste_each_map_in_its_cells_with_one_size_for_every_frame():
-    from minitfm.lab.look.mapgrid import MapGrid
+    from minitfm.lab.attention.mapgrid import MapGrid
     from minitfm.lab.pictures import colours
 
     model, task = untrained(2, 2)
@@ -278,8 +278,8 @@ def test_grid_frames_are_the_pictures_their_captions_drawn_on_the_whole_canvas_g
     lacks a glyph of."""
     from PIL import Image, ImageDraw
 
-    from minitfm.lab.look.mapgrid import Captions, MapGrid
-    from minitfm.lab.look.probe import only
+    from minitfm.lab.attention.mapgrid import Captions, MapGrid
+    from minitfm.lab.attention.probe import only
     from minitfm.lab.pictures import colours
 
     def whole(grid, block, caption):  # how a frame was drawn before
@@ -393,8 +393,8 @@ def test_cli_writes_png_prints_prediction_and_alignment(quick_run):
 
 
 def test_the_png_gives_each_cross_attention_head_its_alignment_scores(quick_run, tmp_path):
+    from minitfm.lab.attention.visualize import visualize
     from minitfm.lab.loaded import load
-    from minitfm.lab.look.visualize import visualize
     from minitfm.lab.options import VisualizeOptions
 
     report = visualize(load(quick_run), VisualizeOptions(out=tmp_path / "maps.png"))
@@ -462,9 +462,10 @@ def test_help_documents_the_terminal_default():
         "wrote." in text
 
 
-@pytest.mark.parametrize("module", ["minitfm.lab.pictures", "minitfm.lab.look.figures",
-                                    "minitfm.lab.look.lettering", "minitfm.lab.look.mapgrid",
-                                    "minitfm.lab.look.over_training"])
+@pytest.mark.parametrize("module", ["minitfm.lab.pictures", "minitfm.lab.attention.figures",
+                                    "minitfm.lab.attention.lettering",
+                                    "minitfm.lab.attention.mapgrid",
+                                    "minitfm.lab.attention.over_training"])
 def test_pictures_import_matplotlib_only_inside_functions(module):
     import ast
     import importlib
@@ -480,8 +481,8 @@ def test_pictures_import_matplotlib_only_inside_functions(module):
 def test_grid_pictures_read_the_font_map_only_for_characters_outside_font_has():
     """minitfm's own text (FONT_HAS) is all in DejaVu Sans, so a run's pictures need not import
     matplotlib to read its character map; any other character still gets that look."""
-    from minitfm.lab.look.lettering import FONT_HAS, font_path, glyphs
-    from minitfm.lab.look.mapgrid import MapGrid
+    from minitfm.lab.attention.lettering import FONT_HAS, font_path, glyphs
+    from minitfm.lab.attention.mapgrid import MapGrid
 
     assert {ch for ch in FONT_HAS if ord(ch) not in glyphs(font_path())} == {"\n"}  # a break
     model, task = untrained(2, 2)

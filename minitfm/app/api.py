@@ -39,9 +39,9 @@ from torch import Tensor
 
 from minitfm.config import Config, load_config
 from minitfm.errors import MinitfmError, quote, spell
+from minitfm.lab.attention.probe import KINDS, map_blocks, run_probe
+from minitfm.lab.attention.visualize import read_input
 from minitfm.lab.loaded import Loaded, load
-from minitfm.lab.look.probe import KINDS, map_blocks, run_probe
-from minitfm.lab.look.visualize import read_input
 from minitfm.lab.measure.evaluate import eval_report, predict_lines
 from minitfm.lab.options import EvalOptions, ExplainOptions, PatchOptions, bounded
 from minitfm.run.instruments import Instrument
@@ -97,7 +97,7 @@ class Run(Loaded):
         ['4 1 3', '7 2']
         >>> run.predict("3 1 4", heads_off=[("cross", 1, 2)], mode="mean")
         """
-        from minitfm.lab.look.ablate import edited_heads, switched_off
+        from minitfm.lab.interpret.ablate import edited_heads, switched_off
 
         texts = input_texts(inputs)
         with api_spelling(), self.running(), edited_heads(self.model,
@@ -151,7 +151,7 @@ class Run(Loaded):
         >>> report = run.explain()
         >>> [card.role for card in report.cards if card.effect == "essential"]
         """
-        from minitfm.lab.look.explain import explain
+        from minitfm.lab.interpret.explain import explain
 
         options = ExplainOptions(samples=samples, out=None if out is None else Path(out),
                                  force=force)
@@ -170,7 +170,7 @@ class Run(Loaded):
         >>> [(row["kind"], row["layer"], row["head"]) for row in report.heads
         ...  if row["restored"] > 0.2]
         """
-        from minitfm.lab.look.patching import patch
+        from minitfm.lab.interpret.patching import patch
 
         for name, value in (("clean", clean), ("corrupt", corrupt)):
             check_type(name, value, (str, type(None)), "a string in task syntax, or None")
@@ -313,10 +313,10 @@ def instruments(reporter: Instrument | None = None) -> list[Instrument]:
     attention recorder (attention.jsonl), the gauge reader (its readings in metrics.jsonl),
     TensorBoard (drawing the recorder's snapshots, plotting the readings) and `reporter`, the
     console's progress, if any. A new instrument is one line here."""
-    from minitfm.lab.look.gauges import GaugeReader
-    from minitfm.lab.look.probe import LatestPass
-    from minitfm.lab.look.tb import TensorBoardLogger
-    from minitfm.lab.look.timeline import AttentionRecorder
+    from minitfm.lab.attention.probe import LatestPass
+    from minitfm.lab.attention.timeline import AttentionRecorder
+    from minitfm.lab.watch.gauges import GaugeReader
+    from minitfm.lab.watch.tb import TensorBoardLogger
 
     passes = LatestPass()  # the recorder and the reader share a step's pass over their pairs
     attention = AttentionRecorder(passes=passes)

@@ -204,7 +204,7 @@ class ConsoleReporter(Instrument):
         reading = due.reading
         if not reading:
             return
-        name, value = reading["shown"]  # the gauge reader's choice (lab/look/gauges.py)
+        name, value = reading["shown"]  # the gauge reader's choice (lab/watch/gauges.py)
         before = [step for step in self.gauges if step <= due.step - self.log_every]
         self.gauges[due.step] = value
         arrow = trend(self.gauges[max(before)], value) if before else ""

@@ -4,5 +4,6 @@
 code, or the book's model with this appendix installed: `kernels.py`, attention and layer norm
 with their backward passes written out, and `packing.py`, position-wise work on the real tokens
 only. Same classes, same parameters, same `state_dict`; each piece is tested equal to the
-book's readable form. What each one trades, and the measurements, are in docs/speed.md.
+book's readable form. `stack.py` trains many runs of one shape as one stacked model (vmap) and
+decodes them together. What each one trades, and the measurements, are in docs/speed.md.
 """

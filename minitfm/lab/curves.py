@@ -24,7 +24,7 @@ from minitfm.run.rundir import open_run_file, unreadable
 MAX_LINE = 65_536  # characters of one metrics.jsonl line; a record is about 200
 MAX_EVAL_BYTES = 1_000_000  # an eval-A-B.json: a few hundred bytes per length evaluated
 NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match"),  # what plot and runs read
-           "gauges": ("exact", "loss", "token_accuracy")}  # and the explorer (lab/look/gauges)
+           "gauges": ("exact", "loss", "token_accuracy")}  # and the explorer (lab/watch/gauges)
 FRACTIONS = {"eval": ("exact_match",), "gauges": ("exact", "token_accuracy")}  # within 0..1
 LAST_STEP = 10**9  # train.steps' limit: no record minitfm writes has a later step
 

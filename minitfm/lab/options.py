@@ -22,7 +22,7 @@ from minitfm.errors import ConfigError, MinitfmError, quote
 
 MAX_SAMPLES = 100_000  # held-out sequences a command decodes, and sequences decoded at once
 MAX_LEN = 65_536  # input lengths a command may ask for (task.max_len's own bound)
-MODES = ("zero", "mean")  # what a switched-off head outputs (lab/look/ablate.py)
+MODES = ("zero", "mean")  # what a switched-off head outputs (lab/interpret/ablate.py)
 BATCH_HELP = "Sequences decoded at once; lower it to save memory."
 
 

@@ -3,7 +3,7 @@
 The book's loop evaluates every train.eval_every steps. The rest is the run's cadence: a train
 line every log.log_every steps, quick checks near the target (`check_due`), a look at the
 attention every log.attention_every steps (`attention_every`), the gauges every
-log.gauge_every steps (lab/look/gauges.py), and `last.pt` after each evaluation and every
+log.gauge_every steps (lab/watch/gauges.py), and `last.pt` after each evaluation and every
 train.checkpoint_every steps. `LossMeter` reads the steps' losses only when one of those comes.
 """
 

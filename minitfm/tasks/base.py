@@ -1,9 +1,8 @@
 """What every task shares: vocabulary, sampling, the held-out rule, text I/O and batching.
 
-Each task is a rule from a source sequence of symbols to a target sequence (copy, reverse,
-sort, ...). The encoder reads the source; the decoder writes the target after BOS and ends
-it with EOS. The rules are in `synthetic` (copy .. add) and `pairs` (read from files); the
-package (`minitfm.tasks`) names them all.
+Each task is a rule from a source sequence of symbols to a target sequence (copy, reverse, sort,
+...): the encoder reads the source, the decoder writes the target after BOS and ends it with
+EOS. The rules are `synthetic`'s (copy .. add) and `pairs`' (read from files), in `minitfm.tasks`.
 
 Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
 
@@ -14,23 +13,19 @@ Vocabulary. The ids of a task are fixed by the task and `task.n_symbols`:
     then   data symbols "0", "1", ..., str(n_symbols - 1), in order of value
 
 so data symbol v has id `3 + len(task symbols) + v`, and sorting ids sorts values. Special
-tokens are never data: sampling never draws them and `parse` rejects them. The special and
-task symbols are stated in `minitfm.catalog` (SPECIAL_TOKENS, a TaskSpec's task_symbols), where
-the memory check counts them without torch.
+tokens are never data: sampling never draws them and `parse` rejects them. `minitfm.catalog`
+states the special and task symbols (SPECIAL_TOKENS, a TaskSpec's task_symbols), torch-free.
 
-Sampling. Lengths are uniform in [min_len, max_len], symbols uniform over the data symbols,
-and every draw comes from the `torch.Generator` passed in (never the global RNG), so a seed
-gives the same samples on every machine and in every run.
+Sampling. Lengths uniform in [min_len, max_len], symbols uniform over the data symbols, each
+draw from the `torch.Generator` passed in (never the global RNG): one seed, the same samples.
 
 Held-out rule. An input is held out iff the CRC-32 of its token ids (each as 4 bytes,
-little-endian) is 0 modulo 16, provided its length has at least 10_000 possible inputs
-(n_symbols ** length; for add, the count over both operand lengths). Lengths with fewer
-inputs are shared by both splits: holding out 1/16 of, say, the 100 inputs of length 2 would
-leave gaps in training rather than a fair test, so there evaluation may meet inputs seen in
-training. `split="train"` redraws held-out inputs and `split="eval"` redraws the others
-(at lengths big enough to hold out), so training and evaluation stay disjoint for any eval
-seed and any length range, lengths never trained on included. A redraw keeps the length
-already drawn, so both splits keep lengths uniform.
+little-endian) is 0 modulo 16, where its length has at least 10_000 possible inputs (n_symbols **
+length; for add, over both operand lengths). Shorter lengths are shared by both splits (holding
+out 1/16 of 100 inputs leaves gaps, not a fair test): evaluation may meet training inputs there.
+Where a length holds out, `split="train"` redraws held-out inputs and `split="eval"` the others,
+each keeping the length drawn: the splits stay disjoint for any eval seed and length range, and
+lengths stay uniform.
 
 Shapes: B batch, S source length, T target length (in a Batch: + 1, for BOS or EOS).
 """

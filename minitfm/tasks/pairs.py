@@ -23,8 +23,7 @@ asked for (`eval --min-len/--max-len`); its seed plays no part.
 Memory. The files are read a line at a time and never held whole: the training pairs are kept
 as token ids in one flat array (`PairArray`: 2 bytes a symbol, 4 with more than 65,536 tokens),
 the held-out ones as text, every pair's lengths for `check_positions`. That is at most about
-three times the files' size (`run.limits` counts it before they are read); Python lists of ints
-took about twenty.
+three times the files' size (`run.limits` counts it before they are read; docs/own-data.md).
 
 Checkpoints keep what eval, predict and visualize-attention need without the files: the
 vocabulary, the first MAX_HELD_OUT held-out pairs (as text), the longest source and target, and

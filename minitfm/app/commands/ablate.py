@@ -27,7 +27,7 @@ from minitfm.lab.options import AblateOptions
 from minitfm.run.files import to_json
 
 if TYPE_CHECKING:
-    from minitfm.lab.look.ablate import AblationReport
+    from minitfm.lab.interpret.ablate import AblationReport
 
 
 @clean_errors
@@ -46,7 +46,7 @@ def ablate(
     """Which heads matter: exact match with each attention head, then each layer, switched off."""
     options = options_from(AblateOptions, locals())
     with claimed_threads(threads):
-        from minitfm.lab.look.ablate import ablate, check_options
+        from minitfm.lab.interpret.ablate import ablate, check_options
 
         check_options(options)  # before RUN is looked for
         loaded = loaded_run(run, checkpoint, book)
@@ -62,8 +62,8 @@ def ablate(
 
 def ablation_tables(report: AblationReport) -> list:
     """The headline, a table per kind (rows layers, columns heads and the whole layer), a key."""
-    from minitfm.lab.look.ablate import MARKED_DROP, grid, headline
-    from minitfm.lab.look.probe import KIND_TITLES, KINDS
+    from minitfm.lab.attention.probe import KIND_TITLES, KINDS
+    from minitfm.lab.interpret.ablate import MARKED_DROP, grid, headline
 
     lines = headline(report, shown_path(report.checkpoint)).split("\n")  # escaped one by one
     out: list = [Text("\n".join(printable(line) for line in lines))]
@@ -85,7 +85,7 @@ def ablation_tables(report: AblationReport) -> list:
 
 def ablation_cell(row: dict) -> Text:
     """`12.4% (-87.4) *`: exact match, change in points, and the mark of a head that matters."""
-    from minitfm.lab.look.ablate import MARKED_DROP
+    from minitfm.lab.interpret.ablate import MARKED_DROP
 
     marked = row["drop"] > MARKED_DROP
     return Text(f"{row['exact_match']:.1%} ({-100 * row['drop']:+.1f}){' *' if marked else '  '}",

@@ -1,5 +1,5 @@
 """`minitfm explain`: what each head does, its role card in a table (`roles_table`) and a PNG,
-and the logit lens (`lens_table`); the lab's `look/explain.py` measures, this prints."""
+and the logit lens (`lens_table`); the lab's `interpret/explain.py` measures, this prints."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def explain(
     restoring an answer under patching, and its role in words; a PNG of role cards."""
     options = options_from(ExplainOptions, locals())
     with claimed_threads(threads):
-        from minitfm.lab.look.explain import explain as explain_run
+        from minitfm.lab.interpret.explain import explain as explain_run
 
         loaded = loaded_run(run, checkpoint, book)
         with loaded.running(as_json):

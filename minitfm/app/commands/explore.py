@@ -1,5 +1,5 @@
 """`minitfm explore`: a trained run in one offline web page (the page is
-`lab/look/explorer.py`'s).
+`lab/explore/explorer.py`'s).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def explore(
     """Write one offline web page where the trained model runs: type inputs, watch decoding
     and every attention map, switch heads off, scrub attention over training, read each head's
     role card (after `minitfm explain`), patch activations and read the logit lens."""
-    from minitfm.lab.look.explorer import check_page_path, size_warning, write_explorer
+    from minitfm.lab.explore.explorer import check_page_path, size_warning, write_explorer
 
     if out is not None:
         check_page_path(out, force)  # before the checkpoint is read

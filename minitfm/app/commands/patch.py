@@ -1,5 +1,5 @@
 """`minitfm patch`: activation patching, which heads and which positions of the residual
-stream carry the clean input's answer (`stream_table`); the lab's `look/patching.py` measures,
+stream carry the clean input's answer (`stream_table`); the lab's `interpret/patching.py` measures,
 this prints."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def patch(
     stream at each position, restores when patched into the corrupted input's run."""
     options = options_from(PatchOptions, locals())
     with claimed_threads(threads):
-        from minitfm.lab.look.patching import patch as patch_run
+        from minitfm.lab.interpret.patching import patch as patch_run
 
         loaded = loaded_run(run, checkpoint, book)
         with loaded.running(as_json):

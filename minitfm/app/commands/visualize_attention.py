@@ -31,9 +31,9 @@ from minitfm.lab.options import VisualizeOptions
 if TYPE_CHECKING:
     import numpy as np
 
-    from minitfm.lab.look.over_training import OverTrainingReport
-    from minitfm.lab.look.probe import MapBlock
-    from minitfm.lab.look.visualize import AttentionReport
+    from minitfm.lab.attention.over_training import OverTrainingReport
+    from minitfm.lab.attention.probe import MapBlock
+    from minitfm.lab.attention.visualize import AttentionReport
 
 
 @clean_errors
@@ -69,7 +69,7 @@ def visualize_attention(
         return show_over_training(run, layer, out, gif, force)
     options = options_from(VisualizeOptions, locals())
     with claimed_threads(threads):
-        from minitfm.lab.look.visualize import check_options, visualize
+        from minitfm.lab.attention.visualize import check_options, visualize
 
         check_options(options)  # before the checkpoint is read
         loaded = loaded_run(run, checkpoint, book)
@@ -88,7 +88,7 @@ def visualize_attention(
 def show_over_training(run: Path | None, layer: int | None, out: Path | None,
                        gif: Path | None, force: bool = False) -> None:
     """`visualize-attention --over-training`: a table of the heads' scores per step, the files."""
-    from minitfm.lab.look.over_training import over_training
+    from minitfm.lab.attention.over_training import over_training
 
     report = over_training(run, layer, out, gif, force)
     if report.note:
@@ -165,7 +165,7 @@ def palette_cells(width: int = 2) -> list[tuple[str, str]]:
 
 def heatmap(weights: np.ndarray, queries: list[str], keys: list[str], title: str) -> Text:
     """One map: a row per query token, a 2-wide cell per key token."""
-    from minitfm.lab.look.mapgrid import SHORT_TOKENS
+    from minitfm.lab.attention.mapgrid import SHORT_TOKENS
     from minitfm.lab.pictures import level
 
     cells = palette_cells()
@@ -184,7 +184,7 @@ def heatmap(weights: np.ndarray, queries: list[str], keys: list[str], title: str
 def heatmap_legend(blocks: list[MapBlock]) -> Text:
     """The palette from weight 0 to 1, and how to read the maps: the rows, the columns, and
     the short names of the column tokens that appear in them (`^ = <bos>`)."""
-    from minitfm.lab.look.mapgrid import SHORT_TOKENS
+    from minitfm.lab.attention.mapgrid import SHORT_TOKENS
 
     text = Text("weight 0 ")
     for cell in palette_cells():
@@ -200,7 +200,7 @@ def heatmap_legend(blocks: list[MapBlock]) -> Text:
 
 def attention_heatmaps(blocks: list[MapBlock]) -> list:
     """A heading per kind and layer, then its heads side by side."""
-    from minitfm.lab.look.probe import KIND_TITLES
+    from minitfm.lab.attention.probe import KIND_TITLES
 
     out = []
     for block in blocks:
@@ -216,7 +216,7 @@ def alignment_table(report: AttentionReport) -> Table | Text:
     """Every cross-attention head's alignment score, the best head in bold."""
     import numpy as np
 
-    from minitfm.lab.look.probe import ALIGNMENT_SAMPLES
+    from minitfm.lab.attention.probe import ALIGNMENT_SAMPLES
 
     if report.scores is None:
         return Text(f"task '{report.task.name}' has no ideal alignment: no alignment score")
@@ -241,8 +241,8 @@ def alignment_table(report: AttentionReport) -> Table | Text:
 
 def over_training_table(report: OverTrainingReport) -> Table:
     """A row per recorded step: its exact match and each cross-attention head's scores."""
-    from minitfm.lab.look.over_training import head_text
-    from minitfm.lab.look.probe import ALIGNMENT_SAMPLES
+    from minitfm.lab.attention.over_training import head_text
+    from minitfm.lab.attention.probe import ALIGNMENT_SAMPLES
 
     timeline, layer = report.timeline, report.layer
     aligned = timeline.alignment is not None

@@ -1,4 +1,4 @@
-"""Joining a Ray cluster for `minitfm sweep --on ray` (`onray.py` runs the jobs there).
+"""Joining a Ray cluster for `minitfm sweep --on ray` (`ray_launcher.py` runs the jobs there).
 
 The address is `--ray-address`, else $RAY_ADDRESS, else none: a Ray started on this machine for
 the sweep. Before the sweep folder is made, an address is checked (`check_cluster`) in one line

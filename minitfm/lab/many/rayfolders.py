@@ -1,6 +1,6 @@
 """Run directories through Ray's object store, for workers that do not see the sweep folder
-(`onray.py`): packed whole on the worker (`pack`), then checked and put in place on the driver
-(`receive`).
+(`ray_launcher.py`): packed whole on the worker (`pack`), then checked and put in place on the
+driver (`receive`).
 
 What comes back is checked before anything is replaced, whoever sent it (a node with another
 minitfm, a broken disk): the archive is unpacked beside the sweep's runs with tarfile's `data`

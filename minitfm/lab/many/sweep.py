@@ -223,7 +223,7 @@ class Plan:
     note: str | None = None  # why the folder is a new one, when an old one held this grid
     stacks: list[list[RunSpec]] = field(default_factory=list)  # none: each run alone
     stacking: str = ""  # why the runs are stacked or not (see stacking.choose_stacking)
-    on: str = "local"  # where the jobs run: local processes, or Ray tasks (onray.py)
+    on: str = "local"  # where the jobs run: local processes, or Ray tasks (ray_launcher.py)
     ray_address: str | None = None
 
     def notes(self, dry_run: bool = False) -> list[str]:
@@ -385,7 +385,7 @@ def launch_jobs(jobs: list[Job], plan: Plan, say: Callable[[str], None]) -> list
     """Run the jobs where `--on` says: this machine's processes, or Ray's tasks; the runs that
     failed."""
     if plan.on == "ray":
-        from minitfm.lab.many.onray import run_on_ray  # Ray is imported there only
+        from minitfm.lab.many.ray_launcher import run_on_ray  # Ray is imported there only
 
         return run_on_ray(jobs, plan, say)
     return Scheduler(jobs, plan.parallel, say).run()

@@ -10,6 +10,8 @@ the output is that of attention without the scaling.
 
 The learner's function is graded alone: its global names are the book's wherever the book
 defines them (`subject_from`), so a wrong `attention` does not fail `MultiHeadAttention.forward`.
+The checks, a module per chapter in the book's order: `attention.py`, `layers.py`,
+`positions.py`, `model.py` (its greedy decoding in `decoding.py`), `training.py`.
 """
 
 from __future__ import annotations

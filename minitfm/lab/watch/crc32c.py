@@ -1,9 +1,8 @@
 """CRC-32C, the checksum of every record of a TensorBoard event file, in numpy.
 
 Without TensorFlow, TensorBoard's writer checksums each record in pure Python, a byte at a
-time, on a thread of the training process: the 5 MB of a default run's pictures went through
-that loop (docs/speed.md). `use_in_tensorboard` has it use `masked_crc32c` below: the same
-numbers, from numpy.
+time, on a thread of the training process (what that cost: docs/speed.md).
+`use_in_tensorboard` has it use `masked_crc32c` below: the same numbers, from numpy.
 
 The CRC (Castagnoli polynomial, reflected, as iSCSI and TFRecord use it) of a long record is
 taken in lanes: the record is cut into blocks of BLOCK bytes, numpy runs the byte-at-a-time

@@ -1,38 +1,31 @@
 """Grokking's gauges on modular addition, after Nanda et al. 2023 ("Progress measures for
 grokking via mechanistic interpretability", ICLR 2023), adapted to this encoder-decoder.
 
-A model that groks a + b mod p first memorises its training pairs, then (while held-out exact
-match stays low) builds a circuit that adds by rotating: it embeds each number a as waves
-cos(w_k a), sin(w_k a) of a few key frequencies w_k = 2πk/p and reads the answer c off
-cos(w_k (a + b - c)); at last weight decay cleans the memorised part away and held-out exact
-match jumps. Nanda et al. measure the hidden middle phase with gauges of this kind; here, on the
-model as it is (eval mode, no gradient, one forward pass over the p² pairs):
+A model that groks a + b mod p memorises its training pairs, then builds a circuit that adds
+by rotating: each number a embedded as waves cos(w_k a), sin(w_k a) of a few key frequencies
+w_k = 2πk/p, the answer c read off cos(w_k (a + b - c)); weight decay then cleans the memorised
+part away. These gauges read the hidden middle phase, on the model as it is (eval mode, no
+gradient, one forward pass over the p² pairs):
 
 - `train_exact`: greedy exact match on the training pairs (the answer and its EOS).
-- `restricted_loss`: the answer's cross-entropy over all p² pairs when the answer position's
-  logits keep only their key-frequency components (and their mean over the pairs): low once the
-  Fourier circuit alone can answer.
-- `excluded_loss`: the answer's cross-entropy on the training pairs when the key-frequency
-  components are taken out of the logits: it rises during the plateau as the training set comes
-  to rest on the circuit rather than on memory.
-- `fourier_sparsity`: the share of the number embeddings' Fourier energy over 0..p-1
-  (frequencies k = 1..p//2; the constant left out) in their KEY_FREQUENCIES strongest
-  frequencies: about KEY_FREQUENCIES / (p // 2) for a random embedding, near 1 once the
-  embedding is a few waves.
+- `restricted_loss`: the answer's cross-entropy over all p² pairs with its logits kept to their
+  key-frequency components (and their mean over the pairs): low once the circuit alone answers.
+- `excluded_loss`: the answer's cross-entropy on the training pairs with those components taken
+  out of the logits: it rises as the training set comes to rest on the circuit, not on memory.
+- `fourier_sparsity`: the share of the number embeddings' Fourier energy over 0..p-1 (k =
+  1..p//2, the constant left out) in their KEY_FREQUENCIES strongest frequencies: about
+  KEY_FREQUENCIES / (p // 2) for a random embedding, near 1 once the embedding is a few waves.
 
-What is adapted, and why. The paper's model is a one-layer decoder reading "a b =" whose logits
-at "=" are the answer; here the answer is the decoder's first output (after BOS), so the logits
-are that position's, teacher-forced, and the embedding is the rows of the data symbols 0..p-1
-in the shared embedding (what the source reads: the paper's W_E). The paper picks its key
-frequencies by hand, from the embedding's Fourier norms; here they are found anew at each call,
-from the logits: the KEY_FREQUENCIES frequencies whose waves cos(w_k (a + b)), sin(w_k (a + b))
-over the p² inputs hold the most of the logits' energy. The logits are the part a loss reads,
-and in this model they are not the embedding's frequencies alone: attention and the
-feed-forward block mix them (in a grokked run of configs/grokking.yaml, four of the five key
-frequencies were among the embedding's five strongest). A component of the logits is the
-paper's: for each output, the projection of its logit over the p² inputs onto those two waves.
-The restricted logits keep each output's mean over the inputs too: its bias, which holds nothing
-of a and b, and without which the restricted loss would be that of a model with no bias.
+What is adapted. The paper's model is a one-layer decoder whose logits at "=" are the answer;
+here the answer is the decoder's first output (after BOS), teacher-forced, and the embedding is
+the shared embedding's rows of the data symbols 0..p-1 (what the source reads: the paper's
+W_E). The key frequencies are found anew at each call from the logits, not by hand from the
+embedding: the KEY_FREQUENCIES frequencies whose waves cos(w_k (a + b)), sin(w_k (a + b)) over
+the p² inputs hold the most of the logits' energy (the logits are what a loss reads, and
+attention and the feed-forward block mix the embedding's frequencies). A component of the
+logits is the paper's: the projection of each output's logit over the p² inputs onto those two
+waves. The restricted logits keep each output's mean over the inputs too: its bias, which holds
+nothing of a and b, and without which the restricted loss would be that of a model with no bias.
 
 Shapes: P = p² pairs, V vocab_size, D d_model, F frequencies 1..p//2.
 """

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from minitfm.lab.look.probe import MapBlock
+from minitfm.lab.attention.probe import MapBlock
 
 FONT = "DejaVu Sans"  # matplotlib's own font, and MapGrid's (`font_path`)
 # What minitfm's own pictures write besides the tokens: printable ASCII and these, all of them

@@ -15,8 +15,8 @@ import math
 
 import numpy as np
 
-from minitfm.lab.look.lettering import FONT_HAS, Lettering, font_path, glyphs, lettering
-from minitfm.lab.look.probe import MapBlock
+from minitfm.lab.attention.lettering import FONT_HAS, Lettering, font_path, glyphs, lettering
+from minitfm.lab.attention.probe import MapBlock
 from minitfm.lab.pictures import GAMMA, colours, wrap_words
 
 SHORT_TOKENS = {"<bos>": "^", "<eos>": "$", "<pad>": "_"}  # column labels are 2 cells wide

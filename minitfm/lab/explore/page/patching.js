@@ -1,4 +1,4 @@
-/* Activation patching and the logit lens in JavaScript: lab/look/patching.py and lens.py, on
+/* Activation patching and the logit lens in JavaScript: lab/interpret/patching.py and lens.py, on
  * model.js's hook points, for one clean and one corrupted input (tests/test_explore.py holds
  * them to Python's figures).
  *

@@ -497,7 +497,7 @@
     return canvas;
   }
 
-  // The gauges (minitfm/lab/look/gauges.py), read while the run trained: what moved before
+  // The gauges (minitfm/lab/watch/gauges.py), read while the run trained: what moved before
   // exact match did, and the forecast made from them at each reading.
   function gauges(readings, box) {
     if (!readings.length) { box.append(el("p", "No gauge readings in metrics.jsonl: train with log.gauge_every above 0 (the default, 10).", "hint")); return; }

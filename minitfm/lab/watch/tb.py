@@ -49,7 +49,7 @@ from minitfm.run.instruments import (
 )
 
 if TYPE_CHECKING:
-    from minitfm.lab.look.timeline import AttentionRecorder
+    from minitfm.lab.attention.timeline import AttentionRecorder
 
 TRAIN_TAGS = {"loss": "1_loss/train", "lr": "5_train/lr", "grad_norm": "5_train/grad_norm",
               "tokens_per_s": "5_train/tokens_per_s"}
@@ -89,7 +89,7 @@ class TensorBoardLogger(Instrument):
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        from minitfm.lab.look.crc32c import use_in_tensorboard
+        from minitfm.lab.watch.crc32c import use_in_tensorboard
 
         use_in_tensorboard()  # its own checksums go a byte at a time, in pure Python
         # TensorBoard opens its event file with open(), which would follow a link planted at
@@ -162,7 +162,7 @@ class TensorBoardLogger(Instrument):
     def attention_images(self, snapshot) -> None:
         """A heatmap of every head of every kind on the probe, one per image; each
         cross-attention head's alignment score (tasks with an ideal alignment) and entropy."""
-        from minitfm.lab.look.probe import map_blocks, only
+        from minitfm.lab.attention.probe import map_blocks, only
 
         step = snapshot.step
         caption = self._caption(step, snapshot.probe.prediction, snapshot.target)
@@ -187,8 +187,8 @@ class TensorBoardLogger(Instrument):
     def _grid(self, block, snapshot):
         """The picture maker of one head's map, sized for the longest caption any step can
         have."""
-        from minitfm.lab.look.mapgrid import Captions, MapGrid
-        from minitfm.lab.look.probe import KIND_TITLES
+        from minitfm.lab.attention.mapgrid import Captions, MapGrid
+        from minitfm.lab.attention.probe import KIND_TITLES
 
         key = (block.kind, *block.layers, *block.heads)
         if key not in self.grids:

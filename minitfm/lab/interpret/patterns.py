@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from minitfm.book.model import eval_mode
-from minitfm.lab.look.probe import KINDS, alignment_score
+from minitfm.lab.attention.probe import KINDS, alignment_score
 from minitfm.tasks.base import Pair, Task, make_batch
 
 FITS = 0.5  # a head is named after a pattern whose key is the strongest in this share of rows

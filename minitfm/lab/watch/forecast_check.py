@@ -1,4 +1,4 @@
-"""How well the forecast did over finished runs: `python -m minitfm.lab.look.forecasts FOLDER...`
+"""The forecast checked over finished runs: `python -m minitfm.lab.watch.forecast_check FOLDER...`
 
 Each run's readings (metrics.jsonl, split `gauges`) are replayed through `make_forecast`, as the
 run's GaugeReader made them while it trained, and held against what then came. Definitions
@@ -34,8 +34,8 @@ from pathlib import Path
 from minitfm.config import load_config
 from minitfm.errors import CheckpointError, MinitfmError, shown_path
 from minitfm.lab.curves import read_metrics
-from minitfm.lab.look.forecast import CLICK, Course, gauge_readings, make_forecast
-from minitfm.lab.look.gauges import GAUGE_SAMPLES
+from minitfm.lab.watch.forecast import CLICK, Course, gauge_readings, make_forecast
+from minitfm.lab.watch.gauges import GAUGE_SAMPLES
 from minitfm.run.files import name_text
 from minitfm.run.summary import DONE, load_summary, read_run_config
 from minitfm.tasks import make_task
@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     line of stderr; the exit code (2: no folder given, or one with no finished run)."""
     if not argv:
         sys.stderr.write("error: give one or more folders of finished runs, such as a "
-                         "sweep's: python -m minitfm.lab.look.forecasts FOLDER...\n")
+                         "sweep's: python -m minitfm.lab.watch.forecast_check FOLDER...\n")
         return 2
     notes: list[str] = []
     try:

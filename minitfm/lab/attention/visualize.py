@@ -15,10 +15,9 @@ import numpy as np
 from torch import Tensor
 
 from minitfm.errors import MinitfmError, quote
-from minitfm.lab.loaded import Loaded
-from minitfm.lab.look.figures import attention_figure
-from minitfm.lab.look.lettering import lettering
-from minitfm.lab.look.probe import (
+from minitfm.lab.attention.figures import attention_figure
+from minitfm.lab.attention.lettering import lettering
+from minitfm.lab.attention.probe import (
     ALIGNMENT_SAMPLES,
     KINDS,
     MapBlock,
@@ -29,6 +28,7 @@ from minitfm.lab.look.probe import (
     pick_probe,
     run_probe,
 )
+from minitfm.lab.loaded import Loaded
 from minitfm.lab.measure.evaluate import input_limit
 from minitfm.lab.options import VisualizeOptions
 from minitfm.lab.pictures import check_output, save_png

@@ -1,6 +1,6 @@
 /* The explorer's look inside the model: the role cards of `minitfm explain` (embedded: each
  * needs a thousand decodings per head), the activation patching view and the logit lens (both
- * computed here by patching.js, the maths of lab/look/patching.py and lens.py). page.js makes
+ * computed here by patching.js, the maths of lab/interpret/patching.py and lens.py). page.js makes
  * one with its helpers and calls it; everything is shown as text or drawn on a canvas.
  */
 (function (root) {

@@ -13,8 +13,8 @@ import textwrap
 
 import numpy as np
 
-from minitfm.lab.look.patterns import FITS, WEIGHT
-from minitfm.lab.look.probe import KINDS
+from minitfm.lab.attention.probe import KINDS
+from minitfm.lab.interpret.patterns import FITS, WEIGHT
 from minitfm.lab.pictures import GAMMA, wrap_to_width
 
 EFFECT_COLOURS = {"essential": "#D55E00", "helps": "#0072B2", "minor": "#555555",

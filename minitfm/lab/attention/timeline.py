@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from minitfm.errors import CheckpointError, MinitfmError, quote
-from minitfm.lab.look.probe import (
+from minitfm.lab.attention.probe import (
     ALIGNMENT_SAMPLES,
     LatestPass,
     Probe,

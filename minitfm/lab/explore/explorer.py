@@ -1,10 +1,10 @@
 """`minitfm explore`: a trained run in one self-contained, offline HTML page.
 
-The page runs the model itself: `explore/model.js` is the forward pass of book/model.py in
-JavaScript, `explore/task.js` reads typed input as `minitfm predict` does, `explore/patching.js`
-is activation patching and the logit lens (lab/look/patching.py and lens.py) on model.js's hook
-points, `explore/inside.js` draws the role cards, the patching view and the lens, and
-`explore/page.js` draws the rest and wires it up. This module gathers what they need from the
+The page runs the model itself: `page/model.js` is the forward pass of book/model.py in
+JavaScript, `page/task.js` reads typed input as `minitfm predict` does, `page/patching.js`
+is activation patching and the logit lens (lab/interpret/patching.py and lens.py) on model.js's hook
+points, `page/inside.js` draws the role cards, the patching view and the lens, and
+`page/page.js` draws the rest and wires it up. This module gathers what they need from the
 run (the weights, the head means `minitfm ablate` uses, held-out examples, and the run's records,
 `explorer_records`: metrics.jsonl, attention.jsonl, the ablation pictures, explain's role
 cards) into one JSON document and inlines it with the scripts and the style sheet.
@@ -39,16 +39,16 @@ import torch
 from minitfm.book.metrics import predict
 from minitfm.catalog import SPECIAL_TOKENS, TASKS
 from minitfm.errors import MinitfmError
-from minitfm.lab.loaded import Loaded
-from minitfm.lab.look.ablate import replacements
-from minitfm.lab.look.explorer_records import (
+from minitfm.lab.attention.probe import ALIGNMENT_SAMPLES, alignment_scores
+from minitfm.lab.explore.explorer_records import (
     ablation_pictures,
     curves,
     last_eval,
     role_cards,
     timeline,
 )
-from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, alignment_scores
+from minitfm.lab.interpret.ablate import replacements
+from minitfm.lab.loaded import Loaded
 from minitfm.lab.measure.evaluate import input_limit
 from minitfm.lab.pictures import GAMMA, PAGE_MARK, PAGE_SUFFIXES, PALETTE, check_output
 from minitfm.run.files import to_json, write_atomic
@@ -248,8 +248,8 @@ def alignment(model, task: Task, pairs) -> dict | None:
 # --- the page ---
 
 def source(name: str) -> str:
-    """One of the page's files (minitfm/lab/look/explore/, shipped with the package)."""
-    return resources.files("minitfm.lab.look").joinpath("explore", name).read_text(
+    """One of the page's files (minitfm/lab/explore/page/, shipped with the package)."""
+    return resources.files("minitfm.lab.explore").joinpath("page", name).read_text(
         encoding="utf-8")
 
 

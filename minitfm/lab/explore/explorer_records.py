@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from minitfm.errors import CheckpointError
+from minitfm.lab.attention.probe import KINDS
+from minitfm.lab.attention.timeline import read_timeline
 from minitfm.lab.curves import is_number, read_eval, run_curves
+from minitfm.lab.interpret.explain import CARDS_MARK, EFFECT_NAMES, weights_digest
 from minitfm.lab.loaded import Loaded
-from minitfm.lab.look.explain import CARDS_MARK, EFFECT_NAMES, weights_digest
-from minitfm.lab.look.probe import KINDS
-from minitfm.lab.look.timeline import read_timeline
 from minitfm.run.rundir import open_run_file
 
 MAX_SNAPSHOTS = 60  # attention.jsonl records kept (evenly spread, the last one always)

@@ -15,7 +15,7 @@ import torch
 
 from minitfm.book.metrics import predict
 from minitfm.book.model import eval_mode
-from minitfm.lab.look.ablate import this_threads
+from minitfm.lab.interpret.ablate import this_threads
 from minitfm.tasks.base import Task
 
 

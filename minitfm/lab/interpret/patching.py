@@ -46,8 +46,8 @@ from minitfm.book.metrics import predict
 from minitfm.book.model import eval_mode
 from minitfm.catalog import SPECIAL_TOKENS
 from minitfm.errors import MinitfmError
-from minitfm.lab.look.ablate import edited_heads, layer_counts, this_threads
-from minitfm.lab.look.probe import KINDS
+from minitfm.lab.attention.probe import KINDS
+from minitfm.lab.interpret.ablate import edited_heads, layer_counts, this_threads
 from minitfm.lab.measure.evaluate import input_limit, length_warning
 from minitfm.tasks.base import Task
 
@@ -331,8 +331,8 @@ def either(clean: str, corrupt: str) -> str:
 def patch(loaded, options) -> PatchReport:
     """`minitfm patch`: patch every head and the residual stream at every position of one
     corrupted input from its clean run; write the heatmap PNG (see `PatchOptions`)."""
-    from minitfm.lab.look.cards import patch_figure
-    from minitfm.lab.look.probe import pick_probe
+    from minitfm.lab.attention.probe import pick_probe
+    from minitfm.lab.interpret.cards import patch_figure
     from minitfm.lab.pictures import check_output, check_picture_path, save_png
 
     named = loaded.picture_path("patch", f"step{loaded.step}.png")  # where the default goes

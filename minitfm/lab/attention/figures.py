@@ -12,7 +12,7 @@ matplotlib is imported inside functions, so `minitfm --help` does not pay for it
 
 from __future__ import annotations
 
-from minitfm.lab.look.probe import KIND_TITLES, MapBlock
+from minitfm.lab.attention.probe import KIND_TITLES, MapBlock
 from minitfm.lab.pictures import GAMMA, wrap_to_width
 
 COLOUR_BAR_LABEL = "attention weight\n(sqrt scale)"  # the colours follow weight**GAMMA

@@ -42,12 +42,12 @@ from torch import Tensor
 from minitfm.book.metrics import EVAL_BATCH_SIZE, length_chunks, predict
 from minitfm.book.model import eval_mode
 from minitfm.errors import MinitfmError, shown_path
+from minitfm.lab.attention.probe import pick_probe
+from minitfm.lab.interpret.ablate import edited_heads, heads_edits, replacements
+from minitfm.lab.interpret.lens import logit_lens
+from minitfm.lab.interpret.patching import contrast, patch_activations
+from minitfm.lab.interpret.patterns import HeadPattern, head_patterns, mean_maps
 from minitfm.lab.loaded import Loaded
-from minitfm.lab.look.ablate import edited_heads, heads_edits, replacements
-from minitfm.lab.look.lens import logit_lens
-from minitfm.lab.look.patching import contrast, patch_activations
-from minitfm.lab.look.patterns import HeadPattern, head_patterns, mean_maps
-from minitfm.lab.look.probe import pick_probe
 from minitfm.lab.options import ExplainOptions
 from minitfm.lab.pictures import check_output, save_png
 from minitfm.run.files import to_json, write_atomic
@@ -295,7 +295,7 @@ def explain(loaded: Loaded, options: ExplainOptions = ExplainOptions()) -> Expla
     report = ExplainReport(loaded.config.task.name, loaded.checkpoint, loaded.step, len(pairs),
                            sum(base) / len(base), cards, together,
                            logit_lens(loaded.model, loaded.task, probe), png)
-    from minitfm.lab.look.cards import cards_figure
+    from minitfm.lab.interpret.cards import cards_figure
 
     maps = mean_maps(loaded.model, loaded.task, pairs[:PATTERN_PAIRS])
     save_png(cards_figure(report, maps), png, "--out", options.force)

@@ -2,28 +2,23 @@
 will cross CLICK, and whether the run reaches its target.
 
 A sequence is exactly right when each of its n target tokens and its EOS is, so with every token
-right with probability p, exact match is mean(p^(n+1)) over the gauge pairs: 50% at p = 92.3%
-for lengths 1..16 (the click accuracy; measured at the click of 80 default runs: 91.6% at the
-median), 99% at p = 99.9% (the target's). What drives p up is the learning rate: the steps move
-the weights by about the lr each, and a decaying lr lets them settle, which lifts the accuracy
-on its own (the loss of a run, Tissue et al. 2024, "Scaling law with learning rate annealing": a
-power law of the area under the lr, minus a term in the annealing area, how far the lr has come
-down summed over the steps). So the forecast draws a line of the logit of token accuracy (its
-best so far: a high lr knocks single readings down) through the readings of the last quarter of
-train.steps, against the area under the lr, plus ANNEALING_GAIN times the annealing area
-(`Course`), and reads where that line, carried on to the schedule's end, reaches the click
-accuracy and the target's. The line leaves out the first reading and those of the warmup, where
-the model learns the easy part (which symbols come) in a climb too steep to last.
-ANNEALING_GAIN was fitted to 96 runs of the reverse task (the 240 steps of the default then, 150
-and 100 steps, lr 0.002; 2026-11-29); the runs it was measured on after that are others
-(docs/looking-inside.md, "How well it forecasts"). The target is forecast on course when the
-line reaches it with MARGIN of the run to spare: in the 26 of those runs that reached it, it came
-later than the line said by 4% of the run at the median and 11% at the latest, so a target in
-the run's last eighth is a close call. No forecast in the warmup
-(the lr still rising) nor before a fifth of train.steps. `forecasts.py` measures how well
-it forecasts, over finished runs: it was measured on reverse, then on sort and copy
-(CALIBRATED). On any other task (add, grokking's modadd, pairs of one's own...) it says
-`uncalibrated for TASK:` before the line's words and gives its figures without a verdict.
+right with probability p, exact match is mean(p^(n+1)) over the gauge pairs: the click and the
+target are each a token accuracy to reach (`click_accuracy`). What drives p up is the learning
+rate: the steps move the weights by about the lr each, and a decaying lr lets them settle, which
+lifts the accuracy on its own (the loss of a run, Tissue et al. 2024, "Scaling law with learning
+rate annealing": a power law of the area under the lr, minus a term in the annealing area, how
+far the lr has come down summed over the steps). So the forecast draws a line of the logit of
+token accuracy (its best so far: a high lr knocks single readings down) through the readings of
+the last WINDOW of train.steps, against the area under the lr, plus ANNEALING_GAIN times the
+annealing area (`Course`), and reads where that line, carried on to the schedule's end, reaches
+the click accuracy and the target's. The line leaves out the first reading and those of the
+warmup, where the model learns the easy part (which symbols come) in a climb too steep to last.
+The target is forecast on course when the line reaches it with MARGIN of the run to spare, a
+close call when later. No forecast in the warmup (the lr still rising) nor before FORECAST_FROM
+of train.steps. On a task not in CALIBRATED (add, grokking's modadd, pairs of one's own...) it
+says `uncalibrated for TASK:` before the line's words and gives its figures without a verdict.
+How ANNEALING_GAIN and MARGIN were fitted, and how well the forecast did where it was measured
+(`forecast_check.py`), is docs/looking-inside.md, "Watching it click" and "How well it forecasts".
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ CLICK = 0.5  # the click: exact match crossing this
 FORECAST_FROM = 0.2  # no forecast before this share of train.steps (nor in the warmup)
 WINDOW = 0.25  # the forecast's line goes through the readings of the last quarter of train.steps
 MARGIN = 0.125  # on course: the target forecast with this share of train.steps to spare
-ANNEALING_GAIN = 8.2  # logit of token accuracy per unit of annealing area (measured: docstring)
+ANNEALING_GAIN = 8.2  # logit of token accuracy per unit of annealing area (fitted: the docs)
 AREA_POINTS = 100_000  # Course sums the learning rate over at most this many steps
 # The tasks whose runs the forecast was held against what came (docs/looking-inside.md, "How well
 # it forecasts"): reverse, on which it was fitted, then sort and copy. On any other its words

@@ -47,8 +47,8 @@ from minitfm.book.metrics import (
 )
 from minitfm.book.model import eval_mode
 from minitfm.errors import MinitfmError, option
+from minitfm.lab.attention.probe import KIND_TITLES, KINDS
 from minitfm.lab.loaded import Loaded
-from minitfm.lab.look.probe import KIND_TITLES, KINDS
 from minitfm.lab.options import MODES, AblateOptions
 from minitfm.lab.pictures import check_output, save_png
 from minitfm.run.limits import check_fits, decoding_parts

@@ -243,7 +243,7 @@ def run_work(work: Work) -> dict[str, Any]:
         # where SIGINT is ignored (a worker of a Ray started from a shell's background job).
         signal.signal(signal.SIGINT, signal.default_int_handler)
     node = ray.get_runtime_context().get_node_id()
-    if sees(work):
+    if sees_sweep_folder(work):
         code = run_job(job_of(work, work.grid, work.specs),
                        work.cwd if work.cwd.is_dir() else None)
         return {"node": node, "mode": "shared", "exits": {spec.id: code for spec in work.specs}}
@@ -261,7 +261,7 @@ def run_work(work: Work) -> dict[str, Any]:
     return {"node": node, "mode": "copied", "exits": exits, "runs": runs, "logs": logs}
 
 
-def sees(work: Work) -> bool:
+def sees_sweep_folder(work: Work) -> bool:
     """Whether this worker sees the driver's sweep folder (it holds the token)."""
     try:
         return (work.folder / TOKEN).read_text() == work.token

@@ -10,7 +10,7 @@
  * cross-attention see every source token, and a decoding step's query sees every token
  * decoded so far (the causal mask hides only later tokens, and there are none yet).
  *
- * Hook points, as lab/look/patching.py names them: `switches.hooks` may hold functions that
+ * Hook points, as lab/interpret/patching.py names them: `switches.hooks` may hold functions that
  * see an activation and return the one the model goes on with (patching.js records and
  * patches through them; the page's predictions use none):
  *   heads(kind, layer, outs, qPos): every head's output before W^O, H x (T_q, K), for the
@@ -164,7 +164,7 @@
    * `projectKV` makes them (and a decoding step appends to them: the KV cache). `scope` says
    * what positions do here: the query positions, RoPE's θ, ALiBi's slopes, and the hook point
    * `heads` of this layer (or null). `switched` (H,) holds, per head, null (on) or the vector
-   * (K,) a switched-off head outputs instead (lab/ablate.py: 0, or its mean over held-out
+   * (K,) a switched-off head outputs instead (lab/interpret/ablate.py: 0, or its mean over held-out
    * data), before W^O, as `minitfm ablate` does.
    */
   function multiHeadAttention(mha, query, kv, scope, switched) {

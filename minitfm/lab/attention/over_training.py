@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from minitfm.errors import CheckpointError, MinitfmError
-from minitfm.lab.look.figures import (
+from minitfm.lab.attention.figures import (
     COLOUR_BAR_LABEL,
     HEAD_SIZE,
     TITLE_MARGIN,
@@ -24,10 +24,10 @@ from minitfm.lab.look.figures import (
     label_tokens,
     text_height,
 )
-from minitfm.lab.look.lettering import Lettering, lettering
-from minitfm.lab.look.mapgrid import MapGrid
-from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, KIND_TITLES, MapBlock
-from minitfm.lab.look.timeline import Timeline, read_timeline
+from minitfm.lab.attention.lettering import Lettering, lettering
+from minitfm.lab.attention.mapgrid import MapGrid
+from minitfm.lab.attention.probe import ALIGNMENT_SAMPLES, KIND_TITLES, MapBlock
+from minitfm.lab.attention.timeline import Timeline, read_timeline
 from minitfm.lab.pictures import (
     GAMMA,
     SOFTWARE,

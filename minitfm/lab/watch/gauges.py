@@ -1,17 +1,8 @@
 """Gauges: what moves inside a run while its exact match sits flat, read while it trains.
 
-The default run is a phase change: exact match near 10% at step 100, above 90% at step 200. Two
-things hide under that jump. The first is arithmetic: a sequence is exactly right only when
-every one of its tokens is, so its exact match is about the product of its tokens' accuracies,
-and a token accuracy that climbs steadily from 80% to 99% takes a 16-token exact match from 3%
-to 85%. The second is the mechanism: a reverse model can only write output t once some
-cross-attention head reads source position n-1-t, and that alignment forms gradually, long
-before the outputs come out right. Progress measures of this kind move smoothly while the
-accuracy that everyone watches sits flat (Nanda et al. 2023, "Progress measures for grokking via
-mechanistic interpretability"; Barak et al. 2022, "Hidden progress in deep learning").
-
 Every log.gauge_every steps, one teacher-forced pass with attention over the first
-GAUGE_SAMPLES held-out pairs (those the attention scores use; no gradient) reads:
+GAUGE_SAMPLES held-out pairs (those the attention scores use; no gradient) makes a `Reading`, a
+line of metrics.jsonl (split `gauges`) with the forecast made from it (`forecast.py`):
 
 - `exact`: the share of pairs whose every target token and EOS is the pass's argmax. A greedy
   decoder writes exactly those tokens (each step's argmax, given a right prefix), so this is
@@ -19,22 +10,18 @@ GAUGE_SAMPLES held-out pairs (those the attention scores use; no gradient) reads
 - `loss`: the mean cross-entropy per output token (EOS included), as an evaluation's;
 - `token_accuracy`, and `positions`: the token accuracy at each output position (0 = the first
   token written; EOS at its own position);
-- `hard_loss`: the mean cross-entropy of the hardest quarter of output positions;
-- `align`: for tasks with an ideal alignment (`task.alignment`: the diagonal for copy, the
-  anti-diagonal for reverse, rank order for sort), the best cross-attention head's alignment
-  score (`probe`: the mean weight it puts on the ideal source position), as visualize-attention
-  and TensorBoard's `4_alignment/best` give it; `heads` has every head's. Heads share the work
-  (one reads the first outputs, another the rest), so `coverage` says how well a layer reads
-  what it must: for each output row the most weight any head of the layer puts on the ideal
-  position, averaged over rows, in the best layer. For add, whose output digit is the sum of
-  two digits and a carry, the ideal of a row is a pair of positions (`add_keys`): both
-  operands' digits of the significance it writes (the carry-out digit, a sum's extra leading
-  1: both leading digits), and a head's score is the weight it puts on the pair. None for pairs
-  of one's own;
+- `hard_loss`: the mean cross-entropy of the hardest HARD_SHARE of output positions;
+- `align`: for tasks with an ideal alignment (`task.alignment`), the best cross-attention
+  head's alignment score (`probe`), as visualize-attention and TensorBoard's `4_alignment/best`
+  give it; `heads` has every head's; `coverage`: for each output row the most weight any head of
+  a layer puts on the ideal position, averaged over rows, in the best layer. For add a row's
+  ideal is a pair of positions (`add_keys`: both operands' digits of the significance it
+  writes). None for pairs of one's own;
 - `weight_norm`: the L2 norm of all weight matrices (what weight decay shrinks);
 - whatever the task's own gauges add (`TASK_GAUGES`).
 
-The forecast made from each reading is `forecast.py`'s.
+Why these move before exact match does, and what they showed on the default run, is
+docs/looking-inside.md, "Watching it click".
 
 Shapes: B batch (the gauge pairs), T output positions (target + EOS), S source len, L layers,
 H n_heads.
@@ -50,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from minitfm.lab.attention.probe import ALIGNMENT_SAMPLES, LatestPass, has_alignment
 from minitfm.lab.curves import read_metrics
-from minitfm.lab.look.forecast import Course, Forecast, gauge_readings, make_forecast
-from minitfm.lab.look.grokking import modadd_gauges
-from minitfm.lab.look.probe import ALIGNMENT_SAMPLES, LatestPass, has_alignment
+from minitfm.lab.watch.forecast import Course, Forecast, gauge_readings, make_forecast
+from minitfm.lab.watch.grokking import modadd_gauges
 from minitfm.run.instruments import GaugesDue, Instrument, Started, append_metrics
 from minitfm.tasks.base import Pair, Task
 

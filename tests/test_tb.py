@@ -312,7 +312,7 @@ def test_a_resumed_runs_event_file_is_read_after_those_of_the_process_before_it(
     one, so its file comes last and its purge mark hides the killed process's later steps."""
     import time
 
-    from minitfm.lab.look import tb
+    from minitfm.lab.watch import tb
 
     now = int(time.time())
     (tmp_path / f"events.out.tfevents.{now}.host.99999.0.abc").write_bytes(b"")

@@ -4,6 +4,8 @@ over finished runs (lab/watch/forecast_check.py,
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -12,6 +14,7 @@ import sys
 import pytest
 
 from minitfm.config import TrainConfig, load_config, to_yaml
+from minitfm.lab.watch import forecast_check
 from minitfm.lab.watch.forecast import (
     ANNEALING_GAIN,
     MARGIN,
@@ -260,10 +263,16 @@ def test_a_flag_raised_late_is_not_in_time_and_one_on_course_reading_is_a_false_
                         "| flattening | 0 of 1 | - | 1 of 1 | never | - |"]
 
 
-def replay_cli(cwd, *folders):
-    """`python -m minitfm.lab.watch.forecast_check FOLDER...` run in `cwd`."""
-    return subprocess.run([sys.executable, "-m", "minitfm.lab.watch.forecast_check", *folders],
-                          cwd=cwd, capture_output=True, text=True, timeout=120)
+def replay_cli(cwd, *folders, process=False):
+    """`python -m minitfm.lab.watch.forecast_check FOLDER...` run in `cwd`: its `main` in this
+    process (a second's torch import less a call), or the command itself with `process=True`."""
+    command = [sys.executable, "-m", "minitfm.lab.watch.forecast_check", *folders]
+    if process:
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=120)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = forecast_check.main(list(folders))
+    return subprocess.CompletedProcess(command, code, out.getvalue(), err.getvalue())
 
 
 CLIMBING = [(s, 0.6 if s >= 140 else 0.1, a) for s, _, a in climb(range(10, 161, 10), -2.0, 0.03)]
@@ -315,7 +324,7 @@ def test_a_reading_written_again_after_a_resume_counts_once(tmp_path):
 def test_no_finished_runs_to_replay_is_one_line_and_exit_2(tmp_path, args, needle):
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "empty").mkdir()
-    done = replay_cli(tmp_path, *args)
+    done = replay_cli(tmp_path, *args, process=not args)  # the command itself once
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
     assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
     assert needle in done.stderr and "Traceback" not in done.stderr

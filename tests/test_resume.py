@@ -565,6 +565,7 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow  # starts another torch process (the one killed)
 def test_a_hard_kill_then_resume_leaves_each_step_once_for_every_reader(tmp_path):
     """Killed (SIGKILL) at step 13, after step 10's checkpoint, then resumed: metrics.jsonl,
     attention.jsonl and TensorBoard hold each step once, in order, as the resumed run made

@@ -35,7 +35,7 @@ from tests.helpers import TINY, given_once, run_cli
 
 pytestmark = pytest.mark.slow  # torchrun launches: several seconds each
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NPROC = 2
 CHECKS = ("one_step", "learn", "resume", "single", "nan", "signal")  # what `worker` records
 HANG_S = 600  # a hang guard, not a speed limit: far past any launch here on a busy machine

@@ -2,7 +2,7 @@
 adversarial-2026-11-22.md): refused in one line, nothing written, nothing lost.
 
 Each test names its report case (H2, M1, L5, ...). The checkpoint-side cases live in
-test_refuse_checkpoints.py.
+tests/run/test_refuse_checkpoints.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 written. `fast`: the same classes, parameters and `state_dict`, with `FastLayerNorm` and
 `FastMultiHeadAttention` in place of the book's layer norm and attention (the kernels of
 `kernels.py`) and, in training on a CPU, the padding skipped (`packing.py`). Each piece is
-tested equal to the book (tests/test_fast.py).
+tested equal to the book (tests/fast/test_fast.py).
 
 Shapes: B batch, S source len, T target len, D d_model, H n_heads, K d_head, V vocab_size;
 N the real tokens of a packed batch.

@@ -12,7 +12,7 @@ stack is made), its learning rate, schedule, clipping and weight decay (`Stacked
 them per row), and its evaluations (`evaluate_rows`, `predict_rows`: greedy decoding of all
 the rows together, a fixed number of steps with a done mask, which vmap can take where the
 book's early stop cannot). A row's numbers equal its run alone up to rounding: the losses and
-gradients of the same batch match to float precision (tests/test_stack.py). Dropout and
+gradients of the same batch match to float precision (tests/run/test_stack.py). Dropout and
 randomized positions draw for every row from one stream under vmap: each row gets its own
 draws, but not those its run would draw alone.
 

@@ -9,5 +9,5 @@ Adding a command is one new module and one line in the table: write `commands/NA
 command's function, decorated `@clean_errors` (`app/exit_codes.py`), its options taken from
 `app/parameters.py` (an options class of `lab/options.py` built by keyword: `options_from`), and
 its tables; then add `"NAME": function` to `COMMANDS` where the help should list it.
-`tests/test_cli.py` checks that the table, the modules and `minitfm --help` agree.
+`tests/app/test_cli.py` checks that the table, the modules and `minitfm --help` agree.
 """

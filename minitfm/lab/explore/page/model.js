@@ -4,7 +4,7 @@
  * Shapes: S source len, T decoded tokens so far, D d_model, H n_heads, K d_head (= D / H),
  * F d_ff, V vocab_size. A matrix (T, D) is an array of T rows, each a Float64Array(D).
  * Weights are float32 (as PyTorch keeps them), sums are float64: the answers agree with
- * PyTorch's to about 1e-6 (tests/test_explore.py measures it).
+ * PyTorch's to about 1e-6 (tests/lab/explore/test_explore.py measures it).
  *
  * One input at a time means no padding, so no attention here needs a mask: the encoder and
  * cross-attention see every source token, and a decoding step's query sees every token

@@ -1,6 +1,6 @@
 /* Activation patching and the logit lens in JavaScript: lab/interpret/patching.py and lens.py, on
- * model.js's hook points, for one clean and one corrupted input (tests/test_explore.py holds
- * them to Python's figures).
+ * model.js's hook points, for one clean and one corrupted input
+ * (tests/lab/explore/test_explore.py holds them to Python's figures).
  *
  * Patching: both runs are teacher-forced on BOS + the clean answer (the model's greedy output
  * for the clean input), so they differ only in their source. At each output position t where

@@ -1,6 +1,6 @@
 /* A task's text in JavaScript: typed input -> source ids, ids -> text, as tasks/base.py's
  * Task.parse and Task.format_like do, with the same rules and the same messages as
- * `minitfm predict` (tests/test_explore.py compares them with Python's).
+ * `minitfm predict` (tests/lab/explore/test_explore.py compares them with Python's).
  *
  * `spec` comes from the page's data: the vocabulary (`tokens`), how text is read (`reading`:
  * "words" for the synthetic tasks, "add" for two numbers joined by '+', "modadd" for two

@@ -14,7 +14,7 @@ from minitfm.app.cli import app
 from minitfm.config import load_config
 from tests.helpers import assert_clean_error, assert_clean_errors, command_names, run_cli
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = command_names()
 
 

@@ -1,4 +1,5 @@
-// Runs the page's model in Node for tests/test_explore.py: node run_model.js DATA.json INPUTS.json
+// Runs the page's model in Node for tests/lab/explore/test_explore.py:
+// node run_model.js DATA.json INPUTS.json
 // prints, per input, what the page computes: output, decoded ids, logits, attention maps; or,
 // for {patch: [clean, corrupt]}, {corruption: text} and {lens: text}, what patching.js gives.
 "use strict";

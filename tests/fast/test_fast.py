@@ -30,8 +30,8 @@ from minitfm.run.checkpoint import load_checkpoint
 from minitfm.tasks import make_task
 from tests.book.helpers import DTYPE, assert_all_close, causal, grads, leaf
 from tests.book.test_model import BOS, EOS, PAD, VOCAB, padded, symbols
+from tests.book.test_positional import IDS, SETTINGS
 from tests.helpers import TINY, run_cli
-from tests.test_positional import IDS, SETTINGS
 
 
 @pytest.fixture(autouse=True)

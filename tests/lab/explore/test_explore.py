@@ -7,7 +7,8 @@ The numerics tests run the page's own scripts (minitfm/lab/explore/page/*.js) in
 trained runs of every positional scheme and both layer-norm placements, and compare greedy
 outputs, logits and attention weights with PyTorch. Node is `node` on PATH, else the one inside
 the Playwright package (the dev extra); with neither they skip with one line, and under
-MINITFM_CI=1 (.ci/run) they fail. The browser tests are in tests/test_explore_browser.py.
+MINITFM_CI=1 (.ci/run) they fail. The browser tests are in
+tests/lab/explore/test_explore_browser.py.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def find_node() -> str | None:
 
 
 NODE = find_node()
-EXPLORE_DIR = Path(__file__).resolve().parent.parent / "minitfm" / "lab" / "explore" / "page"
+EXPLORE_DIR = Path(__file__).resolve().parents[3] / "minitfm" / "lab" / "explore" / "page"
 RUNNER = Path(__file__).resolve().parent / "js" / "run_model.js"
 TOLERANCE = 1e-4  # the issue's bar for logits and attention weights
 NO_NODE = ("no Node.js (neither `node` on PATH nor Playwright's): install Node.js or the dev "
@@ -123,7 +124,7 @@ def decoded(loaded: Loaded, text: str):
 
 
 def run_node(data: dict, items: list[dict], tmp_path: Path) -> list:
-    """What the page's scripts compute for `items` (see tests/js/run_model.js)."""
+    """What the page's scripts compute for `items` (see tests/lab/explore/js/run_model.js)."""
     data_file, items_file = tmp_path / "data.json", tmp_path / "items.json"
     data_file.write_text(embed_json(data), encoding="utf-8")
     items_file.write_text(json.dumps(items), encoding="utf-8")
@@ -437,7 +438,7 @@ def test_the_page_embeds_explains_role_cards_of_its_own_weights_only(runs, tmp_p
 
 def documented_card_size() -> tuple[float, float]:
     """docs/explore.md: role cards add about N bytes a mean-map weight and M a head."""
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "explore.md").read_text()
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "explore.md").read_text()
     [(per_weight, per_head)] = re.findall(r"at most ([\d.]+) bytes a weight of the mean maps "
                                           r"and ([\d,]+) bytes a head", " ".join(doc.split()))
     return float(per_weight), float(per_head.replace(",", ""))
@@ -557,7 +558,7 @@ def test_the_page_embeds_the_runs_curves_evaluation_ablation_and_facts(runs, tmp
 def test_the_page_is_about_5_3_bytes_per_parameter_plus_the_runs_records(tmp_path):
     """docs/explore.md, Share it: the weights as base64 float32 (5.33 bytes a parameter), and a
     one-step run of configs/reverse.yaml the size its table says (within 10%)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[3]
     cfg = load_config(root / "configs" / "reverse.yaml",
                       ["train.steps=1", "train.eval_samples=200", "log.tensorboard=false"])
     train(cfg, run_dir=tmp_path / "reverse")

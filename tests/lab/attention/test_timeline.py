@@ -137,7 +137,7 @@ def test_strip_has_a_column_per_evaluation_and_a_row_per_head(run):
 def test_every_title_and_label_of_the_strip_lies_inside_it(run, n_steps):
     from dataclasses import replace
 
-    from tests.test_viz import texts_outside
+    from tests.lab.attention.test_viz import texts_outside
 
     timeline = read_timeline(run)
     index = [i % len(EVALS) for i in range(n_steps)]  # one snapshot, or more than fit

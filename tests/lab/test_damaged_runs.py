@@ -27,7 +27,7 @@ from minitfm.run.summary import read_summary
 from tests.helpers import TINY, assert_clean_error, run_cli
 from tests.helpers import train_bare as train
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # 20 steps, evaluated (and attention recorded) at steps 10 and 20: about a second.
 FAST = [*[item for item in TINY if not item.startswith("log.attention_every")],
         "train.steps=20", "train.eval_every=10", "train.eval_samples=50",

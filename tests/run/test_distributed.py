@@ -2,7 +2,7 @@
 
 Two launches, as torchrun's start-up is the slow part. The CLI as a user runs it
 (`torchrun --no-python minitfm train ...`), stopped by a SIGTERM sent to torchrun. And this
-file as the worker script (`python -m torch.distributed.run ... -m tests.test_distributed OUT
+file as the worker script (`python -m torch.distributed.run ... -m tests.run.test_distributed OUT
 CKPT`) for the rest: one step keeps the ranks identical and equals a single-process step on the
 same data; a run learns in one run directory; an exact resume; a single-process checkpoint
 resumed; NaN and a signal on one rank only. Each rank writes what it saw; the tests read it.
@@ -35,7 +35,7 @@ from tests.helpers import TINY, given_once, run_cli
 
 pytestmark = pytest.mark.slow  # torchrun launches: several seconds each
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NPROC = 2
 CHECKS = ("one_step", "learn", "resume", "single", "nan", "signal")  # what `worker` records
 HANG_S = 600  # a hang guard, not a speed limit: far past any launch here on a busy machine
@@ -146,7 +146,7 @@ def worker_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     train(tiny("train.steps=40", "train.eval_every=20", "log.tensorboard=false"),
           run_dir=out / "single", stop_at=20)
-    proc = start("-m", "tests.test_distributed", str(out),
+    proc = start("-m", __name__, str(out),  # tests.run.test_distributed
                  str(out / "single" / "checkpoints" / "last.pt"))
     _, stderr = finish(proc)
     assert proc.returncode == 0, stderr[-3000:]  # each rank records its own outcomes

@@ -234,7 +234,7 @@ def test_the_loop_and_the_session_import_nothing_above_them():
 
     from tests.imports import imported_modules  # relative imports resolved
 
-    package = Path(__file__).resolve().parents[1] / "minitfm"
+    package = Path(__file__).resolve().parents[2] / "minitfm"
     ours = {name for name in imported_modules(package / "book" / "loop.py")
             if name.split(".")[0] not in sys.stdlib_module_names}
     assert {name for name in ours if not name.startswith(

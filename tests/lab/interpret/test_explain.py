@@ -323,7 +323,7 @@ def test_patch_labels_decoder_positions_by_the_token_each_writes(patched):
     """The encoder side is labelled by source position and token, the decoder side by output
     position as the explorer writes it: `i: read→written`, the written token `clean/corrupted`
     where the two answers differ (the scored positions)."""
-    from tests.test_viz import texts_outside
+    from tests.lab.attention.test_viz import texts_outside
 
     report, stdout, _, fig = patched
     clean, corrupt = report.clean, report.corrupt
@@ -408,7 +408,7 @@ def test_the_role_cards_picture_says_what_unclear_means_and_numbers_the_position
     from minitfm import load_run
     from minitfm.lab.interpret.cards import cards_figure
     from minitfm.lab.interpret.patterns import FITS, WEIGHT, mean_maps
-    from tests.test_viz import texts_outside
+    from tests.lab.attention.test_viz import texts_outside
 
     run = load_run(quick)
     report = run.explain(samples=60, out=tmp_path)

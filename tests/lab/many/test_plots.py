@@ -152,7 +152,7 @@ def test_length_figures_title_and_labels_lie_inside_the_figure(tmp_path, lengths
     over the axes, narrower than the figure by the legend, and poked out on the left."""
     from matplotlib.text import Text
 
-    from tests.test_viz import texts_outside
+    from tests.lab.attention.test_viz import texts_outside
 
     run_dir = tmp_path / "reverse-lengthgen-rope-random-20261125-101010"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -446,7 +446,7 @@ def test_many_configurations_are_small_multiples_a_style_meaning_one_family(tmp_
     scheme, each line's colour its task and its dash its random positions, the same in every
     column; every text inside the picture."""
     from minitfm.lab.many.results import results_figure
-    from tests.test_viz import texts_outside
+    from tests.lab.attention.test_viz import texts_outside
 
     schemes = ["sinusoidal", "learned", "rope", "alibi", "none"]
     rows = [fake_row(tmp_path, f"{task}-{scheme}-{spread}",

@@ -268,7 +268,7 @@ def test_a_bad_run_dir_is_bad_input(tmp_path, monkeypatch, extra):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("hi")
     result = run_cli("train", *FAST, "log.dir=runs", *extra)  # (a name over 100 characters
-    # is refused by the config itself: test_refuse_inputs.py)
+    # is refused by the config itself: tests/test_refuse_inputs.py)
     assert_clean_error(result, 2, "cannot create the run directory")
     assert "stay valid" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

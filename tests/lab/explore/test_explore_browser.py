@@ -40,7 +40,7 @@ def chromium():
     if CHROMIUM is None or sync_playwright is None:
         missing("no Chromium/Playwright: apt-get install chromium and pip install playwright "
                 "(the dev extra) to run the explorer's browser tests")
-ARTEFACTS = Path(__file__).resolve().parent.parent / "test-artefacts"
+ARTEFACTS = Path(__file__).resolve().parents[3] / "test-artefacts"
 NASTY = ["</script>", "<img src=x onerror=alert(1)>", "javascript:alert(1)"]
 
 

@@ -271,7 +271,7 @@ def test_a_pairs_resume_after_the_data_changed_blames_the_data(tmp_path, change)
 
 def test_one_process_continues_rank_0s_streams_of_a_torchrun_checkpoint(base, tmp_path):
     """With another process count, rank 0's saved random streams go on (docs/operations.md);
-    tests/test_distributed.py resumes a real 2-rank checkpoint, this one needs no launch."""
+    tests/run/test_distributed.py resumes a real 2-rank checkpoint, this one needs no launch."""
     import torch
 
     from minitfm.run.state import init_state

@@ -33,7 +33,7 @@ from tests.imports import imported_modules
 
 SYNTHETIC_TASKS = [name for name, spec in catalog.TASKS.items() if not spec.from_files]
 # Tasks whose inputs have a length (task.min_len..max_len); modadd's are two one-symbol numbers
-# (tests/test_grokking.py holds it to its own rule).
+# (tests/tasks/test_grokking.py holds it to its own rule).
 LENGTH_TASKS = [name for name in SYNTHETIC_TASKS if name != "modadd"]
 SEQUENCE_RULES = {
     "copy": lambda v: list(v),
@@ -76,7 +76,7 @@ def test_synthetic_names_match_the_catalog():
 
 def test_the_task_modules_import_down_only():
     # base knows no task; each task module knows only base; the package names them all.
-    folder = Path(__file__).parent.parent / "minitfm" / "tasks"
+    folder = Path(__file__).resolve().parents[2] / "minitfm" / "tasks"
     wanted = {"base": set(), "synthetic": {"minitfm.tasks.base"}, "pairfiles": set(),
               "pairs": {"minitfm.tasks.base", "minitfm.tasks.pairfiles"}}
     for name, allowed in wanted.items():
@@ -101,7 +101,7 @@ def test_the_sizes_the_memory_check_reads_are_the_tasks(name):
 def test_outside_the_tasks_package_no_module_imports_a_task():
     # The run and the lab reach a task through the registry (make_task, TASKS) and its
     # methods, such as the check of a checkpoint's task data (Task.saved_problem).
-    root = Path(__file__).parent.parent / "minitfm"
+    root = Path(__file__).resolve().parents[2] / "minitfm"
     for path in root.rglob("*.py"):
         if path.parent.name != "tasks":
             text = path.read_text(encoding="utf-8")

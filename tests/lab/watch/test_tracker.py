@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minitfm.config import flatten
+from minitfm.config import flatten, load_config
+from minitfm.lab.many.runs import changed_keys
 from minitfm.lab.watch import tracking
 from minitfm.lab.watch.tracker import line_end, metric_values, read_lines
 from minitfm.run.rundir import clear_made_files
@@ -207,6 +208,11 @@ def test_an_overwritten_run_forgets_its_mlflow_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json"]
 
 
+def test_where_a_run_is_watched_is_no_difference_between_runs():
+    watched = load_config(None, [("log.mlflow", "http://127.0.0.1:5000"), ("seed", 2)])
+    assert changed_keys(watched.model_dump()) == {"seed": 2}  # `minitfm runs`, plot, compare
+
+
 class Refusing(BaseHTTPRequestHandler):
     """A server that answers /health and fails every call of MLflow's API."""
 
@@ -337,8 +343,7 @@ def test_a_server_killed_mid_run_leaves_the_run_to_finish_with_one_warning(tmp_p
             [sys.executable, "-m", "minitfm", "train",
              *once([*TINY, "train.steps=4000", "train.target_exact_match=null",
                     "train.eval_every=0", "log.log_every=100", "log.gauge_every=100",
-                    "log.tensorboard=false",
-                    f"log.mlflow={uri}"]), "--run-dir", str(run)],
+                    "log.tensorboard=false", f"log.mlflow={uri}"]), "--run-dir", str(run)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **QUIET})
         deadline = time.monotonic() + 120

@@ -193,6 +193,13 @@ def test_a_tracker_that_does_not_answer_is_one_line_before_anything_is_written(t
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_sweep_logs_to_one_tracker(tmp_path):
+    result = run_cli("sweep", *QUICK, "log.mlflow=sqlite:///a.db,sqlite:///b.db", "--out",
+                     tmp_path / "sweep")
+    assert_clean_error(result, 2, "log.mlflow takes one value in a sweep")
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_mlflow_not_installed_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(tracking, "find_spec", lambda name: None)
     result = run_cli("train", *QUICK, "log.mlflow=http://127.0.0.1:5000", "--run-dir",

@@ -29,6 +29,7 @@ SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}  # what torch.manual_seed takes, 
 # book, so that `--help` and `minitfm sweep` read it without torch.
 EVAL_BATCH_SIZE = 250
 FINITE = {"allow_inf_nan": False}
+TRACKING_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S+")  # log.mlflow: a scheme, then the rest
 MODADD_TRAIN_FRACTION = 0.3  # Nanda et al. 2023 train on 30% of the pairs
 MODADD_MAX_SYMBOLS = 1000  # modadd lists its p² pairs (a million at most)
 # Where the positional schemes come from: "sinusoidal: Vaswani et al. 2017; rope: ...".
@@ -252,6 +253,21 @@ class LogConfig(Section):
         "inside the model while exact match sits flat: alignment, token accuracy by position, "
         "the hardest positions' loss, weight norm; and the forecast made from them): in "
         "metrics.jsonl, TensorBoard and the progress line (0 = off)")
+    mlflow: bool | str | None = Field(
+        None, description="log the run to MLflow (docs/experiments.md#mlflow): a tracking URI "
+        "(http://127.0.0.1:5000, sqlite:///mlflow.db), true (the URI in MLFLOW_TRACKING_URI) or "
+        "null (off)")
+
+    @field_validator("mlflow", mode="before")
+    @classmethod
+    def _mlflow(cls, value: Any) -> Any:
+        """A URI (a scheme, then the rest), true, false or null: one line for anything else."""
+        if value is None or isinstance(value, bool) or \
+                (isinstance(value, str) and TRACKING_URI.fullmatch(value)):
+            return value
+        raise ValueError(f"log.mlflow ({quote(value)}) must be a tracking URI such as "
+                         f"http://127.0.0.1:5000 or sqlite:///mlflow.db, true (the URI in "
+                         f"MLFLOW_TRACKING_URI) or null (off)")
 
     @field_validator("attention_every", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ row t writes output token t, and the last row writes EOS).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -308,20 +308,28 @@ def input_texts(inputs: Any) -> list[str]:
     return texts
 
 
-def instruments(reporter: Instrument | None = None) -> list[Instrument]:
+def instruments(reporter: Instrument | None = None,
+                warn: Callable[[str], None] | None = None) -> list[Instrument]:
     """What watches a run of `minitfm train`, besides the metrics.jsonl it writes itself: the
     attention recorder (attention.jsonl), the gauge reader (its readings in metrics.jsonl),
-    TensorBoard (drawing the recorder's snapshots, plotting the readings) and `reporter`, the
-    console's progress, if any. A new instrument is one line here."""
+    TensorBoard (drawing the recorder's snapshots, plotting the readings), MLflow (with
+    log.mlflow) and `reporter`, the console's progress, if any. MLflow's failure is a warning
+    line through `warn`, else `reporter`, else a UserWarning. A new instrument is one line here."""
     from minitfm.lab.attention.probe import LatestPass
     from minitfm.lab.attention.timeline import AttentionRecorder
     from minitfm.lab.watch.gauges import GaugeReader
     from minitfm.lab.watch.tb import TensorBoardLogger
+    from minitfm.lab.watch.tracker import MlflowTracker
+    from minitfm.run.instruments import Note
+
+    if warn is None and reporter is not None:
+        def warn(text: str) -> None:
+            reporter.on_note(Note(text, warning=True))
 
     passes = LatestPass()  # the recorder and the reader share a step's pass over their pairs
     attention = AttentionRecorder(passes=passes)
     return [attention, GaugeReader(passes), TensorBoardLogger(attention),
-            *([reporter] if reporter else [])]
+            MlflowTracker(attention, warn), *([reporter] if reporter else [])]
 
 
 def train_run(cfg: Config | None, reporter: Instrument | None = None,

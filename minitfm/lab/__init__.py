@@ -3,7 +3,7 @@
 - `measure/`: how well and how fast: `eval`, `predict`, `bench` and its plain reference trainers;
 - `attention/`: what the heads look at: one input's maps and alignments, attention over training;
 - `interpret/`: what each head does, by cause: `ablate`, `patch`, the logit lens, `explain`;
-- `watch/`: a run as it trains: the gauges, the forecast, grokking's gauges, TensorBoard;
+- `watch/`: a run as it trains: the gauges, the forecast, grokking's gauges, TensorBoard, MLflow;
 - `explore/`: `minitfm explore`, a run in one offline page;
 - `many/`: many runs: `runs`, `plot`, `sweep` (its grid, its scheduler, its results), `compare`.
 

@@ -1,6 +1,6 @@
 """Instruments: whatever watches a run train, all plugged in one way.
 
-A run turns its steps into the events below (`Started`, `TrainLine`, `Evaluation`, ...) and
+A run turns its steps into the events below (`Preparing`, `Started`, `TrainLine`, ...) and
 tells each one to every instrument of its list, in the list's order, on rank 0 only under
 torchrun. An instrument is a class with a method per event it wants (`Instrument` does nothing
 for the others). The run writes its own `metrics.jsonl` through one (`MetricsFile`, its lines
@@ -26,6 +26,15 @@ if TYPE_CHECKING:  # for annotations only: this module loads no torch
 
     from minitfm.config import Config
     from minitfm.tasks.base import Pair, Task
+
+
+@dataclass(frozen=True)
+class Preparing:
+    """The run is about to open its directory, nothing written yet: an instrument that cannot
+    work (a tracker that does not answer) refuses here, with a MinitfmError."""
+
+    hook: ClassVar[str] = "on_prepare"
+    cfg: Config
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,9 @@ def ending(summary: dict[str, Any], target: float | None) -> str:
 class Instrument:
     """Something that watches a run: one method per event, each doing nothing until a
     subclass overrides it."""
+
+    def on_prepare(self, preparing: Preparing) -> None:
+        """Before the run directory is made (see `Preparing`)."""
 
     def on_start(self, run: Started) -> None:
         """Before the first step: where the run goes, what it trains."""

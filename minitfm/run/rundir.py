@@ -357,12 +357,13 @@ def write_run_files(run_dir: Path, cfg: Config, resumed_at: int | None) -> None:
 
 
 # What minitfm writes into a run, folder by folder: training's records, checkpoints and event
-# files; the pictures of visualize-attention (`visualize.default_png`, `timeline.over_training`),
-# ablate, explain (its JSON too: a page must not embed another model's role cards), patch and
-# plot; explore's page; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
+# files, the id of its MLflow run (an overwritten run is a new MLflow run); the pictures of
+# visualize-attention (`visualize.default_png`, `timeline.over_training`), ablate, explain
+# (its JSON too: a page must not embed another model's role cards), patch and plot; explore's
+# page; a sweep's eval-<lo>-<hi>.json; temp files of writes cut short.
 MADE_FILES = {
-    ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|plot\.png|explorer\.html"
-         r"|eval-\d+-\d+\.json|events\.out\.tfevents\..+",
+    ".": r"metrics\.jsonl|attention\.jsonl|summary\.json|mlflow\.json|plot\.png"
+         r"|explorer\.html|eval-\d+-\d+\.json|events\.out\.tfevents\..+",
     "checkpoints": r".+\.pt",
     "attention": r".+-step\d+(-(encoder|decoder|cross))?(-layer\d+)?(-head\d+)?\.png"
                  r"|over-training-layer\d+\.png",

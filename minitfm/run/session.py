@@ -45,6 +45,7 @@ from minitfm.run.instruments import (
     Instrument,
     MetricsFile,
     Note,
+    Preparing,
     Saved,
     SnapshotDue,
     Started,
@@ -127,9 +128,14 @@ def start_training(cfg: Config | None, options: RunOptions = RunOptions(),
         if resumed is not None:
             # The schedule reads cfg.train, so a raised train.steps stretches the decay.
             restore(state, resumed.checkpoint, options.resume)
-        # rank 0 picks the run directory and tells the others (or its error)
-        run_dir = dist.from_main(lambda: open_run_dir(cfg, options.run_dir, options.resume,
-                                                      options.overwrite, held, state.step))
+        # rank 0 picks the run directory and tells the others (or its error, or an
+        # instrument's refusal, made before the directory is)
+        def opening() -> Path:
+            tell(instruments, Preparing(cfg))
+            return open_run_dir(cfg, options.run_dir, options.resume, options.overwrite, held,
+                                state.step)
+
+        run_dir = dist.from_main(opening)
         watching = [MetricsFile(), *instruments] if dist.is_main else []
         for text in warnings(cfg, resumed, run_dir):
             tell(watching, Note(text, warning=True))

@@ -41,6 +41,7 @@ from minitfm.run.instruments import (
     Instrument,
     MetricsFile,
     Note,
+    Preparing,
     TrainLine,
     closing,
     ending,
@@ -156,10 +157,11 @@ def prepare(member: StackMember, device: torch.device, claim: ThreadClaim,
     state = init_state(cfg, device)  # seeded as the run alone: its initial weights, its data
     if resumed is not None:
         restore(state, resumed.checkpoint, member.checkpoint)
-    run_dir = open_run_dir(cfg, member.run_dir, member.checkpoint if resumed else None,
-                           resumed is None, held, state.step)
     watching = [MetricsFile(), *instruments()]
     held.enter_context(closing(watching))
+    tell(watching, Preparing(cfg))
+    run_dir = open_run_dir(cfg, member.run_dir, member.checkpoint if resumed else None,
+                           resumed is None, held, state.step)
     for text in warnings(cfg, resumed, run_dir):
         tell(watching, Note(text, warning=True))
     return RunInStack(state, run_dir, watching, ThreadPacer(claim))

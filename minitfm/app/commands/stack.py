@@ -9,7 +9,7 @@ import typer
 
 from minitfm.app.exit_codes import clean_errors
 from minitfm.app.loading import claimed_threads
-from minitfm.app.output import fail, say
+from minitfm.app.output import fail, say, warn
 from minitfm.app.parameters import option
 from minitfm.lab.options import SweepOptions
 
@@ -31,7 +31,8 @@ def stack(
     ranges = [parse_lengths(text) for text in eval_lengths or ()]
     specs = stack_members(folder, ids, threads)
     with claimed_threads(str(threads)) as claim:
-        failed = run_stack_job(specs, eval_samples, ranges, instruments, say, claim)
+        failed = run_stack_job(specs, eval_samples, ranges, lambda: instruments(warn=warn), say,
+                               claim)
     if failed:
         fail(f"{len(failed)} of {len(specs)} runs of the stack failed ({', '.join(failed)}): "
              f"see their summary.json", 1)

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from minitfm.app.arguments import split_config_args
 from minitfm.app.exit_codes import clean_errors
-from minitfm.app.output import fail, note, say, show
+from minitfm.app.output import fail, note, say, show, warn
 from minitfm.app.parameters import option, options_from
 from minitfm.app.text import printable
 from minitfm.errors import shown_path
@@ -50,7 +50,7 @@ def sweep(
         for line in dry_run_lines(plan):
             print(line)
         return
-    result = run_sweep(plan, say)
+    result = run_sweep(plan, say, warn)
     folder = shown_path(plan.folder)
     show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
     intervals = ", intervals.png" if (plan.folder / "intervals.png").is_file() else ""

@@ -82,6 +82,7 @@ class Work:
     folder: Path
     cwd: Path
     token: str
+    env: dict[str, str]  # for the job's commands (`Job.env`: the sweep's MLflow run)
 
 
 class RayScheduler(Scheduler):
@@ -203,7 +204,7 @@ def ray_jobs(jobs: list[Job], plan, token: str) -> dict[int, Work]:
     return {id(job): Work(grid, [replace(spec, run_dir=spec.run_dir.resolve())
                                  for spec in job.specs],  # each path absolute, as the folder
                           plan.ranges, plan.threads, plan.samples, bool(job.others),
-                          plan.folder.resolve(), Path.cwd(), token)
+                          plan.folder.resolve(), Path.cwd(), token, job.env)
             for job in jobs if job.commands}
 
 
@@ -255,6 +256,7 @@ def run_work(work: Work) -> dict[str, Any]:
             here = RunSpec(spec.id, spec.choice, [], spec.cfg, Path(tmp) / spec.id)
             job = plan_job(Grid(str(config), [], []), here, work.ranges, work.threads,
                            work.samples)
+            job.env = work.env
             exits[spec.id] = run_job(job, Path(tmp))
             runs[spec.id] = pack(here.run_dir)
             logs[spec.id] = job.log.read_bytes() if job.log.is_file() else b""
@@ -273,10 +275,12 @@ def job_of(work: Work, grid: Grid, specs: list[RunSpec]) -> Job:
     """The job's commands planned now, as a resumed sweep plans them (a retry goes on from the
     run's last.pt)."""
     if not work.stacked:
-        return plan_job(grid, specs[0], work.ranges, work.threads, work.samples)
+        job = plan_job(grid, specs[0], work.ranges, work.threads, work.samples)
+        job.env = work.env
+        return job
     command = Command(stack_command(work.folder, specs, work.threads, work.samples,
                                     work.ranges))
-    return Job(specs[0], [command], others=specs[1:])
+    return Job(specs[0], [command], others=specs[1:], env=work.env)
 
 
 def run_job(job: Job, cwd: Path | None) -> int:

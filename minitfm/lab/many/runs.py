@@ -22,7 +22,8 @@ from minitfm.run.rundir import has_config_yaml, open_run_file
 from minitfm.run.summary import UNREADABLE, load_summary, read_run_config, run_status
 
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
-HIDDEN_KEYS = ("name", "log.dir", "threads")  # where a run went and how fast, not what it is
+# where a run went, how fast, and where it is watched: not what it is
+HIDDEN_KEYS = ("name", "log.dir", "threads", "log.mlflow")
 NOTHING_READ = {"task": None, "changes": {}, "step": 0, "best_exact_match": None, "wall_s": None,
                 "status": UNREADABLE, "updated": ""}  # the row of a run that cannot be read
 
@@ -55,8 +56,7 @@ def find_runs(root: Path) -> list[Path]:
 
 
 def changed_keys(config: dict[str, Any]) -> dict[str, Any]:
-    """The keys of a saved config that differ from the defaults (name, log.dir and threads
-    left out)."""
+    """The keys of a saved config that differ from the defaults (`HIDDEN_KEYS` left out)."""
     defaults = flatten(Config().model_dump())
     return {key: value for key, value in flatten(config).items()
             if key not in HIDDEN_KEYS and defaults.get(key) != value}

@@ -84,6 +84,7 @@ class Job:
     commands: list[Command]
     started: float = field(default_factory=time.monotonic)
     others: list[RunSpec] = field(default_factory=list)  # the stack's other runs
+    env: dict[str, str] = field(default_factory=dict)  # for its commands, besides ours (MLflow's)
 
     @property
     def specs(self) -> list[RunSpec]:
@@ -123,11 +124,12 @@ def open_result(command: Command) -> contextlib.AbstractContextManager:
 def launch(job: Job, cwd: Path | None = None, **popen) -> subprocess.Popen:
     """Start the job's next command in a session of its own (a terminal's Ctrl-C reaches only
     the scheduler, which forwards it): its stdout to its result file (or the job's log), its
-    stderr to the job's log. `cwd` and `popen`: as subprocess.Popen takes them."""
+    stderr to the job's log, the job's `env` in its environment. `cwd` and `popen`: as
+    subprocess.Popen takes them."""
     command = job.commands[0]
     for spec in job.specs:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **job.env}
     with open_run_file(job.log, "a") as log, open_result(command) as result:
         return subprocess.Popen(command.argv, stdout=result or log, stderr=log, cwd=cwd,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True,

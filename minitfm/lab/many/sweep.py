@@ -21,6 +21,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from minitfm.lab.many.stacking import (
     unstacked_why,
 )
 from minitfm.lab.options import SweepOptions
+from minitfm.lab.watch.tracking import SweepRun, python_warning
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import (
@@ -143,9 +145,10 @@ def check_folder(folder: Path, grid: Grid, base: dict[str, Any], runs: list[RunS
 
 def base_config(runs: list[RunSpec], grid: Grid) -> dict[str, Any]:
     """What the runs share: the first run's resolved config without its swept keys (and
-    threads, which the sweep sets per job), flat, as stored in `sweep.json`."""
+    threads, which the sweep sets per job, and log.mlflow, which says where it is watched, not
+    what it trains), flat, as stored in `sweep.json`."""
     flat = flatten(runs[0].cfg.model_dump(mode="json"))
-    for key in ["threads", *(key for key, _ in grid.swept)]:
+    for key in ["threads", "log.mlflow", *(key for key, _ in grid.swept)]:
         flat.pop(key, None)
     return json.loads(json.dumps(flat))  # as read back from the file (lists, not tuples)
 
@@ -327,12 +330,15 @@ def dry_run_lines(plan: Plan) -> list[str]:
             for job in plan.jobs(alone=True) if job.commands]
 
 
-def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
-    """Run what is left of the grid, then write and return the results (failed runs too)."""
+def run_sweep(plan: Plan, say: Callable[[str], None],
+              warn: Callable[[str], None] = python_warning) -> SweepResult:
+    """Run what is left of the grid, then write and return the results (failed runs too); with
+    log.mlflow, as the children of an MLflow run of the sweep's (`warn` says its failure)."""
     if plan.on == "ray" and any(job.commands for job in plan.jobs()):
         from minitfm.lab.many.raycluster import check_cluster  # Ray is imported there only
 
         check_cluster(plan.ray_address)  # one line, before the sweep folder is made
+    tracker = SweepRun.of([spec.cfg for spec in plan.runs])  # and so is a tracker's
     with SweepLock(plan.folder):
         check_folder(plan.folder, plan.grid, plan.base, plan.runs)  # no sweep came between
         check_writable(plan.folder, [f"{spec.id}.log" for spec in plan.runs])  # appended to
@@ -347,10 +353,14 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
         for reason in plan.skipped:
             say(f"skipped (invalid) {reason}")
         say(plan_line(plan, jobs))
-        failed = launch_jobs(jobs, plan, say)
-        keys = [key for key, _ in plan.grid.swept]
-        rows = [result_row(spec, plan.ranges) for spec in plan.runs]
-        write_results(plan.folder, rows, keys)
+        with tracker.watching(plan.folder, plan.base, plan.grid.swept, warn) if tracker \
+                else nullcontext({}) as env:
+            for job in jobs:
+                job.env = env  # the sweep's MLflow run, for its runs to nest under
+            failed = launch_jobs(jobs, plan, say)
+            keys = [key for key, _ in plan.grid.swept]
+            rows = [result_row(spec, plan.ranges) for spec in plan.runs]
+            write_results(plan.folder, rows, keys)
     return SweepResult(plan.folder, rows, keys, [spec.id for spec in failed])
 
 

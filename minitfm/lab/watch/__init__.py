@@ -2,4 +2,6 @@
 gauges read every log.gauge_every steps (`gauges.py`), grokking's own on modular addition
 (`grokking.py`), the forecast made from them (`forecast.py`) and the tool that checks it over
 finished runs (`forecast_check.py`); TensorBoard (`tb.py`, the one importer of tensorboard, its
-checksum in numpy: `crc32c.py`). It uses the attention wing, never `interpret/`."""
+checksum in numpy: `crc32c.py`); MLflow, with log.mlflow (`tracker.py`, a run logged on a thread
+of its own; `tracking.py`, which tracker, whether it answers, a sweep's parent run: the two
+importers of mlflow). It uses the attention wing, never `interpret/`."""

@@ -165,7 +165,7 @@ class TensorBoardLogger(Instrument):
         from minitfm.lab.attention.probe import map_blocks, only
 
         step = snapshot.step
-        caption = self._caption(step, snapshot.probe.prediction, snapshot.target)
+        caption = probe_caption(self.task, step, snapshot.probe.prediction, snapshot.target)
         for block in map_blocks(snapshot.probe, self.task):
             for layer in block.layers:
                 for head in block.heads:
@@ -198,23 +198,11 @@ class TensorBoardLogger(Instrument):
                          key=lambda i: len(tokens[i]))
             src, target = snapshot.probe.src, snapshot.target
             cap = self.task.max_target_len(len(src)) + 1  # greedy decoding's limit
-            header = f"{KIND_TITLES[block.kind]}\n{self._header(src, target)}"
-            self.grids[key] = MapGrid(block, header,
-                                      self._caption(LONGEST_STEP, [widest] * cap, target),
-                                      size=FONT_SIZE, map_pixels=MAP_PIXELS,
-                                      captions=self.captions)
+            header = f"{KIND_TITLES[block.kind]}\n{probe_header(self.task, src, target)}"
+            longest = probe_caption(self.task, LONGEST_STEP, [widest] * cap, target)
+            self.grids[key] = MapGrid(block, header, longest, size=FONT_SIZE,
+                                      map_pixels=MAP_PIXELS, captions=self.captions)
         return self.grids[key]
-
-    def _header(self, src: list[int], target: list[int]) -> str:
-        """The probe, as every frame shows it."""
-        fmt = self.task.format
-        return (f"{self.task.name} · input {fmt(src)} → target {fmt(target)} (maps teacher-"
-                f"forced on the target; colour ∝ √weight; ^ = <bos>)")
-
-    def _caption(self, step: int, prediction: list[int], target: list[int]) -> str:
-        """The model's greedy output on the probe at `step`."""
-        verdict = "✓" if prediction == target else "✗"
-        return f"step {step} · greedy output {self.task.format(prediction)} {verdict}"
 
     def on_end(self, ended: Ended) -> None:
         """The run's hyperparameters (see `hparam_values`), in its own event file; then close.
@@ -244,6 +232,19 @@ class TensorBoardLogger(Instrument):
         finally:
             threading.excepthook = self.previous_hook
             self.writer = None
+
+
+def probe_header(task, src: list[int], target: list[int]) -> str:
+    """The probe, as every frame shows it."""
+    fmt = task.format
+    return (f"{task.name} · input {fmt(src)} → target {fmt(target)} (maps teacher-forced on "
+            f"the target; colour ∝ √weight; ^ = <bos>)")
+
+
+def probe_caption(task, step: int, prediction: list[int], target: list[int]) -> str:
+    """The model's greedy output on the probe at `step`."""
+    verdict = "✓" if prediction == target else "✗"
+    return f"step {step} · greedy output {task.format(prediction)} {verdict}"
 
 
 def after_earlier_files(run_dir) -> None:

@@ -2,9 +2,11 @@
 
 The grid uses Hydra's multirun syntax: `model.positional=rope,alibi seed=0,1` is four runs; a
 key with one value is a fixed override of every run. Every run is a normal run directory in one
-sweep folder `runs/sweep-<name>-<YYYYmmdd-HHMMSS>/` (its `sweep.json` holds the grid and the
-resolved base config, so the same command finds the folder again and resumes: finished runs are
-skipped, interrupted ones continue; an edited base config gets a new folder). One sweep at a
+sweep folder `runs/sweep-<name>-<changes>-<YYYYmmdd-HHMMSS>/`, `<changes>` what the grid changes
+in the config file (`grid.grid_text`: `lr0.005`; none, and the folder is `sweep-<name>-<stamp>`).
+Its `sweep.json` holds the grid and the resolved base config, so the same command finds the
+folder again and resumes: finished runs are skipped, interrupted ones continue; an edited base
+config gets a new folder. One sweep at a
 time holds a folder (`.lock`). A job is a chain of real commands (`minitfm train`, then
 `minitfm eval --json` per length range), which `--dry-run` prints for any other scheduler.
 Each job's threads are fixed so that jobs x threads never exceed the cores (see
@@ -31,6 +33,7 @@ from minitfm.lab.many.grid import (
     NAME_MAX,
     Grid,
     RunSpec,
+    grid_text,
     parse_grid,
     parse_lengths,
     plan_runs,
@@ -66,20 +69,24 @@ STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name
 
 def sweep_folder(grid: Grid, name: str, out: Path | None, base: dict[str, Any],
                  runs: list[RunSpec]) -> tuple[Path, str | None]:
-    """`out` (checked), else the newest `<log.dir>/sweep-<name>-*` holding this grid from this
-    base config, else a new one; with a note when only the base config differs from an old one."""
+    """`out` (checked), else the newest `<log.dir>/sweep-<name>-<changes>-<stamp>` (see
+    `folder_prefix`; or `sweep-<name>-<stamp>`, as an older minitfm named every sweep) holding
+    this grid from this base config, else a new one; with a note when only the base config
+    differs from an old one."""
     if out is not None:
         check_folder(out, grid, base, runs)
         return out, None
     cfg = load_config(grid.config, grid.fixed)
     check_fits(training_parts(cfg), "training")  # the grid's fixed part alone must fit
     root = Path(cfg.log.dir)
-    same = [p for p in sorted(root.glob(f"sweep-{name}-*"))
-            if (read_record(p) or {}).get("grid") == grid.spec()]
+    prefix = folder_prefix(name, grid, runs[0].fixed)
+    named = sorted((stamped(p)[1:], p) for p in root.glob(f"sweep-{name}-*")
+                   if stamped(p)[0] in (prefix, f"sweep-{name}"))  # not `sweep-<name>-2-...`
+    same = [p for _, p in named if (read_record(p) or {}).get("grid") == grid.spec()]
     resumable = [p for p in same if base_change(read_record(p), base) is None]
     if resumable:
         return resumable[-1], None
-    folder = new_run_dir(root, f"sweep-{name}")
+    folder = new_run_dir(root, prefix)
     if not same:
         return folder, None
     # An edited config is another experiment: its runs go beside the old ones, never among them.
@@ -87,8 +94,26 @@ def sweep_folder(grid: Grid, name: str, out: Path | None, base: dict[str, Any],
                     f"({base_change(read_record(same[-1]), base)}): a new sweep folder")
 
 
+def folder_prefix(name: str, grid: Grid, fixed: dict[str, str]) -> str:
+    """`sweep-<name>-<changes>`, `<changes>` what the grid changes in the config file
+    (`grid.grid_text`: its swept keys with their values, its fixed overrides that change the
+    file's values, never the seed) cut to the room the stamp leaves in a file name;
+    `sweep-<name>` when it changes nothing."""
+    room = NAME_MAX - len(f"sweep-{name}-{STAMP}-99")  # the `-` before the changes, the stamp
+    changes = grid_text(grid, fixed, room)
+    return f"sweep-{name}-{changes}" if changes else f"sweep-{name}"
+
+
+def stamped(folder: Path) -> tuple[str, str, int]:
+    """A folder's name as `new_run_dir` writes it: (the name before the stamp, the stamp
+    `YYYYmmdd-HHMMSS`, its `-N` where the name was taken, else 1); ("", "", 0) without one."""
+    found = re.fullmatch(r"(.*)-(\d{8}-\d{6})(?:-(\d+))?", folder.name)
+    return (found[1], found[2], int(found[3] or 1)) if found else ("", "", 0)
+
+
 def sweep_name(name: str | None, config: str | None) -> str:
-    """`--name` as given (checked), else the config's file name with other characters as `_`."""
+    """`--name` as given (checked), else the config's file name with other characters as `_`:
+    the folder's name begins `sweep-<name>-` (`folder_prefix`)."""
     limit = NAME_MAX - len(f"sweep-{STAMP}-99")  # the folder's name must fit a file name
     if name is None:
         derived = Path(config).stem if config else "default"
@@ -350,7 +375,7 @@ def run_sweep(plan: Plan, say: Callable[[str], None]) -> SweepResult:
         failed = launch_jobs(jobs, plan, say)
         keys = [key for key, _ in plan.grid.swept]
         rows = [result_row(spec, plan.ranges) for spec in plan.runs]
-        write_results(plan.folder, rows, keys)
+        write_results(plan.folder, rows, keys, list(plan.runs[0].fixed))
     return SweepResult(plan.folder, rows, keys, [spec.id for spec in failed])
 
 

@@ -81,7 +81,7 @@ def sweep_folder(grid: Grid, name: str, out: Path | None, base: dict[str, Any],
     root = Path(cfg.log.dir)
     prefix = folder_prefix(name, grid, runs[0].fixed)
     named = sorted((stamped(p)[1:], p) for p in root.glob(f"sweep-{name}-*")
-                   if stamped(p)[0] in (prefix, f"sweep-{name}"))  # not `sweep-<name>-2-...`
+                   if stamped(p)[0] in (prefix, f"sweep-{name}"))  # not `--name <name>-x`'s
     same = [p for _, p in named if (read_record(p) or {}).get("grid") == grid.spec()]
     resumable = [p for p in same if base_change(read_record(p), base) is None]
     if resumable:

@@ -69,11 +69,7 @@ def compare_table(report: dict[str, Any]) -> Table:
     interval, the p-value; the caption names the interval and the test."""
     from minitfm.lab.many.verdicts import amount, ends
 
-    pairing = (f"paired by seed ({len(report['seeds'])} seeds)" if report["paired"]
-               else f"unpaired ({report['unpaired']})")
-    title = (f"A: {report['a']['label']} (n = {report['a']['n']})  vs  B: "
-             f"{report['b']['label']} (n = {report['b']['n']}), {pairing}")
-    table = Table(title=printable(title), caption=caption(report))
+    table = Table(title=printable(heading(report)), caption=caption(report))
     for column in ("figure", "A", "B", "A - B [95% interval]", "p"):
         table.add_column(column, justify="left" if column == "figure" else "right")
     for found in report["figures"]:
@@ -86,6 +82,31 @@ def compare_table(report: dict[str, Any]) -> Table:
                       amount(figure, found["difference"], True)
                       + (f"\n{interval}" if interval else ""), f"{found['p_value']:.2g}")
     return table
+
+
+TITLE_WIDTH = 100  # a longer heading names the sides' settings in parts of their own
+
+
+def heading(report: dict[str, Any]) -> str:
+    """`A: #1 all (n = 8), train.lr=0.01  vs  B: #1 all (n = 8), train.lr=0.005, paired by seed
+    (8 seeds)`: each side followed by the settings in which the two differ (`differs`, less
+    those both sides' labels name: `#1 positional=rope`). Where that would be longer than
+    TITLE_WIDTH, each side's settings follow as a part of its own, `· A: ... · B: ...`, which
+    `show` puts on a line of its own where the terminal is narrower."""
+    pairing = (f"paired by seed ({len(report['seeds'])} seeds)" if report["paired"]
+               else f"unpaired ({report['unpaired']})")
+    sides = [f"{name.upper()}: {report[name]['label']} (n = {report[name]['n']})"
+             for name in "ab"]
+    named = set(report["a"]["label_keys"]) & set(report["b"]["label_keys"])
+    keys = [key for key in report["differs"] if key not in named]
+    if not keys:
+        return f"{sides[0]}  vs  {sides[1]}, {pairing}"
+    settings = [", ".join(f"{key}={','.join(map(str, report['differs'][key][name]))}"
+                          for key in keys) for name in "ab"]
+    line = f"{sides[0]}, {settings[0]}  vs  {sides[1]}, {settings[1]}, {pairing}"
+    if len(line) <= TITLE_WIDTH:
+        return line
+    return f"{sides[0]}  vs  {sides[1]}, {pairing} · A: {settings[0]} · B: {settings[1]}"
 
 
 def side_cell(figure: str, side: dict[str, Any]) -> str:

@@ -1,7 +1,8 @@
-"""The lab's wing for many runs: `minitfm runs` (`runs.py`), `minitfm plot` (`plots.py`),
-`minitfm sweep` (`sweep.py`, with its grid in `grid.py`, its jobs in `scheduler.py`, its runs of
-one shape stacked in `stacking.py`, its results in `results.py` and each configuration's seeds
-together in `seeds.py`; on Ray, its jobs as tasks in `ray_launcher.py`, the cluster joined in
-`raycluster.py`, run folders sent back in `rayfolders.py`) and `minitfm compare` (`compare.py`,
-its words in `verdicts.py` and `conditions.py`); their statistics in `stats.py`. No torch here:
-many runs are many processes, each with its own."""
+"""The lab's wing for many runs: `minitfm runs` (`runs.py`), `minitfm plot` (`plots.py`), `minitfm
+sweep` (`sweep.py`, with its grid in `grid.py`, its folder in `sweep_folder.py`, its jobs in
+`scheduler.py`, its runs of one shape stacked in `stacking.py`, its results in `results.py` and
+each configuration's seeds together in `seeds.py`; on Ray, its jobs as tasks in
+`ray_launcher.py`, the cluster joined in `raycluster.py`, run folders sent back in
+`rayfolders.py`) and `minitfm compare` (`compare.py`, its words in `verdicts.py` and
+`conditions.py`); their statistics in `stats.py`. No torch here: many runs are many processes,
+each with its own."""

@@ -9,9 +9,10 @@ match, steps and seconds to the target, success rate): each side's mean and 95% 
 the difference A - B with its 95% interval, a permutation test and its p-value, paired by seed
 when both sides hold the same seeds, and, when the test finds nothing, the smallest
 difference these n could have found; then how many seeds a difference needs (the observed
-one, or `--effect`). The maths is `stats.py`'s, the sentences `verdicts.py`'s, the notes on
-what else may move the figures (settings, how and when the seconds were measured)
-`conditions.py`'s. No torch here.
+one, or `--effect`). The settings in which the two sides differ are read from their runs'
+resolved configs (`differences`), whatever the form of the sides. The maths is `stats.py`'s,
+the sentences `verdicts.py`'s, the notes on what else may move the figures (settings, how and
+when the seconds were measured) `conditions.py`'s. No torch here.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Side:
 
     def as_dict(self) -> dict[str, Any]:
         return {"label": self.label, "n": len(self.runs), "runs": [r["run"] for r in self.runs],
-                "left_out": self.left_out, "differ_in": self.mixed}
+                "left_out": self.left_out, "differ_in": self.mixed,
+                "label_keys": [key for key in self.swept if key != "seed"]}
 
 
 def make_side(name: str, label: str, run_dirs: list[Path], swept: tuple[str, ...] = (),
@@ -259,9 +261,27 @@ def compare_sides(a: Side, b: Side, effects: dict[str, float]) -> dict[str, Any]
     one_sweep = a.sweep is not None and a.sweep == b.sweep  # then its keys name A and B
     exempt = tuple(key for key in a.swept if key in b.swept) if one_sweep else ()
     notes = (settings_note(a.runs, b.runs, exempt), timing_note(a.runs, b.runs))
-    return {"a": a.as_dict(), "b": b.as_dict(), "paired": seeds is not None,
+    return {"a": a.as_dict(), "b": b.as_dict(), "differs": differences(a, b),
+            "paired": seeds is not None,
             "seeds": seeds, "unpaired": unpaired_why(a, b), "alpha": ALPHA, "power": POWER,
             "figures": [f for f in figures if f is not None], "notes": [n for n in notes if n]}
+
+
+def differences(a: Side, b: Side) -> dict[str, dict[str, list]]:
+    """The settings in which A and B differ, from their runs' resolved configs: key -> {"a":
+    A's values, "b": B's values}, each in order of its runs, once each; a key in which the sides
+    hold the same values (however their runs vary in it) is not one. Never the seed, which
+    differs only from run to run, nor where runs go and their threads (`runs.HIDDEN_KEYS`)."""
+    keys = dict.fromkeys(key for side in (a, b) for run in side.runs for key in run["config"])
+    found = {}
+    for key in keys:
+        if key in (*HIDDEN_KEYS, "seed"):
+            continue
+        values = [{repr(v): v for v in (run["config"].get(key) for run in side.runs)}
+                  for side in (a, b)]
+        if values[0].keys() != values[1].keys():
+            found[key] = {"a": list(values[0].values()), "b": list(values[1].values())}
+    return found
 
 
 def compare_figure(figure: str, a: Side, b: Side, seeds: list[int] | None,

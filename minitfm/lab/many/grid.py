@@ -3,7 +3,8 @@ validated before anything is written.
 
 `model.positional=rope,alibi seed=0,1` is four runs; a key with one value is a fixed override of
 every run. Each run gets a file-name-safe id from its values (`positional=rope,seed=0`), the
-name of its folder in the sweep folder. No torch here.
+name of its folder in the sweep folder; the sweep folder's name says what the grid changes in
+its config file (`grid_text`: `lr0.005`). No torch here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,13 @@ from minitfm.catalog import TASKS, Shortfall, position_shortfall
 from minitfm.config import (
     Config,
     check_given_once,
+    flatten,
     load_config,
     parse_override,
     split_key_value,
 )
 from minitfm.errors import ConfigError, MinitfmError, quote
-from minitfm.lab.many.runs import short_names
+from minitfm.lab.many.runs import HIDDEN_KEYS, short_names
 from minitfm.lab.options import MAX_LEN as MAX_EVAL_LEN  # `minitfm eval --max-len`'s bound
 from minitfm.run.limits import check_fits, training_parts
 
@@ -56,6 +58,8 @@ class RunSpec:
     overrides: list[str]
     cfg: Config
     run_dir: Path = Path()  # set once the sweep folder is chosen
+    # The fixed overrides that change the config file's value (`changed_fixed`), as given.
+    fixed: dict[str, str] = field(default_factory=dict)
 
     @property
     def named(self) -> str:
@@ -164,6 +168,41 @@ def escape(found: re.Match) -> str:
     return "".join(f"%{byte:02X}" for byte in found.group().encode("utf-8"))
 
 
+def changed_fixed(grid: Grid, cfg: Config) -> dict[str, str]:
+    """The fixed overrides that change a value of the config file (of the built-in default
+    without one), key -> value text as given; `cfg` is a run of the grid. Never the seed (an
+    axis, not a setting) nor where the runs go and their threads (`runs.HIDDEN_KEYS`)."""
+    try:
+        before = flatten(load_config(grid.config).model_dump(mode="json"))
+    except ConfigError:  # a file valid only with its overrides: each of them changes it
+        before = {}
+    after = flatten(cfg.model_dump(mode="json"))  # None is "null" here, never None
+    changed = {}
+    for item in grid.fixed:
+        key, text = split_key_value(item)
+        if key not in (*HIDDEN_KEYS, "seed") and after.get(key) != before.get(key):
+            changed[key] = text.strip()
+    return changed
+
+
+def grid_text(grid: Grid, fixed: dict[str, str], room: int) -> str:
+    """What a sweep folder's name says of its grid, at most `room` bytes: each swept key by its
+    short name (`runs.short_names`) followed by its values (`lr0.01,0.005`), then each fixed
+    override in `fixed` followed by its value (`lr0.005`), joined by `-`, characters a file name
+    should not hold escaped as in a run's id; never the seed. Keys that do not fit are left
+    out from the end and counted in a last part, `and2more`; empty when nothing is changed."""
+    given = [*((key, ",".join(values)) for key, values in grid.swept if key != "seed"),
+             *fixed.items()]
+    names = short_names([key for key, _ in given])
+    parts = [re.sub(r"[^A-Za-z0-9_.,=+-]", escape, f"{names[key]}{text}") for key, text in given]
+    for kept in range(len(parts), -1, -1):
+        cut = [f"and{len(parts) - kept}more"] if kept < len(parts) else []
+        text = "-".join([*parts[:kept], *cut])
+        if len(text.encode()) <= room:
+            return text
+    return ""  # not even the mark fits (a --name of the longest length)
+
+
 def plan_runs(grid: Grid, threads: int,
               skip_invalid: bool = False) -> tuple[list[RunSpec], list[str]]:
     """Every run of the grid, each config validated: one bad value refuses the whole grid,
@@ -188,6 +227,9 @@ def plan_runs(grid: Grid, threads: int,
     if not runs:
         raise ConfigError(f"no valid run in the grid: {skipped[0]}")
     check_distinct_runs(runs)
+    fixed = changed_fixed(grid, runs[0].cfg)  # the same in every run
+    for spec in runs:
+        spec.fixed = fixed
     return runs, skipped
 
 

@@ -77,9 +77,11 @@ def per_length(spec: RunSpec, ranges: list) -> dict[int, float]:
 
 
 def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
-    """One line of results.jsonl: the swept values, how the run went, its exact matches."""
+    """One line of results.jsonl: the swept values and the fixed ones that change the config
+    file's (`grid.changed_fixed`), how the run went, its exact matches."""
     summary = read_summary(spec.run_dir) or {}
-    values = {key: parse_override(f"{key}={text}")[1] for key, text in spec.choice.items()}
+    values = {key: parse_override(f"{key}={text}")[1]
+              for key, text in {**spec.choice, **spec.fixed}.items()}
     status, target = run_status(spec.run_dir), spec.cfg.train.target_exact_match
     return {"run": spec.id, "run_dir": str(spec.run_dir), "seed": spec.cfg.seed, **values,
             "configuration": spec.label, "status": status,
@@ -90,26 +92,30 @@ def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
             "exact_match": exact_matches(spec, ranges), "per_length": per_length(spec, ranges)}
 
 
-def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
+def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str],
+                  fixed: list[str] = ()) -> None:
     """results.jsonl (everything), results.csv (no per-length figures) and results.png; a row
-    per configuration in configurations.jsonl and .csv, and intervals.png (`seeds.py`)."""
+    per configuration in configurations.jsonl and .csv, and intervals.png (`seeds.py`). The
+    tables have a column per swept key (`keys`), then per fixed key that changes the config
+    file's value (`fixed`), each named by its full key (`train.lr`)."""
     lines = "".join(to_json(row) + "\n" for row in rows)
     write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     seed = [] if "seed" in keys else ["seed"]
-    columns = ["run", *keys, *seed, "status", "reached", "steps", "wall_s",
+    columns = ["run", *keys, *fixed, *seed, "status", "reached", "steps", "wall_s",
                *(f"exact_match {s}" for s in spans)]
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     writer.writerow(columns)
     for row in rows:
-        values = [row["run"], *(row[k] for k in [*keys, *seed]), row["status"],
+        values = [row["run"], *(row[k] for k in [*keys, *fixed, *seed]), row["status"],
                   row.get("reached"), row["steps"], row["wall_s"],
                   *(row["exact_match"].get(s) for s in spans)]
         writer.writerow(["null" if v is None else v for v in values])
     write_atomic(folder / "results.csv", table.getvalue().encode("utf-8"))
     plot_results(rows, folder / "results.png")
-    write_configurations(folder, configuration_rows(by_configuration(rows), keys, spans))
+    write_configurations(folder, configuration_rows(by_configuration(rows), [*keys, *fixed],
+                                                    spans))
 
 
 def range_labels(rows: list[dict[str, Any]]) -> list[str]:

@@ -8,8 +8,9 @@ target) with its Wilson interval. A run that missed the target is never dropped:
 a miss in the rate, and at the step budget (its whole run: `summary.json`'s `step` and
 `wall_s`) in the steps and seconds, which are then a lower bound. The maths is `stats.py`'s.
 
-Written to `configurations.jsonl` and `configurations.csv` (a row per configuration, each
-interval's ends in columns of their own) and drawn in `intervals.png`. No torch here.
+Written to `configurations.jsonl` and `configurations.csv` (a row per configuration: its swept
+values and the fixed ones that change the config file's, each interval's ends in columns of
+their own) and drawn in `intervals.png`. No torch here.
 """
 
 from __future__ import annotations
@@ -126,8 +127,9 @@ def flat(name: str, interval: Interval) -> dict[str, float | None]:
 def configuration_rows(groups: dict[str, list], keys: list[str],
                        spans: list[str]) -> list[dict[str, Any]]:
     """A row per configuration (`results.by_configuration`'s groups): its number in the sweep's
-    table (`#`, what `minitfm compare SWEEP A B` takes), its swept values but the seed, and
-    `summarise`'s figures."""
+    table (`#`, what `minitfm compare SWEEP A B` takes), its values of `keys` but the seed (the
+    swept keys, then the fixed ones that change the config file's), and `summarise`'s
+    figures."""
     return [{"#": i, **{k: group[0].get(k) for k in keys if k != "seed"},
              **summarise(group, spans)} for i, group in enumerate(groups.values(), 1)]
 

@@ -2,34 +2,33 @@
 
 The grid uses Hydra's multirun syntax: `model.positional=rope,alibi seed=0,1` is four runs; a
 key with one value is a fixed override of every run. Every run is a normal run directory in one
-sweep folder `runs/sweep-<name>-<YYYYmmdd-HHMMSS>/` (its `sweep.json` holds the grid and the
-resolved base config, so the same command finds the folder again and resumes: finished runs are
-skipped, interrupted ones continue; an edited base config gets a new folder). One sweep at a
+sweep folder `runs/sweep-<name>-<changes>-<YYYYmmdd-HHMMSS>/`, `<changes>` what the grid changes
+in the config file (`grid.grid_text`: `lr0.005`; none, and the folder is `sweep-<name>-<stamp>`).
+Its `sweep.json` holds the grid and the resolved base config, so the same command finds the
+folder again and resumes: finished runs are skipped, interrupted ones continue; an edited base
+config gets a new folder. One sweep at a
 time holds a folder (`.lock`). A job is a chain of real commands (`minitfm train`, then
 `minitfm eval --json` per length range), which `--dry-run` prints for any other scheduler.
 Each job's threads are fixed so that jobs x threads never exceed the cores (see
 minitfm.run.threads). No torch here.
 
-The grid is read in `grid.py`, the jobs run in `scheduler.py`, the results written in
-`results.py`; here they meet: the plan, checked whole before anything is written, the sweep
-folder and its lock.
+The grid is read in `grid.py`, the folder named and found again in `sweep_folder.py`, the jobs
+run in `scheduler.py`, the results written in `results.py`; here they meet: the plan, checked
+whole before anything is written, and the folder's lock.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minitfm.config import BUILT_IN_CODES, EVAL_BATCH_SIZE, flatten, load_config
+from minitfm.config import BUILT_IN_CODES, EVAL_BATCH_SIZE
 from minitfm.errors import MinitfmError, quote, shown_path
 from minitfm.lab.many.grid import (
-    NAME_MAX,
     Grid,
     RunSpec,
     parse_grid,
@@ -38,7 +37,7 @@ from minitfm.lab.many.grid import (
     stated_shortfall,
 )
 from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write_results
-from minitfm.lab.many.runs import SWEEP_FILE, read_record
+from minitfm.lab.many.runs import SWEEP_FILE
 from minitfm.lab.many.scheduler import PROCESS_BYTES, Command, Job, Scheduler, plan_job
 from minitfm.lab.many.stacking import (
     choose_stacking,
@@ -48,122 +47,25 @@ from minitfm.lab.many.stacking import (
     stacks_text,
     unstacked_why,
 )
+from minitfm.lab.many.sweep_folder import (
+    base_config,
+    check_folder,
+    check_out,
+    sweep_folder,
+    sweep_name,
+)
 from minitfm.lab.options import SweepOptions
 from minitfm.lab.watch.tracking import SweepRun, python_warning
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.limits import check_fits, decoding_parts, training_parts
 from minitfm.run.rundir import (
     check_writable,
-    is_run_dir,
     lock_exclusively,
     make_dirs,
-    new_run_dir,
     open_run_file,
     remove_files,
 )
 from minitfm.run.threads import cores
-
-STAMP = "-YYYYmmdd-HHMMSS"  # the end of a default sweep folder's name
-
-
-def sweep_folder(grid: Grid, name: str, out: Path | None, base: dict[str, Any],
-                 runs: list[RunSpec]) -> tuple[Path, str | None]:
-    """`out` (checked), else the newest `<log.dir>/sweep-<name>-*` holding this grid from this
-    base config, else a new one; with a note when only the base config differs from an old one."""
-    if out is not None:
-        check_folder(out, grid, base, runs)
-        return out, None
-    cfg = load_config(grid.config, grid.fixed)
-    check_fits(training_parts(cfg), "training")  # the grid's fixed part alone must fit
-    root = Path(cfg.log.dir)
-    same = [p for p in sorted(root.glob(f"sweep-{name}-*"))
-            if (read_record(p) or {}).get("grid") == grid.spec()]
-    resumable = [p for p in same if base_change(read_record(p), base) is None]
-    if resumable:
-        return resumable[-1], None
-    folder = new_run_dir(root, f"sweep-{name}")
-    if not same:
-        return folder, None
-    # An edited config is another experiment: its runs go beside the old ones, never among them.
-    return folder, (f"the base config changed since {same[-1]} "
-                    f"({base_change(read_record(same[-1]), base)}): a new sweep folder")
-
-
-def sweep_name(name: str | None, config: str | None) -> str:
-    """`--name` as given (checked), else the config's file name with other characters as `_`."""
-    limit = NAME_MAX - len(f"sweep-{STAMP}-99")  # the folder's name must fit a file name
-    if name is None:
-        derived = Path(config).stem if config else "default"
-        return re.sub(r"[^A-Za-z0-9_.-]", "_", derived)[:limit]
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise MinitfmError(f"--name ({quote(name)}) may hold only letters, digits, '_', '-', '.'")
-    if len(name) > limit:
-        raise MinitfmError(f"--name has {len(name)} characters, at most {limit}: the folder "
-                           f"sweep-<name>{STAMP} must fit a file name")
-    return name
-
-
-def check_out(out: Path) -> None:
-    """`--out` is a folder (or none yet) with a file name that fits, never in a run."""
-    shown = quote(str(out))
-    existing = next(p for p in [out, *out.parents] if p.exists() or p.is_symlink())
-    if not existing.is_dir():
-        raise MinitfmError(f"--out {shown}: {quote(str(existing))} is not a folder: give a "
-                           f"new or empty folder")
-    if any(len(part.encode()) > NAME_MAX for part in out.parts):
-        raise MinitfmError(f"--out {shown} has a name longer than {NAME_MAX} bytes: give a "
-                           f"shorter one")
-    inside = next((p for p in [out.resolve(), *out.resolve().parents] if is_run_dir(p)), None)
-    if inside is not None:
-        raise MinitfmError(f"--out {shown} is a run directory or inside one "
-                           f"({quote(str(inside))}): a sweep folder holds runs; give a folder "
-                           f"outside any run")
-
-
-def check_folder(folder: Path, grid: Grid, base: dict[str, Any], runs: list[RunSpec]) -> None:
-    """What a sweep folder may hold: its sweep.json with this grid and base config, else
-    nothing but this sweep's runs (as the commands of its `--dry-run` make them)."""
-    record = read_record(folder)
-    if record is None:
-        ours = {".lock", *(spec.id for spec in runs), *(f"{spec.id}.log" for spec in runs)}
-        stray = next((p.name for p in folder.iterdir() if p.name not in ours), None) \
-            if folder.is_dir() else None
-        if stray is not None:
-            raise MinitfmError(f"--out {quote(str(folder))} holds {quote(stray)}, which is no "
-                               f"part of this sweep (and no {SWEEP_FILE} written by minitfm): "
-                               f"give a new or empty folder, or this sweep's own")
-        return
-    if record["grid"] != grid.spec():
-        raise MinitfmError(f"--out {quote(str(folder))} holds another sweep (its grid is in "
-                           f"{folder / SWEEP_FILE}): pick another folder")
-    change = base_change(record, base)
-    if change is not None:
-        raise MinitfmError(f"--out {quote(str(folder))} holds this grid trained from another "
-                           f"base config ({change}): give a new --out to train it anew, or "
-                           f"restore the config to resume")
-
-
-def base_config(runs: list[RunSpec], grid: Grid) -> dict[str, Any]:
-    """What the runs share: the first run's resolved config without its swept keys (and
-    threads, which the sweep sets per job, and log.mlflow, which says where it is watched, not
-    what it trains), flat, as stored in `sweep.json`."""
-    flat = flatten(runs[0].cfg.model_dump(mode="json"))
-    for key in ["threads", "log.mlflow", *(key for key, _ in grid.swept)]:
-        flat.pop(key, None)
-    return json.loads(json.dumps(flat))  # as read back from the file (lists, not tuples)
-
-
-def base_change(record: dict[str, Any] | None, base: dict[str, Any]) -> str | None:
-    """None when `record` was made from `base`, else the first key that differs, both values."""
-    stored = (record or {}).get("base")
-    if stored is None:  # a folder from before sweep.json held it: nothing to compare
-        return None
-    if not isinstance(stored, dict):
-        return f"{SWEEP_FILE} holds no readable base config"
-    for key in [*base, *(key for key in stored if key not in base)]:
-        if stored.get(key) != base.get(key):
-            return f"{key} was {quote(stored.get(key))}, now {quote(base.get(key))}"
-    return None
 
 
 def job_shape(runs: int, jobs: int | None, threads: int | None) -> tuple[int, int]:
@@ -360,7 +262,7 @@ def run_sweep(plan: Plan, say: Callable[[str], None],
             failed = launch_jobs(jobs, plan, say)
             keys = [key for key, _ in plan.grid.swept]
             rows = [result_row(spec, plan.ranges) for spec in plan.runs]
-            write_results(plan.folder, rows, keys)
+            write_results(plan.folder, rows, keys, list(plan.runs[0].fixed))
     return SweepResult(plan.folder, rows, keys, [spec.id for spec in failed])
 
 

@@ -717,3 +717,99 @@ def test_seconds_of_sides_that_ran_one_after_the_other_say_so(tmp_path):
     report = json.loads(compare(sweep, "1", "2", "--json").stdout)
     assert all(f.get("ran_first") is None and "ran before" not in f["verdict"]
                for f in report["figures"])
+
+
+# --- the settings in which the sides differ, named in every form (#57 item 1) ---
+
+def lr_study(folder: Path, lr: str | None, runs: list[tuple]) -> Path:
+    """A sweep of seeds alone, `--seeds` with `train.lr=<lr>` fixed (None: the config's lr), as
+    `minitfm sweep` leaves it: one configuration, `all`, whose runs' config.yaml hold the lr."""
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"grid": {}}))
+    fixed = (f"train.lr={lr}",) if lr is not None else ()
+    rows = []
+    for seed, steps, exact in runs:
+        fake_run(folder, f"seed={seed}", seed, steps, exact, overrides=fixed)
+        rows.append({"run": f"seed={seed}", "seed": seed, "configuration": "all"})
+    (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def settings_of(result) -> tuple[str, str]:
+    """What the table's title (stdout's first line: piped, nothing wraps) says after each side's
+    label: the settings in its own part (`· A: ... · B: ...`), else after `(n = N), `."""
+    title = result.stdout.splitlines()[0]
+    if " · A: " in title:
+        a, _, b = title.split(" · A: ")[1].partition(" · B: ")
+        return a, b
+    a, _, b = title.partition("  vs  ")
+    return a.partition("), ")[2], b.partition("), ")[2]
+
+
+def test_compare_names_the_lr_of_two_sweeps_in_every_form(tmp_path):
+    """Newcomer §2: `compare <sweep lr 0.01> 1 <sweep lr 0.005> 1` said `A: #1 all (n = 8) vs
+    B: #1 all (n = 8)`, and nothing named train.lr. Each form of the sides now names it, from
+    the runs' config.yaml (not from folder names: these say nothing), and never the seed."""
+    one = lr_study(tmp_path / "s1", "0.01", SAME)
+    two = lr_study(tmp_path / "s2", "0.005", [(s, 130 + 5 * s, 0.98) for s in range(8)])
+    forms = {
+        "configurations": [one, "1", two, "1"],
+        "sweeps": ["--a", one, "--b", two],
+        "run folders": ["--a", one / "seed=0", "--b", two / "seed=1"],  # other seeds: not named
+        "lists": ["--a", one / "seed=0", "--a", one / "seed=1",
+                  "--b", two / "seed=0", "--b", two / "seed=1"],
+    }
+    for form, args in forms.items():
+        result = compare(*args, "--json")
+        assert result.exit_code == 0, (form, result.stderr)
+        report = json.loads(result.stdout)
+        assert report["differs"] == {"train.lr": {"a": [0.01], "b": [0.005]}}, form
+        assert {"label", "n", "runs", "left_out", "differ_in"} <= set(report["a"]), form
+        result = compare(*args)
+        assert result.exit_code == 0, (form, result.stderr)
+        a, b = settings_of(result)
+        assert a == "train.lr=0.01" and b.split(", ")[0] == "train.lr=0.005", (form, a, b)
+    assert compare(one, "1", two, "1").stdout.splitlines()[0] == (
+        "A: #1 all (n = 8), train.lr=0.01  vs  B: #1 all (n = 8), train.lr=0.005, paired by "
+        "seed (8 seeds)")
+    # The default lr in neither folder's name: nothing but the runs' config.yaml says it.
+    plain = lr_study(tmp_path / "s3", None, SAME)
+    assert settings_of(compare(plain, "1", two, "1")) == \
+        ("train.lr=0.003", "train.lr=0.005, paired by seed (8 seeds)")
+
+
+def test_settings_already_in_both_labels_are_not_repeated_but_are_in_the_json(tmp_path):
+    sweep = fake_sweep(tmp_path / "sw", {"0.01": SAME[:3], "0.005": SAME[:3]}, key="train.lr")
+    result = compare(sweep, "1", "2")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (
+        "A: #1 lr=0.01 (n = 3)  vs  B: #2 lr=0.005 (n = 3), paired by seed (3 seeds)")
+    report = json.loads(compare(sweep, "1", "2", "--json").stdout)
+    assert report["differs"] == {"train.lr": {"a": [0.01], "b": [0.005]}}
+    assert report["a"]["label_keys"] == report["b"]["label_keys"] == ["train.lr"]
+    # A key the other side's label does not name is said: a run folder against a configuration.
+    alone = fake_run(tmp_path / "alone", "r0", 0, 100, 0.99, overrides=("train.lr=0.02",))
+    report = json.loads(compare("--a", alone, "--b", sweep / "lr=0.005,seed=0", "--json").stdout)
+    assert report["differs"] == {"train.lr": {"a": [0.02], "b": [0.005]}}
+
+
+def test_a_side_that_pools_several_values_shows_them_all_and_long_headings_break(tmp_path):
+    from minitfm.app.text import heading_lines
+
+    pooled = fake_sweep(tmp_path / "sw", {"0.01": SAME[:2], "0.005": SAME[:2]}, key="train.lr")
+    other = ("train.lr=0.005", "model.d_ff=128", "train.warmup_steps=7",
+             "train.target_exact_match=0.98")
+    for seed in range(2):
+        fake_run(tmp_path / "b", f"r{seed}", seed, 100, 0.99, overrides=other)
+    report = json.loads(compare("--a", pooled, "--b", tmp_path / "b", "--json").stdout)
+    assert report["differs"] == {  # in the order of the config; A's runs in order of name
+        "model.d_ff": {"a": [64], "b": [128]}, "train.lr": {"a": [0.005, 0.01], "b": [0.005]},
+        "train.warmup_steps": {"a": [20], "b": [7]},
+        "train.target_exact_match": {"a": [0.99], "b": [0.98]}}
+    result = compare("--a", pooled, "--b", tmp_path / "b")
+    a = "model.d_ff=64, train.lr=0.005,0.01, train.warmup_steps=20, train.target_exact_match=0.99"
+    b = "model.d_ff=128, train.lr=0.005, train.warmup_steps=7, train.target_exact_match=0.98"
+    assert settings_of(result) == (a, b)
+    lines = heading_lines(result.stdout.splitlines()[0], 100)  # as a terminal 100 wide shows it
+    assert lines[1:] == [f"A: {a}", f"B: {b}"]
+    assert lines[0].endswith("(n = 2), unpaired (a side holds a seed more than once)")

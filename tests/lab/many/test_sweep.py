@@ -1,6 +1,7 @@
 """`minitfm sweep` end to end, failures, Ctrl-C and SIGTERM, refused grids and folders,
 --dry-run; `minitfm runs`."""
 
+import csv
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from minitfm.config import load_config, to_yaml
 from minitfm.errors import MinitfmError
 from minitfm.lab.many.grid import Grid, RunSpec, plan_runs, run_id
 from minitfm.lab.many.scheduler import Command, Job, open_result, stop_message
-from minitfm.lab.many.sweep import SweepLock, check_memory, plan_line, prepare
+from minitfm.lab.many.sweep import SweepLock, check_memory, plan_line, prepare, run_sweep
 from minitfm.lab.options import SweepOptions
 from minitfm.run import limits
 from minitfm.run.checkpoint import load_checkpoint
@@ -603,3 +604,126 @@ def test_the_dry_run_says_what_skip_invalid_left_out(tmp_path):
     assert result.stderr.startswith("note: skipped (invalid) positional=none: "
                                     "model.random_positions (64) needs positions to randomize")
     assert len(result.stderr.splitlines()) == 1
+
+
+# --- a sweep names what it varied and what it fixed (#57 item 1) ---
+
+def tiny_config(tmp_path) -> Path:
+    """FAST as a config file, `tiny.yaml`: a sweep of it changes only what its grid says."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(to_yaml(load_config(None, once(FAST))))
+    return config
+
+
+@pytest.mark.parametrize("grid, named", [
+    (["seed=0,1"], "sweep-tiny"),  # no override: the name of old
+    (["train.lr=0.005", "seed=0,1"], "sweep-tiny-lr0.005"),  # newcomer §2: sweep-reverse-<stamp>
+    (["train.lr=3e-3", "seed=0,1"], "sweep-tiny"),  # the file's own value: nothing changed
+    (["seed=3"], "sweep-tiny"),  # seeds are never named, fixed or swept
+    (["name=x", "seed=0,1"], "sweep-tiny"),  # what a run is called, not what it trains
+    (["train.lr=0.01,0.005", "train.steps=30", "seed=0,1"], "sweep-tiny-lr0.01,0.005-steps30"),
+    (["task.name=reverse", "model.positional=rope"], "sweep-tiny-taskreverse-positionalrope"),
+    (["model.max_len=64", "task.max_len=5"], "sweep-tiny-model.max_len64-task.max_len5"),
+])
+def test_a_sweep_folder_is_named_by_what_its_grid_changes_in_the_config(tmp_path, grid, named):
+    config = tiny_config(tmp_path)
+    plan = prepare(str(config), [*grid, f"log.dir={tmp_path / 'runs'}"])
+    assert plan.folder.parent == tmp_path / "runs"
+    assert re.fullmatch(re.escape(named) + r"-\d{8}-\d{6}", plan.folder.name), plan.folder.name
+
+
+def test_the_changes_are_a_file_name_escaped_as_a_run_id_is():
+    from minitfm.lab.many.grid import grid_text
+
+    grid = Grid(None, [("task.train_path", ["d é.tsv", "a/b.tsv"]), ("seed", ["0", "1"])], [])
+    assert grid_text(grid, {"task.name": "pairs"}, 200) == \
+        "train_pathd%20%C3%A9.tsv,a%2Fb.tsv-taskpairs"
+    assert grid_text(grid, {"task.name": "pairs"}, 30) == "and2more"
+    assert grid_text(grid, {"task.name": "pairs"}, 7) == ""
+
+
+def test_a_long_list_of_changes_is_cut_with_a_mark_and_the_name_fits_a_file_name(tmp_path):
+    config = tiny_config(tmp_path)
+    grid = ["train.lr=0.005", "train.steps=30", "model.d_ff=128", "train.warmup_steps=3",
+            "train.batch_size=8", "task.n_symbols=7", f"log.dir={tmp_path / 'runs'}"]
+    whole = prepare(str(config), grid).folder.name
+    assert whole.startswith("sweep-tiny-lr0.005-steps30-d_ff128-warmup_steps3-batch_size8-"
+                            "n_symbols7-")
+    cut = {190: "-lr0.005-steps30-d_ff128-and3more", 200: "-lr0.005-steps30-and4more",
+           221: "-and6more", 222: "", 230: ""}  # 230: the longest --name, no room for a mark
+    for length, changes in cut.items():
+        name = "n" * length
+        folder = prepare(str(config), grid, SweepOptions(name=name)).folder.name
+        assert re.fullmatch(f"sweep-{name}{changes}" + r"-\d{8}-\d{6}", folder), folder
+        assert len(f"{folder}-99".encode()) <= 255  # -99: a name taken in that second
+
+
+def test_a_named_sweep_is_found_again_and_an_old_folder_of_its_grid_resumed(tmp_path):
+    """The folder is found again by its grid (resume): one an older minitfm named
+    `sweep-<name>-<stamp>` too, the newest by its stamp, never another name's (`--name tiny-x`,
+    the same grid: `sweep-tiny-x-...` begins as `sweep-tiny-...` does)."""
+    config = tiny_config(tmp_path)
+    grid = ["train.lr=0.005", "seed=0,1", f"log.dir={tmp_path / 'runs'}"]
+    first = prepare(str(config), grid)
+    write_record(first)
+    other = prepare(str(config), grid, SweepOptions(name="tiny-x"))  # the same grid, named
+    write_record(other)
+    assert other.folder != first.folder
+    assert prepare(str(config), grid).folder == first.folder
+    assert other.folder.name.startswith("sweep-tiny-x-lr0.005-")
+    old = tmp_path / "runs" / "sweep-tiny-20990101-000000"  # a later one, as named of old
+    old.mkdir()
+    (old / "sweep.json").write_text((first.folder / "sweep.json").read_text())
+    assert prepare(str(config), grid).folder == old
+    old_2 = tmp_path / "runs" / "sweep-tiny-lr0.005-20990101-000000-2"  # taken at that second
+    old_2.mkdir()
+    (old_2 / "sweep.json").write_text((first.folder / "sweep.json").read_text())
+    assert prepare(str(config), grid).folder == old_2
+    assert prepare(str(config), grid, SweepOptions(name="tiny-x")).folder == other.folder
+
+
+def test_results_and_configurations_have_a_column_for_every_changed_key(tmp_path):
+    """Newcomer §2: the lr sweep's results.csv had no lr column (a fixed key is not swept)."""
+    config = tiny_config(tmp_path)
+    grid = ["model.positional=sinusoidal,rope", "train.lr=0.005", "train.steps=20",
+            "seed=0,1", f"log.dir={tmp_path / 'runs'}"]
+    plan = prepare(str(config), grid)
+    done(plan, stacked=False)
+    run_sweep(plan, lambda line: None)  # every run done: nothing trained, the results written
+    results = list(csv.reader((plan.folder / "results.csv").open()))
+    assert results[0][:5] == ["run", "model.positional", "seed", "train.lr", "status"]
+    assert {row[3] for row in results[1:]} == {"0.005"}
+    rows = [json.loads(line) for line in (plan.folder / "results.jsonl").open()]
+    assert all(row["train.lr"] == 0.005 and "train.steps" not in row for row in rows)
+    table = list(csv.DictReader((plan.folder / "configurations.csv").open()))
+    assert [(row["model.positional"], row["train.lr"]) for row in table] == \
+        [("sinusoidal", "0.005"), ("rope", "0.005")]
+    assert "train.steps" not in table[0] and "seed" not in table[0]
+
+
+@pytest.mark.slow
+def test_the_lr_study_says_its_lr_in_folders_results_and_compare(tmp_path):
+    """Newcomer §2 end to end: a sweep of the config and one with train.lr fixed, then compare
+    of a configuration of each: the folders, results.csv and compare's title name the lr;
+    the same command again resumes its folder."""
+    config, runs = tiny_config(tmp_path), tmp_path / "runs"
+    common = ["--seeds", "0,1", "--eval-samples", "50", f"log.dir={runs}"]
+    for grid in ([], ["train.lr=0.01"]):
+        result = run_cli("sweep", config, *grid, *common)
+        assert result.exit_code == 0, result.stdout + result.stderr
+    (plain,) = [p for p in runs.iterdir() if re.fullmatch(r"sweep-tiny-\d{8}-\d{6}", p.name)]
+    (tuned,) = runs.glob("sweep-tiny-lr0.01-*")
+    header = (tuned / "results.csv").read_text().splitlines()[0]
+    assert header.startswith("run,seed,train.lr,status,")
+    assert "train.lr" not in (plain / "results.csv").read_text()
+    result = run_cli("compare", plain, "1", tuned, "1")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (
+        "A: #1 all (n = 2), train.lr=0.003  vs  B: #1 all (n = 2), train.lr=0.01, paired by "
+        "seed (2 seeds)")
+    report = json.loads(run_cli("compare", "--a", plain, "--b", tuned, "--json").stdout)
+    assert report["differs"] == {"train.lr": {"a": [0.003], "b": [0.01]}}
+    again = run_cli("sweep", config, "train.lr=0.01", *common)
+    assert again.exit_code == 0 and "2 runs (2 already done)" in again.stdout
+    assert tuned.name in again.stdout  # "sweep folder: ..."
+    assert len(list(runs.iterdir())) == 2

@@ -1,5 +1,6 @@
 """The lab's wing for watching training: what a run shows while it trains. In reading order: the
 gauges read every log.gauge_every steps (`gauges.py`), grokking's own on modular addition
-(`grokking.py`), the forecast made from them (`forecast.py`) and the tool that checks it over
-finished runs (`forecast_check.py`); TensorBoard (`tb.py`, the one importer of tensorboard, its
-checksum in numpy: `crc32c.py`). It uses the attention wing, never `interpret/`."""
+(`grokking.py`) and the figure of its phases (`phases.py`), the forecast made from them
+(`forecast.py`) and the tool that checks it over finished runs (`forecast_check.py`);
+TensorBoard (`tb.py`, the one importer of tensorboard, its checksum in numpy: `crc32c.py`). It
+uses the attention wing, never `interpret/`."""

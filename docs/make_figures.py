@@ -19,7 +19,8 @@ Steps (`--only` picks some; each keeps the others' entries in figures.json):
   docs/lengthgen.png; figures.json `lengthgen`: exact match per range of every configuration.
 - `grokking`: `minitfm train configs/grokking.yaml` (seed 0, 1 thread as the config says),
   then its three phases drawn from the run's metrics.jsonl (`draw_phases` of
-  minitfm.lab.watch.grokking, in a process of its own) -> docs/grokking.png; figures.json
+  minitfm.lab.watch.phases, which `minitfm plot RUN --phases` runs on a run of one's own, in a
+  process of its own) -> docs/grokking.png; figures.json
   `grokking`: where each phase ended, the gauges there, where the run stopped, its wall time.
 - `notebook`: notebooks/execute.py (`make notebook`), which writes notebooks/tour.ipynb.
 
@@ -153,7 +154,7 @@ class Figures:
         self.minitfm("train", "configs/grokking.yaml", *(TINY_GROKKING if self.tiny else []),
                      "--run-dir", str(run_dir), "--overwrite")
         figure = self.scratch / "grokking.png"
-        self.run("-c", "import json, sys; from minitfm.lab.watch.grokking import draw_phases; "
+        self.run("-c", "import json, sys; from minitfm.lab.watch.phases import draw_phases; "
                  "json.dump(draw_phases(sys.argv[1], sys.argv[2]), open(sys.argv[3], 'w'))",
                  str(run_dir), str(figure), str(self.scratch / "grokking.json"))
         self.picture(figure, "grokking.png")

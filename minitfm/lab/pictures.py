@@ -42,6 +42,7 @@ PREFERRED_BREAKS = (" → ", " (")  # where a title too wide for one line breaks
 # yellow); past six, the same colours again with another dash and marker.
 LINE_COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#000000", "#882255")
 LINE_DASHES, LINE_MARKERS = ("-", "--", ":", "-."), ("o", "s", "^", "D")
+FEW_POINTS = 5  # a curve of this many points or fewer is drawn as points (`points_or_line`)
 
 GAMMA = 0.5  # colour ∝ weight**GAMMA: diffuse rows (~1/S each) stay visible next to sharp ones
 PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c",  # viridis, dark to light
@@ -186,6 +187,15 @@ def line_style(i: int) -> dict[str, Any]:
     n = len(LINE_COLOURS)
     return {"color": LINE_COLOURS[i % n], "linestyle": LINE_DASHES[i // n % len(LINE_DASHES)],
             "marker": LINE_MARKERS[i // n % len(LINE_MARKERS)], "markersize": 3}
+
+
+def points_or_line(style: dict[str, Any], count: int) -> dict[str, Any]:
+    """`style` (`line_style`'s) for a curve of `count` points: up to FEW_POINTS, its markers
+    alone, larger (three evaluations joined by straight lines draw a course nobody measured);
+    more, as it is."""
+    if count > FEW_POINTS:
+        return style
+    return {**style, "linestyle": "none", "markersize": 5}
 
 
 def colours(weights: np.ndarray) -> np.ndarray:

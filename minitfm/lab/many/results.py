@@ -143,7 +143,8 @@ MAX_LINES = 6  # configurations in one panel; more are drawn as small multiples
 
 def results_figure(rows: list[dict[str, Any]]):
     """What differs between the runs: held-out exact match over training steps, a line per run
-    styled by configuration (its seeds alike); below it, when lengths outside the trained ones
+    styled by configuration (its seeds alike): the gauges' reading every log.gauge_every steps,
+    the evaluations as points over it (`plot_run`); below it, when lengths outside the trained ones
     were evaluated (`--eval-lengths`), exact match per input length (mean over seeds). Up to
     MAX_LINES configurations share one column of panels; more get a column per value of the
     swept key with the most values (`small_multiples`), the same style meaning the same values
@@ -161,13 +162,13 @@ def results_figure(rows: list[dict[str, Any]]):
     for c, (title, lines) in enumerate(columns):
         for label, style, group in lines:
             for n, row in enumerate(group):
-                steps, exact = eval_curve(Path(row["run_dir"]))
-                axes[0][c].plot(steps, exact, **style, label=None if n else label)
+                plot_run(axes[0][c], Path(row["run_dir"]), style, None if n else label)
         axes[0][c].set(xlabel="step", title=title or "exact match over training (a line per run)")
         if beyond:
             plot_lengths(axes[1][c], rows, lines)
             axes[1][c].set_title(title or "exact match per input length (held-out)")
-    axes[0][0].set_ylabel("exact match over training\n(held-out, greedy decoding)")
+    axes[0][0].set_ylabel("held-out exact match over training\n(line: gauges, points: "
+                          "evaluations)")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
         ax.set(ylim=(-0.02, 1.02), yticks=[0, 0.2, 0.4, 0.6, 0.8, 1])  # none past the limits
@@ -191,7 +192,7 @@ def small_multiples(groups: dict[str, list]) -> list[tuple[str, list]]:
               for label in groups}
     keys = list(dict.fromkeys(key for choice in values.values() for key in choice))
     if len(groups) <= MAX_LINES or len(keys) < 2:
-        return [("", [(short_label(label), line_style(i), group)
+        return [("", [(legend_label(label, group), line_style(i), group)
                       for i, (label, group) in enumerate(groups.items())])]
     split = max(keys, key=lambda key: len({choice.get(key) for choice in values.values()}))
     others = [key for key in keys if key != split]
@@ -212,17 +213,47 @@ def small_multiples(groups: dict[str, list]) -> list[tuple[str, list]]:
     return list(columns.items())
 
 
-def eval_curve(run_dir: Path) -> tuple[list[int], list[float]]:
-    """A run's held-out exact match at each evaluation, from its metrics.jsonl (the last record
-    of a step counts, as in `curves.run_curves`)."""
+def legend_label(label: str, group: list[dict[str, Any]]) -> str:
+    """A configuration's legend: its swept values (`short_label`: `positional=rope`); in a
+    sweep of seeds alone (nothing else swept: the configuration `all`), its seeds."""
+    if "=" in label:
+        return short_label(label)
+    seeds = sorted(row["seed"] for row in group)
+    if len(seeds) == 1:
+        return f"seed={seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}..{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds[:5])) + (", ..." if len(seeds) > 5 else "")
+
+
+def exact_curves(run_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
+    """A run's held-out exact match from its metrics.jsonl: `gauges` (each reading's `exact`,
+    teacher-forced on the gauge pairs) and `eval` (each evaluation's `exact_match`, greedy
+    decoding), as steps and values (the last record of a step counts, as in
+    `curves.run_curves`)."""
     try:
         records = scan_metrics(run_dir)[0]
     except CheckpointError:  # a run whose metrics cannot be read: no line
         records = []
-    by_step = {r["step"]: r["exact_match"] for r in records
-               if r.get("split") == "eval" and isinstance(r.get("exact_match"), (int, float))}
-    steps = sorted(by_step)
-    return steps, [by_step[step] for step in steps]
+    curves = {}
+    for split, key in (("gauges", "exact"), ("eval", "exact_match")):
+        by_step = {r["step"]: r[key] for r in records if r["split"] == split}
+        steps = sorted(by_step)
+        curves[split] = (steps, [by_step[step] for step in steps])
+    return curves
+
+
+def plot_run(ax, run_dir: Path, style: dict[str, Any], label: str | None) -> None:
+    """One run's held-out exact match on `ax`: its gauges' readings as a line, its evaluations
+    as points over it; without readings (log.gauge_every=0) its evaluations joined, a line
+    whose dash may be a swept value's (`small_multiples`). `label` goes on the line."""
+    curves = exact_curves(run_dir)
+    (gauge_steps, gauges), (eval_steps, evals) = curves["gauges"], curves["eval"]
+    if not gauge_steps:
+        ax.plot(eval_steps, evals, **style, label=label)
+        return
+    ax.plot(gauge_steps, gauges, **{**style, "marker": None}, label=label)
+    ax.plot(eval_steps, evals, **{**style, "linestyle": "none", "markersize": 5})
 
 
 def plot_lengths(ax, rows: list[dict[str, Any]], lines: list) -> None:

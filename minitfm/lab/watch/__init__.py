@@ -1,7 +1,8 @@
 """The lab's wing for watching training: what a run shows while it trains. In reading order: the
 gauges read every log.gauge_every steps (`gauges.py`), grokking's own on modular addition
-(`grokking.py`), the forecast made from them (`forecast.py`) and the tool that checks it over
-finished runs (`forecast_check.py`); TensorBoard (`tb.py`, the one importer of tensorboard, its
-checksum in numpy: `crc32c.py`); MLflow, with log.mlflow (`tracker.py`, a run logged on a thread
-of its own; `tracking.py`, which tracker, whether it answers, a sweep's parent run: the two
-importers of mlflow). It uses the attention wing, never `interpret/`."""
+(`grokking.py`) and the figure of its phases (`phases.py`), the forecast made from them
+(`forecast.py`) and the tool that checks it over finished runs (`forecast_check.py`);
+TensorBoard (`tb.py`, the one importer of tensorboard, its checksum in numpy: `crc32c.py`);
+MLflow, with log.mlflow (`tracker.py`, a run logged on a thread of its own; `tracking.py`, which
+tracker, whether it answers, a sweep's parent run: the two importers of mlflow). It uses the
+attention wing, never `interpret/`."""

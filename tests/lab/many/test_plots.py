@@ -200,3 +200,97 @@ def test_line_colours_are_colour_blind_safe_and_stand_out_on_white():
     assert all(1.05 / (luminance(c) + 0.05) >= 3 for c in LINE_COLOURS)  # 3:1, WCAG non-text
     styles = {tuple(sorted(line_style(i).items())) for i in range(24)}
     assert len(styles) == 24  # 24 lines told apart
+
+
+# --- any metric (--metric) ---
+
+@pytest.fixture(scope="module")
+def gauged(tmp_path_factory):
+    """Two tiny runs, trained as `minitfm train` trains (gauges every 5 steps: 8 readings,
+    evaluations at 20 and 40), that differ in seed only."""
+    root = tmp_path_factory.mktemp("gauged")
+    for seed in (0, 1):
+        result = run_cli("train", *SHORT, f"seed={seed}", "log.gauge_every=5",
+                         "--run-dir", root / f"s{seed}")
+        assert result.exit_code == 0, result.stderr
+    return root
+
+
+def records(run_dir, split: str, key: str) -> tuple[list[int], list[float]]:
+    """The steps and values of `key` in the run's `split` lines, as metrics.jsonl holds them."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    found = [(r["step"], r[key]) for r in lines if r["split"] == split]
+    return [step for step, _ in found], [value for _, value in found]
+
+
+def test_metric_draws_a_gauge_a_curve_per_run_labelled_by_what_differs(gauged):
+    from minitfm.lab.many.plots import metric_panels, metrics_figure
+
+    run_dirs = [gauged / "s0", gauged / "s1"]
+    curves = [run_curves(run_dir) for run_dir in run_dirs]
+    panels = metric_panels(curves, ["align"])
+    assert panels == [("gauges", "align")]
+    (ax,) = metrics_figure(curves, panels, run_labels(run_dirs)).get_axes()
+    assert ax.get_title() == "gauges/align" and ax.get_ylabel() == "align"
+    for line, run_dir in zip(ax.get_lines(), run_dirs, strict=True):
+        steps, values = records(run_dir, "gauges", "align")
+        assert steps == [5, 10, 15, 20, 25, 30, 35, 40]  # 8 readings: a line
+        assert line.get_xdata().tolist() == steps and line.get_ydata().tolist() == values
+        assert line.get_linestyle() == "-"
+    legend = ax.get_figure().legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["seed=0", "seed=1"]
+
+
+def test_metric_on_the_command_line_writes_the_picture(gauged):
+    png = gauged / "gauges.png"
+    result = run_cli("plot", gauged / "s0", gauged / "s1", "--metric", "token_accuracy",
+                     "--metric", "gauges/loss", "--out", png)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == f"wrote {shown_path(png)}" and is_minitfm_picture(png)
+
+
+def test_a_key_of_several_splits_is_a_panel_each_and_split_key_picks_one(gauged):
+    from minitfm.lab.many.plots import metric_panels
+
+    curves = [run_curves(gauged / "s0")]
+    assert metric_panels(curves, ["loss"]) == [("train", "loss"), ("eval", "loss"),
+                                                ("gauges", "loss")]
+    assert metric_panels(curves, ["eval/loss", "exact_match", "loss"]) == [
+        ("eval", "loss"), ("eval", "exact_match"), ("train", "loss"), ("gauges", "loss")]
+
+
+@pytest.mark.parametrize("metric,needles", [
+    ("algn", ["--metric 'algn': no run's metrics.jsonl has such a number (did you mean "
+              "'align'?)"]),
+    ("gauges/exact_match", ["(did you mean 'eval/exact_match'?)"]),
+    ("restricted_loss", ["no run's metrics.jsonl has such a number"]),
+])
+def test_an_unknown_metric_is_one_line_listing_the_runs_keys(gauged, metric, needles):
+    result = run_cli("plot", gauged / "s0", gauged / "s1", "--metric", metric)
+    assert_clean_error(result, 2, *needles, "train: loss, ", "eval: loss, ",
+                       "gauges: exact, loss, token_accuracy, ", "align", "SPLIT/KEY")
+    assert not (gauged / "plot.png").exists()
+
+
+def test_a_run_without_the_metric_is_said_and_left_out(gauged, runs):
+    result = run_cli("plot", gauged / "s0", runs / "a", "--metric", "align", "--out",
+                     gauged / "mixed.png")
+    assert result.exit_code == 0, result.stderr
+    assert f"note: run '{runs / 'a'}' has no gauges/align: not drawn" in result.stderr
+
+
+def test_few_evaluations_are_points_not_lines_joined(gauged, runs):
+    from minitfm.lab.many.plots import metric_panels, metrics_figure
+
+    curves = [run_curves(gauged / "s0")]
+    panels = metric_panels(curves, ["eval/exact_match", "gauges/exact"])
+    evals, gauges = metrics_figure(curves, panels, ["s0"]).get_axes()[:2]
+    (points,), (line,) = evals.get_lines(), gauges.get_lines()
+    assert points.get_xdata().tolist() == [20, 40]
+    assert points.get_linestyle() == "None" and points.get_marker() == "o"  # 2: points
+    assert line.get_linestyle() == "-" and len(line.get_xdata()) == 8  # 8 readings: a line
+    # the default figure too: 2 evaluations a run, points in both panels
+    loss, exact = curves_figure([run_curves(runs / "a")], ["a"]).get_axes()
+    train, held_out = loss.get_lines()
+    assert train.get_linestyle() == "-" and held_out.get_linestyle() == "None"
+    assert [line.get_linestyle() for line in exact.get_lines()] == ["None"]

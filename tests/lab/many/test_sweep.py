@@ -442,6 +442,45 @@ def test_results_picture_shows_exact_match_over_training_and_lengths_only_when_b
     assert lengths.get_xlabel() == "input length" and len(lengths.get_lines()) == 2
 
 
+def gauged_row(tmp_path, name, configuration, seed):
+    """`fake_row` whose run also read its gauges every 10 steps (exact match rising by 0.1)."""
+    row = fake_row(tmp_path, name, configuration, seed, [0.4, 0.9], {6: 1.0})
+    with open(Path(row["run_dir"]) / "metrics.jsonl", "a") as f:
+        for step in range(10, 101, 10):
+            f.write(json.dumps({"step": step, "split": "gauges", "exact": step / 100,
+                                "loss": 1.0, "token_accuracy": 0.5}) + "\n")
+    return row
+
+
+def test_results_picture_draws_the_gauges_curves_and_the_evaluations_as_points(tmp_path):
+    """Not the three evaluations of a run joined by straight lines: the gauges' readings as a
+    line, the evaluations as points over it, in the run's configuration's colour."""
+    from minitfm.lab.many.results import results_figure
+    from minitfm.lab.pictures import LINE_COLOURS
+
+    rows = [gauged_row(tmp_path, f"r{i}", f"model.positional={p}", 0)
+            for i, p in enumerate(["sinusoidal", "rope"])]
+    (curves,) = results_figure(rows).get_axes()
+    lines = curves.get_lines()
+    assert len(lines) == 4  # per run: the gauges' line, the evaluations' points
+    for i, (gauges, evals) in enumerate(zip(lines[::2], lines[1::2], strict=True)):
+        assert gauges.get_xdata().tolist() == list(range(10, 101, 10))
+        assert gauges.get_ydata().tolist() == pytest.approx([s / 100 for s in range(10, 101, 10)])
+        assert gauges.get_linestyle() == "-" and gauges.get_marker() == "None"
+        assert evals.get_xdata().tolist() == [50, 100] and evals.get_linestyle() == "None"
+        assert gauges.get_color() == evals.get_color() == LINE_COLOURS[i]
+    assert [t.get_text() for t in curves.get_legend().get_texts()] == [
+        "positional=sinusoidal", "positional=rope"]
+
+
+def test_a_sweep_of_seeds_alone_is_labelled_by_its_seeds_not_all(tmp_path):
+    from minitfm.lab.many.results import results_figure
+
+    rows = [gauged_row(tmp_path, f"seed={s}", "all", s) for s in range(3)]
+    (curves,) = results_figure(rows).get_axes()
+    assert [t.get_text() for t in curves.get_legend().get_texts()] == ["seeds 0..2"]
+
+
 def test_many_configurations_are_small_multiples_a_style_meaning_one_family(tmp_path):
     """The lengthgen sweep's 18 configurations (docs/lengthgen.png): a column per positional
     scheme, each line's colour its task and its dash its random positions, the same in every

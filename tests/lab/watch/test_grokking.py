@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,17 +12,14 @@ import torch.nn.functional as F
 
 from minitfm.config import load_config
 from minitfm.lab.watch.grokking import (
-    GAUGES,
     KEY_FREQUENCIES,
     answer_logits,
-    draw_phases,
     fourier_sparsity,
     key_frequencies,
     modadd_gauges,
-    phase_steps,
-    read_phases,
     restricted_and_excluded,
 )
+from minitfm.lab.watch.phases import GAUGES, read_phases
 from tests.helpers import run_cli, train_bare
 from tests.tasks.test_grokking import TINY_MODADD
 
@@ -133,39 +129,6 @@ def test_the_gauges_of_a_tiny_model_are_those_of_its_own_logits(tmp_path):
     model.train()
     modadd_gauges(model, task)
     assert model.training  # measured in eval mode, given back as it was
-
-
-# --- the figure of the three phases ---
-
-def write_metrics(run_dir: Path, lines: list) -> None:
-    run_dir.mkdir()
-    (run_dir / "metrics.jsonl").write_text("".join(
-        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
-
-
-def test_the_phases_are_read_from_the_eval_and_gauge_lines(tmp_path):
-    gauges = {"exact": 0.1, "loss": 2.0, "token_accuracy": 0.5,  # every reading's own
-              "restricted_loss": 2.0, "excluded_loss": 0.01, "fourier_sparsity": 0.3}
-    lines = [{"step": 100, "split": "train", "loss": 1.0},
-             {"step": 100, "split": "gauges", "train_exact": 0.5, **gauges},
-             {"step": 100, "split": "eval", "loss": 3.0, "exact_match": 0.1},
-             {"step": 200, "split": "gauges", "train_exact": 1.0, **gauges},
-             {"step": 200, "split": "eval", "loss": 3.0, "exact_match": 0.1},
-             {"step": 300, "split": "eval", "loss": 2.0, "exact_match": 0.3},
-             "not json", {"step": "x", "split": "eval", "exact_match": 0.9},
-             {"step": 400, "split": "eval", "loss": 1.0, "exact_match": 0.6},
-             {"step": 500, "split": "gauges", "train_exact": 1.0, **gauges,
-              "restricted_loss": 0.1},
-             {"step": 500, "split": "eval", "loss": 0.1, "exact_match": 0.995}]
-    write_metrics(tmp_path / "run", lines)
-    curves = read_phases(tmp_path / "run")
-    assert curves["held_out"] == [(100, 0.1), (200, 0.1), (300, 0.3), (400, 0.6), (500, 0.995)]
-    assert curves["restricted_loss"] == [(100, 2.0), (200, 2.0), (500, 0.1)]
-    assert phase_steps(curves) == {"memorised": 200, "jump_begins": 300, "grokked": 500}
-    found = draw_phases(tmp_path / "run", tmp_path / "phases.png")
-    assert found["phases"] == phase_steps(curves)
-    assert found["gauges"]["grokked"]["restricted_loss"] == 0.1
-    assert (tmp_path / "phases.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_modadd_run_writes_its_gauges_in_metrics_jsonl(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from minitfm.config import load_config, to_yaml
+from minitfm.errors import shown_path
 from minitfm.lab.many.grid import RunSpec, parse_seeds
 from minitfm.lab.many.results import by_configuration, result_row, write_results
 from minitfm.lab.many.seeds import configuration_rows
@@ -657,9 +658,9 @@ def test_stacked_against_unstacked_seconds_name_the_stack_and_only_what_differs(
     result = compare("--a", plain, "--b", stacked)
     assert result.exit_code == 0, result.stderr
     (line,) = [x for x in result.stderr.splitlines() if "seconds to target were" in x]
-    assert (f"(A: jobs side by side in the sweep {plain}; B: stacks of 4 runs in the sweep "
-            f"{stacked} (a run's seconds are its whole stack's)): their difference is no "
-            f"timing") in line, line
+    assert (f"(A: jobs side by side in the sweep {shown_path(plain)}; B: stacks of 4 runs in "
+            f"the sweep {shown_path(stacked)} (a run's seconds are its whole stack's)): their "
+            f"difference is no timing") in line, line
     assert "threads=" not in line  # the same on both sides: not named
     # Two sweeps that ran alike: no conditions to tell apart, no note listing the same twice.
     again = fake_sweep(tmp_path / "again", {"rope": SAME[:4]})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from minitfm.config import load_config
-from minitfm.errors import MinitfmError
+from minitfm.errors import MinitfmError, shown_path
 from minitfm.lab.many import ray_launcher, rayfolders
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.rayfolders import pack, receive
@@ -182,7 +182,8 @@ def test_a_run_that_failed_on_ray_is_reported_failed_and_the_sweep_goes_on(sweep
     for job, result in zip(jobs, results):
         scheduler.finish(job, result, stopping=False)
     assert said[0].startswith(f"failed: r1; {NOT_A_RUN}'r1' in its archive is"), said
-    assert said[1] == f"failed: r2 (exit 2); see {sweep / 'r2.log'}: error: --samples (0) is " \
+    assert said[1] == f"failed: r2 (exit 2); see {shown_path(sweep / 'r2.log')}: error: " \
+                      f"--samples (0) is " \
                       f"below 1", said
     assert said[2].startswith("failed: r3; its Ray task failed: TypeError: bad work"), said
     assert "TypeError: bad work" in (sweep / "r3.log").read_text()

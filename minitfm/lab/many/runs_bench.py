@@ -6,12 +6,16 @@ steps, a train line every 25, gauges every 10, an evaluation every 100: 45 lines
 metrics.jsonl, config.yaml and summary.json), half of them in sweep folders of 50 runs (each
 run with its eval-A-B.json), half on their own; then times each command as a user runs it, a
 process from start to exit (Python's start and the imports included), REPEATS times, and
-prints the median and the slowest. The folders are removed afterwards. No torch here.
+prints the median and the slowest, with the median CPU time and the load average (on a busy
+machine the CPU time is nearer what it takes alone). The folders are removed afterwards. No
+torch here.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -80,14 +84,21 @@ def fake_runs(root: Path, n: int) -> None:
             fake_run(root / f"run-{i}", i, False)
 
 
-def timed(args: list[str]) -> float:
-    """Seconds a `minitfm ARGS` process takes, start to exit; it must succeed."""
-    start = time.perf_counter()
+def timed(args: list[str]) -> tuple[float, float]:
+    """Seconds a `minitfm ARGS` process takes, start to exit, and the CPU seconds it used (on
+    a busy machine, nearer what it would take alone); it must succeed."""
+    used, start = children_cpu(), time.perf_counter()
     done = subprocess.run([*python_module("minitfm"), *args], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"minitfm {' '.join(args)} failed: {done.stderr.strip()}")
-    return seconds
+    return seconds, children_cpu() - used
+
+
+def children_cpu() -> float:
+    """CPU seconds (user and system) of the processes this one has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(n: int) -> None:
@@ -95,10 +106,13 @@ def main(n: int) -> None:
         root = Path(folder) / "runs"
         fake_runs(root, n)
         print(f"{n} run folders under {root} (the default config's shape)")
+        print(f"load average {' '.join(f'{n:.1f}' for n in os.getloadavg())} on "
+              f"{os.cpu_count()} cores")
         for args in COMMANDS:
             times = [timed(["runs", str(root), *args, "--json"]) for _ in range(REPEATS)]
-            print(f"minitfm runs DIR {' '.join(args)} --json: median {median(times):.2f} s, "
-                  f"slowest {max(times):.2f} s ({REPEATS} runs)")
+            wall, cpu = [t for t, _ in times], [c for _, c in times]
+            print(f"minitfm runs DIR {' '.join(args)} --json: median {median(wall):.2f} s, "
+                  f"slowest {max(wall):.2f} s, median CPU {median(cpu):.2f} s ({REPEATS} runs)")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def runs_command(
     group_by: list[str] | None = option(RunsOptions, "group_by"),
     as_json: bool = json_option("Print a JSON list instead of a table."),
 ) -> None:
-    """List the runs: task, changes from the defaults, steps, best exact match, status."""
+    """List the runs: task, changes from the defaults, steps, best exact match, status; those
+    with given settings (--where), or a row of figures per value of some keys (--group-by)."""
     from minitfm.lab.many import query
     from minitfm.lab.many.runs import describe_run, list_runs
 
@@ -88,32 +89,37 @@ def runs_table(rows: list[dict[str, Any]], title: str, sweep: str = "") -> Table
     """The rows of `runs.list_runs`: a run's name and, below it, its task and changes from the
     defaults (short names: `lr=0.005, positional=rope`); steps, best exact match, wall time,
     status. A sweep's runs come under its folder's name (`sweep`: that of the sweep listed,
-    whose runs the rows are), which carries the changes they all share; each run, the others.
-    Every cell is text as read from the run's files, control
-    characters escaped; a long one wraps in its column."""
+    whose runs the rows are), with its task and the changes they all share; each run says the
+    others. Every cell is text as read from the run's files, control characters escaped; a
+    long one folds in its column, never cut (`model.positiona…` would say nothing)."""
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("run: task, changes", overflow="fold", max_width=RUN_WIDTH)
     for column in ("steps", "best", "wall s"):
-        table.add_column(column, justify="right", no_wrap=True)
+        table.add_column(column, justify="right", no_wrap=True, overflow="fold")
     table.add_column("status", overflow="fold", max_width=11)  # `stopped at` over `target`
     for folder, runs in by_sweep(rows, sweep):
         shared: dict[str, Any] = {}
-        tasks = {"?" if row["task"] is None else str(row["task"]) for row in runs}
-        task = tasks.pop() if len(tasks) == 1 else None  # said once, a sweep's on its heading
+        tasks = {task_of(row) for row in runs}
+        said_above = bool(folder) and len(tasks) == 1  # the sweep's task, on its heading
         if folder:
             shared = {key: value for key, value in runs[0]["changes"].items()
                       if all(row["changes"].get(key, object()) == value for row in runs)}
-            table.add_row(described(f"{folder}/", 0, changes_line(shared, task)))
+            table.add_row(described(f"{folder}/", 0, changes_line(
+                shared, tasks.pop() if said_above else None)))
         for row in runs:
             best, wall_s = row["best_exact_match"], row["wall_s"]
             left = {key: value for key, value in row["changes"].items() if key not in shared}
-            said = None if folder and task is not None else "?" if row["task"] is None \
-                else str(row["task"])
-            table.add_row(described(row["name"].rpartition("/")[2] if folder else row["name"],
-                                    2 if folder else 0, changes_line(left, said)),
+            name = row["name"].rpartition("/")[2] if folder else row["name"]
+            table.add_row(described(name, 2 if folder else 0,
+                                    changes_line(left, None if said_above else task_of(row))),
                           str(row["step"]), "-" if best is None else f"{best:.1%}",
                           "-" if wall_s is None else f"{wall_s:.1f}", row["status"])
     return table
+
+
+def task_of(row: dict[str, Any]) -> str:
+    """A row's task, `?` when its config could not be read."""
+    return "?" if row["task"] is None else str(row["task"])
 
 
 def by_sweep(rows: list[dict[str, Any]], sweep: str) -> list[tuple[str, list[dict[str, Any]]]]:

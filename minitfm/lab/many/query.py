@@ -50,8 +50,7 @@ def run_record(run_dir: Path, root: Path) -> dict[str, Any]:
                 "status": outcome["status"],
                 "updated": updated(latest if latest.is_file() else run_dir / "config.yaml")}
     if "config" not in outcome:  # unreadable: `note` says why
-        return {**identity, "seed": None, **({"note": outcome["note"]} if "note" in outcome
-                                             else {})}
+        return {**identity, **({"note": outcome["note"]} if "note" in outcome else {})}
     record = {**identity, **plain(outcome["config"])}
     record.update(plain(flatten(read_summary(run_dir) or {}, "summary.")))
     record.update(exact_match=outcome["exact_match"], reached=outcome["reached"])

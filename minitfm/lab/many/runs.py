@@ -138,7 +138,7 @@ def updated(path: Path) -> str:
 
 
 def list_runs(root: Path, describe=describe_run) -> list[dict[str, Any]]:
-    """Every run under `root` as `describe(run_dir, root)` gives it (a row with `name`,
+    """Every run under `root` as `describe(run_dir, root)` gives it (a row with `run_dir`,
     `status`, `seed` and `updated`), oldest activity first; the runs of a sweep together
     (where its latest activity falls), in order of seed, then of name, however they
     finished."""
@@ -156,6 +156,6 @@ def sweep_of(run_dir: Path) -> Path | None:
 
 def seed_then_name(row: dict[str, Any]) -> tuple:
     """A row's place among its sweep's: its seed (an unreadable run's is not known: after the
-    others), then its name."""
+    others), then its name (its folder's)."""
     seed = None if row["status"] == UNREADABLE else row.get("seed")
-    return (seed is None, seed if isinstance(seed, int) else 0, row["name"])
+    return (seed is None, seed if isinstance(seed, int) else 0, row["run_dir"])

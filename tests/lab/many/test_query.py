@@ -20,12 +20,12 @@ from tests.lab.many.fakes import fake_run, fake_sweep
 
 @pytest.fixture
 def runs(tmp_path) -> Path:
-    """runs/: two lone runs (lr 0.005 and 0.01) and a sweep over lr and seeds 2, 0, 1."""
+    """runs/: two lone runs (lr 0.005 and 0.01) and a sweep over lr and seeds 2, 0, 10."""
     root = tmp_path / "runs"
     fake_run(root / "lone-a", ["train.lr=0.005", "seed=7"], None, 0.5, when=1e9)
     fake_run(root / "lone-b", ["train.lr=0.01"], 150, 0.995, when=1.5e9)
     fake_sweep(root / "sweep-x", {f"lr={lr},seed={seed}": [f"train.lr={lr}", f"seed={seed}"]
-                                  for lr in ("0.005", "0.01") for seed in (2, 0, 1)})
+                                  for lr in ("0.005", "0.01") for seed in (2, 0, 10)})
     return root
 
 
@@ -37,9 +37,9 @@ def listed(*args) -> list[dict]:
 
 def test_where_finds_runs_across_lone_runs_and_sweeps_a_sweeps_runs_by_seed(runs):
     names = [row["name"] for row in listed(runs, "--where", "train.lr=0.005")]
-    assert names == ["lone-a", *(f"sweep-x/lr=0.005,seed={seed}" for seed in (0, 1, 2))]
-    inside = listed(runs / "sweep-x", "--where", "seed=1")  # a sweep folder's own runs
-    assert [row["name"] for row in inside] == ["lr=0.005,seed=1", "lr=0.01,seed=1"]
+    assert names == ["lone-a", *(f"sweep-x/lr=0.005,seed={seed}" for seed in (0, 2, 10))]
+    inside = listed(runs / "sweep-x", "--where", "seed=10")  # a sweep folder's own runs
+    assert [row["name"] for row in inside] == ["lr=0.005,seed=10", "lr=0.01,seed=10"]
     both = listed(runs, "--where", "train.lr=0.01", "--where", "seed=0")
     assert [row["name"] for row in both] == ["lone-b", "sweep-x/lr=0.01,seed=0"]  # seed 0: the
     assert both[1]["step"] == 104 and both[1]["status"] == "stopped at target"  # default
@@ -76,7 +76,7 @@ def test_group_by_gives_each_groups_figures_as_the_statistics_helpers_do(runs):
         == pytest.approx([rate.mean, rate.lo, rate.hi])
     pairs = listed(runs, "--where", "train.lr=0.01", "--group-by", "seed", "--group-by",
                    "train.lr")
-    assert [(g["seed"], g["n"]) for g in pairs] == [(0, 2), (1, 1), (2, 1)]  # lone-b: seed 0
+    assert [(g["seed"], g["n"]) for g in pairs] == [(0, 2), (2, 1), (10, 1)]  # lone-b: seed 0
     table = run_cli("runs", runs, "--group-by", "train.lr")
     assert table.exit_code == 0 and "8 runs under" in table.stdout
     assert "3/4" in table.stdout and "4/4" in table.stdout
@@ -126,3 +126,19 @@ def test_a_records_keys_are_flat_and_its_gauges_the_last(runs):
     assert record["reached"] is True and record["per_length.6"] == pytest.approx(0.935)
     assert record["gauges.step"] == 100 and record["gauges.align"] == 0.1
     assert "gauges.positions" not in record and "gauges.split" not in record
+
+
+@pytest.mark.parametrize("file, content", [
+    ("config.yaml", "a: [\n"), ("config.yaml", "[1]\n"), ("summary.json", "{status"),
+    ("metrics.jsonl", '{"step": 1, "split": "gauges", "exact": 7}\n' + "x" * 70_000),
+])
+def test_a_damaged_run_is_counted_not_crashed_on(runs, file, content):
+    (runs / "lone-b" / file).write_text(content)
+    [record] = [r for r in load_records(runs) if r["run"] == "lone-b"]
+    if file == "metrics.jsonl":  # the summary and config still say it all; no gauges
+        assert record["status"] == "stopped at target" and "gauges.step" not in record
+    else:
+        assert record["status"] == "unreadable" and record["note"]
+    result = run_cli("runs", runs, "--group-by", "train.lr")
+    assert result.exit_code == 0 and "Traceback" not in result.stdout + result.stderr
+    assert "8 runs under" in result.stdout

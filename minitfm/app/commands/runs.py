@@ -58,8 +58,9 @@ def runs_command(
     if as_json:
         print(to_json(groups, default=str))
     else:
-        show(groups_table(groups, group_by, f"{len(chosen)} {title(folder, where)}, by "
-                                            f"{', '.join(group_by)}"))
+        count = f"{len(chosen)} run{'' if len(chosen) == 1 else 's'}"
+        show(groups_table(groups, group_by, f"{title(folder, where)}, by "
+                                            f"{', '.join(group_by)} ({count})"))
 
 
 def print_runs(rows: list[dict[str, Any]], folder: Path, heading: str, as_json: bool,

@@ -78,7 +78,7 @@ def test_group_by_gives_each_groups_figures_as_the_statistics_helpers_do(runs):
                    "train.lr")
     assert [(g["seed"], g["n"]) for g in pairs] == [(0, 2), (2, 1), (10, 1)]  # lone-b: seed 0
     table = run_cli("runs", runs, "--group-by", "train.lr")
-    assert table.exit_code == 0 and "8 runs under" in table.stdout
+    assert table.exit_code == 0 and ", by train.lr (8 runs)" in table.stdout
     assert "3/4" in table.stdout and "4/4" in table.stdout
 
 
@@ -141,4 +141,4 @@ def test_a_damaged_run_is_counted_not_crashed_on(runs, file, content):
         assert record["status"] == "unreadable" and record["note"]
     result = run_cli("runs", runs, "--group-by", "train.lr")
     assert result.exit_code == 0 and "Traceback" not in result.stdout + result.stderr
-    assert "8 runs under" in result.stdout
+    assert "(8 runs)" in result.stdout

@@ -11,5 +11,6 @@
 - `text.py`: text from users and files made safe for the terminal;
 - `progress.py`: live training progress;
 - `api.py`: the Python API (`from minitfm import load_run, train`);
+- `run_table.py`: its table of runs (`minitfm.load_runs`: a pandas DataFrame), without torch;
 - `reference.py`: a reference trainer in a process of its own, for `minitfm bench --solve`.
 """

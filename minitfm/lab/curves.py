@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ NUMBERS = {"train": ("loss",), "eval": ("loss", "exact_match"),  # what plot and
            "gauges": ("exact", "loss", "token_accuracy")}  # and the explorer (lab/watch/gauges)
 FRACTIONS = {"eval": ("exact_match",), "gauges": ("exact", "token_accuracy")}  # within 0..1
 LAST_STEP = 10**9  # train.steps' limit: no record minitfm writes has a later step
+TAIL_BLOCK = 65_536  # bytes `last_record` reads at a time, from the end of metrics.jsonl
+TAIL_LIMIT = 1_000_000  # and at most, however far back the record it looks for lies
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -54,6 +57,37 @@ def scan_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[int]]:
         shown = f"'{path}'"
         raise CheckpointError(unreadable(shown, err)) from None
     return records, bad
+
+
+def last_record(run_dir: Path, split: str) -> dict[str, Any] | None:
+    """The last record of `split` (train, eval, gauges) in `metrics.jsonl`, read from the end
+    of the file a block at a time: a listing of hundreds of runs reads each one's tail, not its
+    history. None when there is no such file, or no such record in its last TAIL_LIMIT bytes.
+    Lines that hold no record are passed over (`scan_metrics` counts them), a torn last line
+    too; a file that cannot be read is a CheckpointError saying why."""
+    path = run_dir / "metrics.jsonl"
+    try:
+        with open_run_file(path, "rb") as f:
+            end = position = f.seek(0, os.SEEK_END)
+            rest = b""  # the start of a line whose beginning lies in the block before
+            while position > 0 and end - position < TAIL_LIMIT:
+                size = min(TAIL_BLOCK, position)
+                position -= size
+                f.seek(position)
+                lines = (f.read(size) + rest).split(b"\n")
+                rest = lines.pop(0) if position > 0 else b""
+                for line in reversed(lines):
+                    record = parse_record(line.decode("utf-8", errors="replace")) \
+                        if len(line) <= MAX_LINE else None
+                    if record is not None and record["split"] == split:
+                        return record
+                if len(rest) > MAX_LINE:  # a huge line costs no memory: what is kept of it
+                    rest = b"x"  # ends no JSON object, so the line is skipped
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise CheckpointError(unreadable(f"'{path}'", err)) from None
+    return None
 
 
 def capped_lines(f) -> Iterator[tuple[str, bool]]:

@@ -1,5 +1,5 @@
 """The options of the lab's commands, one dataclass per command: those that look at a trained
-run, and the sweep.
+run, the sweep, and the runs.
 
 Each field states its option once: the default, the bounds (`low`..`high`, for numbers) and the
 help text. The command line builds its Typer options from them (`app/parameters.py`, `option`),
@@ -159,6 +159,21 @@ class SweepOptions:
     skip_invalid: bool = option(False, "Leave out the combinations that fail validation instead "
                                 "of refusing the grid (e.g. positional none beside a number of "
                                 "random positions).", flags=("--skip-invalid",))
+
+
+@dataclass(frozen=True)
+class RunsOptions:
+    """`minitfm runs`: which runs, and gathered by which keys."""
+
+    where: list[str] | None = option(None, "Only the runs whose KEY has this value, compared as "
+                                     "typed values (train.lr=5e-3 is train.lr=0.005); any config "
+                                     "key, summary.KEY, gauges.KEY, status, exact_match... "
+                                     "(repeatable: all must hold).", flags=("--where",),
+                                     metavar="KEY=VALUE")
+    group_by: list[str] | None = option(None, "A row per value of KEY (repeatable: per "
+                                        "combination): n, held-out exact match, runs at target "
+                                        "and steps, each with its 95% interval.",
+                                        flags=("--group-by",), metavar="KEY")
 
 
 def stack_sizes(text: str | None) -> list[int]:

@@ -92,12 +92,13 @@ SUMMARY_NUMBERS = {"step": (int, 0, 10**9), "steps": (int, 1, 10**9),
 
 def read_run_config(run_dir: Path) -> dict[str, Any] | None:
     """The run's `config.yaml` as plain data (None when it has none), read as a user's config
-    is (`yamlfile.load_yaml`: capped size, aliases bounded): a mapping of sections."""
+    is (`yamlfile.load_yaml`: capped size, aliases bounded; parsed by libyaml where there is
+    one, as listings read hundreds): a mapping of sections."""
     text = read_small(Path(run_dir) / "config.yaml", MAX_CONFIG_BYTES)
     if text is None:
         return None
     try:
-        data = load_yaml(text)
+        data = load_yaml(text, fast=True)
     except yaml.MarkedYAMLError as err:
         raise CheckpointError(f"config.yaml is not valid YAML at line {error_line(err)} "
                               f"({err.problem})") from None

@@ -1,4 +1,5 @@
-"""The lab's wing for many runs: `minitfm runs` (`runs.py`), `minitfm plot` (`plots.py`), `minitfm
+"""The lab's wing for many runs: `minitfm runs` (`runs.py`; its runs found by their settings
+and grouped in `query.py`, timed in `runs_bench.py`), `minitfm plot` (`plots.py`), `minitfm
 sweep` (`sweep.py`, with its grid in `grid.py`, its folder in `sweep_folder.py`, its jobs in
 `scheduler.py`, its runs of one shape stacked in `stacking.py`, its results in `results.py` and
 each configuration's seeds together in `seeds.py`; on Ray, its jobs as tasks in

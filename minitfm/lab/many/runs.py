@@ -24,8 +24,8 @@ from minitfm.run.summary import UNREADABLE, load_summary, read_run_config, run_s
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
 # where a run went, how fast, and where it is watched: not what it is
 HIDDEN_KEYS = ("name", "log.dir", "threads", "log.mlflow")
-NOTHING_READ = {"task": None, "changes": {}, "step": 0, "best_exact_match": None, "wall_s": None,
-                "status": UNREADABLE, "updated": ""}  # the row of a run that cannot be read
+NOTHING_READ = {"task": None, "changes": {}, "seed": None, "step": 0, "best_exact_match": None,
+                "wall_s": None, "status": UNREADABLE, "updated": ""}  # a run that cannot be read
 
 
 def read_record(folder: Path) -> dict[str, Any] | None:
@@ -102,6 +102,7 @@ def describe_run(run_dir: Path, root: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "task": config.get("task", {}).get("name", "reverse") if config else None,
         "changes": changed_keys(config),
+        "seed": config.get("seed", Config.model_fields["seed"].default) if config else None,
         "step": summary.get("step", metrics[-1]["step"] if metrics else 0),
         "best_exact_match": max(evals) if evals else None,
         "wall_s": summary.get("wall_s", metrics[-1].get("elapsed_s") if metrics else None),
@@ -136,20 +137,25 @@ def updated(path: Path) -> str:
         return ""
 
 
-def list_runs(root: Path) -> list[dict[str, Any]]:
-    """Every run under `root`, oldest activity first; the runs of a sweep together (where its
-    latest activity falls), in order of seed, then of name, however they finished."""
+def list_runs(root: Path, describe=describe_run) -> list[dict[str, Any]]:
+    """Every run under `root` as `describe(run_dir, root)` gives it (a row with `run_dir`,
+    `status`, `seed` and `updated`), oldest activity first; the runs of a sweep together
+    (where its latest activity falls), in order of seed, then of name, however they
+    finished."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for run in find_runs(root):
-        folder = run.parent if (run.parent / SWEEP_FILE).is_file() else run
-        groups.setdefault(str(folder), []).append(describe_run(run, root))
+        groups.setdefault(str(sweep_of(run) or run), []).append(describe(run, root))
     ordered = sorted(groups.values(), key=lambda rows: max(row["updated"] for row in rows))
     return [row for rows in ordered for row in sorted(rows, key=seed_then_name)]
 
 
+def sweep_of(run_dir: Path) -> Path | None:
+    """The sweep folder that holds the run, None for a run of its own."""
+    return run_dir.parent if (run_dir.parent / SWEEP_FILE).is_file() else None
+
+
 def seed_then_name(row: dict[str, Any]) -> tuple:
-    """A row's place among its sweep's: its seed (the default where unchanged; an unreadable
-    run's is not known: after the others), then its name."""
-    default = Config.model_fields["seed"].default
-    seed = None if row["status"] == UNREADABLE else row["changes"].get("seed", default)
-    return (seed is None, seed if isinstance(seed, int) else 0, row["name"])
+    """A row's place among its sweep's: its seed (an unreadable run's is not known: after the
+    others), then its name (its folder's)."""
+    seed = None if row["status"] == UNREADABLE else row.get("seed")
+    return (seed is None, seed if isinstance(seed, int) else 0, row["run_dir"])

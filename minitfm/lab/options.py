@@ -145,8 +145,8 @@ class SweepOptions:
                               "characters than letters, digits, '_', '-', '.' as '_').",
                               metavar="NAME")
     out: Path | None = option(None, "Sweep folder: a new or empty one, or this sweep's own "
-                              "(default: a new sweep-<name>-<changes>-<time> in log.dir, "
-                              "<changes> what the grid changes in the config, e.g. lr0.005, "
+                              "(default: a new one in log.dir named sweep-NAME-DIFF-TIME, "
+                              "DIFF what the grid changes in the config, e.g. lr0.005, "
                               "or the one that holds this same grid and base config).")
     on: str = option("local", "Where the jobs run: local (processes of this machine) or ray "
                      "(tasks on a Ray cluster: --ray-address, else $RAY_ADDRESS, else a Ray "

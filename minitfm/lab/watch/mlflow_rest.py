@@ -238,21 +238,25 @@ class RestClient:
         for name, data in files.items():
             path = urllib.parse.quote("/".join(part for part in (folder, name) if part))
             kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
-            self.call("PUT", f"{where}/{path}", data=data, kind=kind)
+            self.tried("PUT", f"{where}/{path}", data, kind, safe=True)
 
     def call(self, method: str, endpoint: str, body: dict | None = None, *,
-             query: dict | None = None, data: bytes | None = None,
-             kind: str = "application/json", safe: bool = True) -> dict[str, Any]:
-        """One call's answer, as JSON ({} when empty), tried again as MLflow's client does (see
-        the module docstring); `safe`: the call may be done twice (a read, a log-batch, which
-        the server does once). `endpoint`: a path on the server, or a whole URL."""
-        url = endpoint if "://" in endpoint else self.base + endpoint
-        url += f"?{urlencode(query)}" if query else ""
-        if body is not None:
-            data = json.dumps(body).encode("utf-8")
-        retried = TRANSIENT if safe else UNPROCESSED
-        for attempt in range(self.settings.retries + 1):
-            last, wait = attempt == self.settings.retries, None
+             query: dict | None = None, safe: bool = True) -> dict[str, Any]:
+        """The answer to a call of the API at `endpoint` (a path on the server) with `body` as
+        JSON, or `query`; `safe`: the call may be done twice (a read, a log-batch, which the
+        server does once)."""
+        url = self.base + endpoint + (f"?{urlencode(query)}" if query else "")
+        data = json.dumps(body).encode("utf-8") if body is not None else None
+        return self.tried(method, url, data, "application/json", safe)
+
+    def tried(self, method: str, url: str, data: bytes | None, kind: str,
+              safe: bool) -> dict[str, Any]:
+        """The answer to `data` sent to `url` as `kind`, as JSON ({} when empty), tried again
+        as MLflow's client does (see the module docstring and `call`)."""
+        endpoint = urlsplit(url).path
+        retried, failures = (TRANSIENT if safe else UNPROCESSED), 0
+        while True:
+            last, wait = failures == self.settings.retries, None
             try:
                 return self.send(method, url, data, kind)
             except urllib.error.HTTPError as err:
@@ -266,8 +270,8 @@ class RestClient:
             except (OSError, http.client.HTTPException) as err:  # the answer cut: done or not
                 if not safe or last:
                     raise TrackerError(f"{method} {endpoint}: {reason(err)}") from None
-            time.sleep(wait if wait is not None else self.backoff(attempt + 1))
-        raise AssertionError("unreachable: the last try returns or raises")
+            failures += 1
+            time.sleep(wait if wait is not None else self.backoff(failures))
 
     def send(self, method: str, url: str, data: bytes | None, kind: str) -> dict[str, Any]:
         headers = {**self.settings.headers, **({"Content-Type": kind} if data else {})}

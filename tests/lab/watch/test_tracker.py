@@ -340,6 +340,29 @@ def test_a_sweep_is_one_parent_run_with_its_runs_as_children(server, experiment,
     assert run_id_of(out) == parent_id and len(runs_of(client, experiment)) == 5
 
 
+@pytest.mark.slow
+def test_a_local_store_takes_the_same_run_through_mlflow_s_client(experiment, tmp_path,
+                                                                  monkeypatch):
+    needs_mlflow()
+    monkeypatch.chdir(tmp_path)  # the store's files go to ./mlruns
+    store, run = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    first = run_cli("train", *QUICK, "train.steps=30", "log.attention_every=25",
+                    f"log.mlflow={store}", "--run-dir", run)
+    again = run_cli("train", "--resume", run, "train.steps=50")  # continues the run there too
+    for result in (first, again):
+        assert result.exit_code == 0 and "warning: MLflow" not in result.stderr, result.stderr
+    client = client_of(store)
+    [logged] = runs_of(client, experiment)
+    assert logged.info.run_id == run_id_of(run) and logged.info.status == "FINISHED"
+    assert logged.data.tags["resumed.train.steps"] == "50" and logged.data.tags["task"] == "copy"
+    assert logged_metrics(client, logged.info.run_id) == expected_metrics(run)
+    names = {f.path for f in client.list_artifacts(logged.info.run_id, "attention")}
+    assert names == {f"attention/copy-step{step}-{kind}.png" for step in (30, 50)
+                     for kind in ("encoder", "decoder", "cross")}  # each run's last snapshot
+    local = Path(client.download_artifacts(logged.info.run_id, "", str(tmp_path / "back")))
+    assert (local / "summary.json").read_bytes() == (run / "summary.json").read_bytes()
+
+
 # Put first on a Python's path (PYTHONPATH), this sitecustomize records, as the process ends
 # (`minitfm`'s exit runs the atexit handlers), its command line and the mlflow modules it holds.
 WATCH_IMPORTS = """import atexit, json, os, sys

@@ -41,7 +41,8 @@ class StandIn(BaseHTTPRequestHandler):
         self.reply(200, {"/api/2.0/mlflow/experiments/get-by-name":
                          {"experiment": {"experiment_id": "7", "lifecycle_stage": "active"}},
                          "/api/2.0/mlflow/experiments/create": {"experiment_id": "7"},
-                         "/api/2.0/mlflow/runs/create": {"run": run}}.get(path, {}))
+                         "/api/2.0/mlflow/runs/create": {"run": run},
+                         "/api/2.0/mlflow/runs/get": {"run": run}}.get(path, {}))
 
     def reply(self, status: int, answer: dict) -> None:
         data = json.dumps(answer).encode()
@@ -182,6 +183,28 @@ def test_a_server_that_takes_no_files_is_one_warning_and_the_rest_is_logged(tmp_
     logged = {m["key"] for _, path, _, body in httpd.requests
               if path.endswith("/log-batch") for m in body["metrics"]}
     assert {"train/loss", "eval/exact_match", "summary/best_exact_match"} <= logged
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_server_that_takes_no_files_says_so_once(tmp_path):
+    out = tmp_path / "sweep"
+    with stand_in(artifact_uri="/srv/mlruns/7/r1/artifacts") as (uri, httpd):
+        result = run_cli("sweep", *QUICK, "train.steps=20", "log.tensorboard=false",
+                         f"log.mlflow={uri}", "--seeds", "0,1", "--out", out)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert result.stderr.strip() == (
+        f"warning: MLflow at {uri} does not take files (the run's go to "
+        f"/srv/mlruns/7/r1/artifacts, where only MLflow's client writes): the sweep's files "
+        f"stay in {out} only; start the server serving artifacts (mlflow server does unless "
+        f"--no-serve-artifacts)")
+    assert not [r for r in httpd.requests if r[0] == "PUT"]
+    parents = [body["tags"] for _, path, _, body in httpd.requests
+               if path.endswith("/runs/create")]
+    assert len(parents) == 3 and sum({"key": "mlflow.parentRunId", "value": "r1"} in tags
+                                     for tags in parents) == 2  # the sweep's, its two runs'
+    ended = [body["status"] for _, path, _, body in httpd.requests
+             if path.endswith("/runs/update")]
+    assert ended == ["FINISHED"] * 3
 
 
 def test_a_wrong_mlflow_variable_is_one_line_before_anything_is_written(tmp_path, monkeypatch):

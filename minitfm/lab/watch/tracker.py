@@ -1,6 +1,7 @@
 """MLflow: each run as an MLflow run when log.mlflow names a tracker (docs/experiments.md#mlflow),
-on a thread of its own, the one that imports mlflow (which tracker, whether it answers, its
-client and a sweep's own run are `tracking.py`'s).
+on a thread of its own (which tracker, whether it answers, its client and a sweep's own run are
+`tracking.py`'s: a server's client speaks its REST API, and mlflow is imported only for a local
+store, on this thread).
 
 What a run logs (`MlflowTracker`): its resolved config flattened as params (`train.lr`), `seed`
 and `task` as tags, config.yaml as an artifact; every number of metrics.jsonl as a metric by
@@ -13,13 +14,14 @@ named as the run folder, in the experiment MLFLOW_EXPERIMENT_NAME, else the conf
 went there: `train --resume` continues that run from the next line. A sweep's runs are the
 children of the sweep's own MLflow run (`tracking.SweepRun`), whose id they find in PARENT_ENV.
 
-Training never waits for the tracker: a `Sender` thread imports mlflow, reads the lines
-metrics.jsonl gained every POLL_S seconds (the file is the queue: nothing piles up in memory)
-and sends each batch in one call; the training thread hands it the end, and nothing else. A
-tracker server that does not answer is refused before the run folder is made (one line, exit 2);
-one that fails later ends the logging, said once in a `warning:` line, and the run goes on
-(metrics.jsonl, and TensorBoard, keep every record). At the end the thread has FLUSH_S seconds to
-send the rest; it is a daemon thread, so a tracker that hangs never holds the process.
+Training never waits for the tracker: a `Sender` thread reads the lines metrics.jsonl gained
+every POLL_S seconds (the file is the queue: nothing piles up in memory), sends each batch in
+one call and sleeps between; the training thread hands it the end, and nothing else. A tracker
+server that does not answer is refused before the run folder is made (one line, exit 2); one
+that fails later ends the logging, said once in a `warning:` line, and the run goes on
+(metrics.jsonl, and TensorBoard, keep every record); one that takes no files says so once. At
+the end the thread has FLUSH_S seconds to send the rest; it is a daemon thread, so a tracker
+that hangs never holds the process.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import math
 import os
 import queue
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,8 +49,8 @@ from minitfm.lab.watch.tracking import (
     param_text,
     python_warning,
     read_record,
-    terminate,
     tracking_uri,
+    unserved,
     write_record,
 )
 from minitfm.run.instruments import (
@@ -97,13 +98,13 @@ def config_params(cfg: Config) -> dict[str, str]:
 class MlflowTracker(Instrument):
     """Logs the run to MLflow when log.mlflow names a tracker (see the module docstring); its
     pictures are the snapshots of `attention` (None: no pictures); `warn` says in a line that
-    the tracker failed, once."""
+    the tracker failed, or took no files, once each."""
 
     def __init__(self, attention=None, warn: Callable[[str], None] | None = None):
         self.attention, self.warn = attention, warn or python_warning
         self.sender: Sender | None = None
         self.snapshot = None  # the latest attention snapshot, drawn at the end
-        self.said = False
+        self.said: set[str] = set()  # what was said of the thread's: failure, unserved
 
     def on_prepare(self, preparing: Preparing) -> None:
         """Refuse a tracker that cannot work before anything is written (see `check_tracker`)."""
@@ -123,10 +124,10 @@ class MlflowTracker(Instrument):
             self.snapshot = self.attention.take(due.step, due.model)  # the recorder's, taken
 
     def on_train_line(self, line: TrainLine) -> None:
-        self.say_failure()
+        self.say()
 
     def on_evaluation(self, evaluation: Evaluation) -> None:
-        self.say_failure()
+        self.say()
 
     def on_end(self, ended: Ended) -> None:
         """The summary and the pictures to the thread; wait up to FLUSH_S for it to end."""
@@ -146,14 +147,17 @@ class MlflowTracker(Instrument):
             after = f" after step {sender.step}" if sender.step is not None else ""
             sender.failure = (f"did not take this run's records{after} within {FLUSH_S:g} s of "
                               f"its end: metrics.jsonl has them")
-        self.say_failure(sender)
+        self.say(sender)
 
-    def say_failure(self, sender: Sender | None = None) -> None:
-        """The thread's failure, said once."""
+    def say(self, sender: Sender | None = None) -> None:
+        """That the tracker took no files, and the thread's failure, each said once."""
         sender = sender or self.sender
-        if sender is not None and sender.failure is not None and not self.said:
-            self.said = True
-            self.warn(f"MLflow at {sender.uri} {sender.failure}")
+        if sender is None:
+            return
+        for kind, text in (("unserved", sender.unserved), ("failure", sender.failure)):
+            if text is not None and kind not in self.said:
+                self.said.add(kind)
+                self.warn(text if kind == "unserved" else f"MLflow at {sender.uri} {text}")
 
 
 class Sender(threading.Thread):
@@ -166,7 +170,8 @@ class Sender(threading.Thread):
         self.uri, self.run_dir, self.cfg, self.task, self.parent = uri, run_dir, cfg, task, parent
         self.ends: queue.Queue = queue.Queue(maxsize=1)  # the one thing the run hands over
         self.failure: str | None = None
-        self.client = self.run_id = None
+        self.unserved: str | None = None  # the warning that the tracker takes no files
+        self.client = self.mlflow_run = None  # MLflow's client; the run's (`Found`)
         self.lines = 0  # lines of metrics.jsonl sent
         self.offset = 0  # bytes of metrics.jsonl read
         self.step: int | None = None  # the step of the last record sent
@@ -194,54 +199,53 @@ class Sender(threading.Thread):
             self.failure = (f"stopped taking this run's records{after} ({brief(err)}): the run "
                             f"goes on without it, and metrics.jsonl keeps every record")
 
+    @property
+    def run_id(self) -> str:
+        return self.mlflow_run.run_id
+
     def open_run(self) -> None:
         """The MLflow run of mlflow.json, continued (a resume), else a new one."""
         record = read_record(self.run_dir)
-        found = existing_run(self.client, record.get("run_id"))
-        if found is None:
-            self.run_id, self.lines = self.new_run(), 0
+        self.mlflow_run = existing_run(self.client, record.get("run_id"))
+        if self.mlflow_run is None:
+            self.mlflow_run, self.lines = self.new_run(), 0
         else:
-            self.run_id, self.lines = found.info.run_id, record.get("lines", 0)
-            self.client.update_run(self.run_id, "RUNNING")
-            self.resume_params(found.data.params)
+            self.lines = record.get("lines", 0)
+            self.client.update(self.run_id, "RUNNING")
+            self.resume_params(self.mlflow_run.params)
         # a resume keeps the lines up to its checkpoint (`rundir.drop_records_after`)
         self.offset, self.lines = line_end(self.run_dir / "metrics.jsonl", self.lines)
         self.write_record()
-        self.client.log_artifact(self.run_id, str(self.run_dir / "config.yaml"))
+        self.send_files({"config.yaml": (self.run_dir / "config.yaml").read_bytes()})
 
-    def new_run(self) -> str:
+    def new_run(self):
         """A new MLflow run: named as the run folder, `seed` and `task` as tags, the config as
         params; under the parent's run (and in its experiment) where there is one."""
-        from mlflow.entities import Param
-
         client, cfg = self.client, self.cfg
         tags = {"seed": str(cfg.seed), "task": cfg.task.name,
                 "minitfm.run_dir": str(self.run_dir.resolve())}
         if self.parent:
-            experiment = client.get_run(self.parent).info.experiment_id
-            tags["mlflow.parentRunId"] = self.parent
+            parent = client.run(self.parent)
+            if parent is None:
+                raise LookupError(f"the sweep's run {self.parent} is not there")
+            experiment, tags["mlflow.parentRunId"] = parent.experiment_id, self.parent
         else:
             experiment = experiment_id(client, os.environ.get("MLFLOW_EXPERIMENT_NAME")
                                        or cfg.name)
-        run_id = client.create_run(experiment, run_name=self.run_dir.name, tags=tags).info.run_id
-        client.log_batch(run_id, params=[Param(k, v) for k, v in config_params(cfg).items()])
-        return run_id
+        run = client.create_run(experiment, self.run_dir.name, tags)
+        client.log_batch(run.run_id, params=config_params(cfg))
+        return run
 
     def resume_params(self, logged: dict[str, str]) -> None:
         """A resumed run's config against the params logged (which MLflow never changes): a
         new key as a param, a changed one as the tag `resumed.<key>`."""
-        from mlflow.entities import Param, RunTag
-
         now = config_params(self.cfg)
         self.client.log_batch(
-            self.run_id, params=[Param(k, v) for k, v in now.items() if k not in logged],
-            tags=[RunTag(f"resumed.{k}", v) for k, v in now.items()
-                  if k in logged and logged[k] != v])
+            self.run_id, params={k: v for k, v in now.items() if k not in logged},
+            tags={f"resumed.{k}": v for k, v in now.items() if k in logged and logged[k] != v})
 
     def send_lines(self) -> None:
         """The complete lines metrics.jsonl gained, as metrics, in one call."""
-        from mlflow.entities import Metric
-
         lines, self.offset = read_lines(self.run_dir / "metrics.jsonl", self.offset)
         if not lines:
             return
@@ -249,7 +253,7 @@ class Sender(threading.Thread):
         for line in lines:
             record = parsed(line)
             values = metric_values(record)
-            metrics += [Metric(key, value, stamp, record["step"]) for key, value in values.items()]
+            metrics += [(key, value, stamp, record["step"]) for key, value in values.items()]
             step = record["step"] if values else step
         self.client.log_batch(self.run_id, metrics=metrics)
         self.lines, self.step = self.lines + len(lines), step
@@ -257,24 +261,27 @@ class Sender(threading.Thread):
 
     def close_run(self, summary: dict[str, Any] | None, snapshot) -> None:
         """The summary (its numbers, status and file) and the pictures; the run's status."""
-        from mlflow.entities import Metric, RunTag
-
         if summary is not None:
             stamp = int(time.time() * 1000)
             numbers = metric_values({"step": summary["step"], "split": "summary", **summary})
             self.client.log_batch(
-                self.run_id, metrics=[Metric(k, v, stamp, summary["step"])
-                                      for k, v in numbers.items()],
-                tags=[RunTag("status", str(summary["status"]))])
+                self.run_id, metrics=[(k, v, stamp, summary["step"]) for k, v in numbers.items()],
+                tags={"status": str(summary["status"])})
             if (self.run_dir / "summary.json").is_file():
-                self.client.log_artifact(self.run_id, str(self.run_dir / "summary.json"))
+                self.send_files({"summary.json": (self.run_dir / "summary.json").read_bytes()})
         if snapshot is not None:
-            with tempfile.TemporaryDirectory(prefix="minitfm-mlflow-") as folder:
-                for name, data in attention_pictures(snapshot, self.task).items():
-                    (Path(folder) / name).write_bytes(data)
-                self.client.log_artifacts(self.run_id, folder, "attention")
+            self.send_files(attention_pictures(snapshot, self.task), "attention")
         status = STATUSES.get(summary["status"], "FAILED") if summary else "FAILED"
-        terminate(self.client, self.run_id, status)
+        self.client.update(self.run_id, status)
+
+    def send_files(self, files: dict[str, bytes], folder: str = "") -> None:
+        """Files into the run's artifacts, if the tracker takes them (else a warning, once:
+        the run folder has them)."""
+        if self.client.serves_files(self.mlflow_run):
+            self.client.log_files(self.mlflow_run, files, folder)
+        elif self.unserved is None:
+            self.unserved = unserved(self.uri, self.mlflow_run, "config.yaml, summary.json and the "
+                                     "attention pictures", self.run_dir)
 
     def write_record(self) -> None:
         write_record(self.run_dir, {"run_id": self.run_id, "lines": self.lines})

@@ -1,9 +1,12 @@
 """MLflow below the instrument (`tracker.py`): which tracker log.mlflow names and whether it
-answers (`check_tracker`: before a run or sweep writes anything), MLflow's client and the runs
-it keeps (an experiment found or made, a run found again, a run ended), the `mlflow.json` that
-ties a run or sweep folder to its MLflow run, and a sweep's own MLflow run, the parent of its
-runs' (`SweepRun`). With `tracker.py`, the modules that import mlflow, lazily: a run pays for
-that import (a second or so) only when it logs to MLflow, and then on the tracker's thread.
+answers (`check_tracker`: before a run or sweep writes anything), the client that talks to it
+(`client_for`: the REST one of `mlflow_rest.py` for a server, else MLflow's own,
+`LibraryClient`, with the same calls), the runs it keeps (an experiment found or made, a run
+found again), the `mlflow.json` that ties a run or sweep folder to its MLflow run, and a sweep's
+own MLflow run, the parent of its runs' (`SweepRun`). `LibraryClient` is the one importer of
+mlflow, lazily: a run pays for that import (a second or so of CPU, on the tracker's thread,
+beside training's) only when it logs to a local store (sqlite:, file:) or through MLflow's auth
+plugins; a run or sweep that logs to a server never imports it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import json
 import os
 import ssl
+import tempfile
 import threading
 import time
 import urllib.error
@@ -24,6 +28,7 @@ from typing import Any
 
 from minitfm.config import Config
 from minitfm.errors import Interrupted, MinitfmError, quote
+from minitfm.lab.watch.mlflow_rest import GONE, Found, RestClient, read_settings, speaks_rest
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.summary import read_small
 
@@ -58,6 +63,8 @@ def check_tracker(uri: str) -> None:
                            f"{INSTALL}, or set log.mlflow=null")
     if not uri.lower().startswith(("http://", "https://")):
         return
+    if speaks_rest(uri):
+        read_settings()  # MLflow's variables, refused here if wrong, not on the thread
     why = unanswered(uri)
     if why is not None:
         raise MinitfmError(f"no MLflow tracking server answers at {quote(uri)} ({why}): start "
@@ -102,7 +109,8 @@ class SweepRun:
 
     def __init__(self, uri: str, experiment: str):
         self.uri, self.experiment = uri, experiment
-        self.client = self.run_id = None
+        self.client = self.run = self.run_id = None
+        self.unserved: str | None = None  # why the files did not go (`unserved`), if so
 
     @classmethod
     def of(cls, configs: list[Config]) -> SweepRun | None:
@@ -136,6 +144,8 @@ class SweepRun:
             raise
         finally:
             failure = within(ANSWER_S, lambda: self.close(folder, status))
+            if self.unserved is not None:
+                warn(self.unserved)
             if failure is not None:
                 warn(f"MLflow at {self.uri} did not take the end of the sweep's run "
                      f"({failure}): its runs and results are in {folder}")
@@ -143,28 +153,29 @@ class SweepRun:
     def open(self, folder: Path, base: dict[str, Any], swept: list) -> None:
         """The run of the folder's mlflow.json (a resumed sweep), else a new one named as the
         folder: its swept keys as tags, what its runs share (`base`) as params."""
-        from mlflow.entities import Param
-
         self.client = client_for(self.uri)
-        found = existing_run(self.client, read_record(folder).get("run_id"))
-        if found is not None:
-            self.run_id = found.info.run_id
-            self.client.update_run(self.run_id, "RUNNING")
+        self.run = existing_run(self.client, read_record(folder).get("run_id"))
+        if self.run is not None:
+            self.client.update(self.run.run_id, "RUNNING")
         else:
             tags = {"minitfm.sweep": str(folder.resolve()),
                     **{f"swept.{key}": ",".join(values) for key, values in swept}}
-            self.run_id = self.client.create_run(experiment_id(self.client, self.experiment),
-                                                 run_name=folder.name, tags=tags).info.run_id
-            self.client.log_batch(self.run_id, params=[Param(key, param_text(value))
-                                                       for key, value in base.items()])
+            self.run = self.client.create_run(experiment_id(self.client, self.experiment),
+                                              folder.name, tags)
+            self.client.log_batch(self.run.run_id, params={key: param_text(value)
+                                                           for key, value in base.items()})
+        self.run_id = self.run.run_id
         write_record(folder, {"run_id": self.run_id})
 
     def close(self, folder: Path, status: str) -> None:
-        for path in sorted(folder.iterdir()):
-            if path.is_file() and not path.is_symlink() and path.suffix != ".log" \
-                    and not path.name.startswith(".") and path.name != RECORD:
-                self.client.log_artifact(self.run_id, str(path))
-        terminate(self.client, self.run_id, status)
+        files = {path.name: path.read_bytes() for path in sorted(folder.iterdir())
+                 if path.is_file() and not path.is_symlink() and path.suffix != ".log"
+                 and not path.name.startswith(".") and path.name != RECORD}
+        if self.client.serves_files(self.run):
+            self.client.log_files(self.run, files)
+        else:
+            self.unserved = unserved(self.uri, self.run, "the sweep's files", folder)
+        self.client.update(self.run_id, status)
 
 
 def within(seconds: float, call: Callable[[], None]) -> str | None:
@@ -191,59 +202,116 @@ def python_warning(text: str) -> None:
 
 
 def client_for(uri: str):
-    """MLflow's client of the tracker at `uri` (the import of mlflow is here: a second or so)."""
-    from mlflow.tracking import MlflowClient
+    """The client of the tracker at `uri`: `RestClient` for a server (no mlflow imported),
+    else `LibraryClient`, MLflow's own (see the module docstring); the same calls."""
+    return RestClient(uri) if speaks_rest(uri) else LibraryClient(uri)
 
-    return MlflowClient(tracking_uri=uri)
+
+def unserved(uri: str, run: Found, what: str, folder: Path) -> str:
+    """The warning for a server whose runs keep their files where only MLflow's client writes
+    (a server started with --no-serve-artifacts): `what` stays in `folder` only."""
+    return (f"MLflow at {uri} does not take files (the run's go to {run.artifact_uri}, where "
+            f"only MLflow's client writes): {what} stay in {folder} only; start the server "
+            f"serving artifacts (mlflow server does unless --no-serve-artifacts)")
 
 
 def experiment_id(client, name: str) -> str:
     """The id of the active experiment `name`, made if need be (another process may make it
     meanwhile: then it is found)."""
-    from mlflow.exceptions import MlflowException
-
     for _ in range(2):
-        found = client.get_experiment_by_name(name)
+        found = client.experiment(name)
         if found is not None:
-            if found.lifecycle_stage != "active":
+            found_id, stage = found
+            if stage != "active":
                 raise MinitfmError(f"the MLflow experiment {quote(name)} is deleted: restore "
                                    f"it (mlflow experiments restore --experiment-id "
-                                   f"{found.experiment_id}) or name another with "
+                                   f"{found_id}) or name another with "
                                    f"MLFLOW_EXPERIMENT_NAME")
-            return found.experiment_id
-        try:
-            return client.create_experiment(name)
-        except MlflowException as err:
-            if err.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
+            return found_id
+        made = client.create_experiment(name)
+        if made is not None:
+            return made
     raise MinitfmError(f"the MLflow experiment {quote(name)} could be neither made nor found")
 
 
-def existing_run(client, run_id: Any):
+def existing_run(client, run_id: Any) -> Found | None:
     """The active MLflow run `run_id` (from a folder's mlflow.json), None when the tracker has
     none (another tracker, a deleted run, no id)."""
-    from mlflow.exceptions import MlflowException
-
     if not isinstance(run_id, str) or not run_id:
         return None
-    try:
-        run = client.get_run(run_id)
-    except MlflowException as err:
-        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
-        raise
-    return run if run.info.lifecycle_stage == "active" else None
+    run = client.run(run_id)
+    return run if run is not None and run.active else None
 
 
-def terminate(client, run_id: str, status: str) -> None:
-    """End the MLflow run with `status` and the time now. `set_terminated` would also print the
-    run's address on stdout, from this thread, into the progress display: the store's own
-    call ends it without that."""
-    from mlflow.entities import RunStatus
+class LibraryClient:
+    """MLflow's own client (`MlflowClient`), with `RestClient`'s calls, for a tracker that
+    client alone reaches: a local store (sqlite:, file:), databricks, an auth plugin. Made on
+    the tracker's thread: the import of mlflow is here (a second or so of CPU)."""
 
-    client._tracking_client.store.update_run_info(
-        run_id, run_status=RunStatus.from_string(status), end_time=int(time.time() * 1000),
-        run_name=None)
+    def __init__(self, uri: str):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+
+    def experiment(self, name: str) -> tuple[str, str] | None:
+        found = self.client.get_experiment_by_name(name)
+        return None if found is None else (found.experiment_id, found.lifecycle_stage)
+
+    def create_experiment(self, name: str) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.create_experiment(name)
+        except MlflowException as err:
+            if err.error_code == "RESOURCE_ALREADY_EXISTS":
+                return None
+            raise
+
+    def run(self, run_id: str) -> Found | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.found(self.client.get_run(run_id))
+        except MlflowException as err:
+            if err.error_code in GONE:
+                return None
+            raise
+
+    def create_run(self, experiment_id: str, name: str, tags: dict[str, str]) -> Found:
+        return self.found(self.client.create_run(experiment_id, run_name=name, tags=tags))
+
+    def update(self, run_id: str, status: str) -> None:
+        """The run's status, and the time now if it ended. `set_terminated` would also print
+        the run's address on stdout, from this thread, into the progress display: the store's
+        own call sets it without that."""
+        from mlflow.entities import RunStatus
+
+        self.client._tracking_client.store.update_run_info(
+            run_id, run_status=RunStatus.from_string(status), run_name=None,
+            end_time=None if status == "RUNNING" else int(time.time() * 1000))
+
+    def log_batch(self, run_id: str, metrics: list[tuple[str, float, int, int]] = (),
+                  params: dict[str, str] | None = None,
+                  tags: dict[str, str] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        self.client.log_batch(run_id, metrics=[Metric(*metric) for metric in metrics],
+                              params=[Param(k, v) for k, v in (params or {}).items()],
+                              tags=[RunTag(k, v) for k, v in (tags or {}).items()])
+
+    def serves_files(self, run: Found) -> bool:
+        return True  # wherever the run's artifact URI is, MLflow's client writes there
+
+    def log_files(self, run: Found, files: dict[str, bytes], folder: str = "") -> None:
+        with tempfile.TemporaryDirectory(prefix="minitfm-mlflow-") as where:
+            for name, data in files.items():
+                (Path(where) / name).write_bytes(data)
+            self.client.log_artifacts(run.run_id, where, folder or None)
+
+    @staticmethod
+    def found(run) -> Found:
+        return Found(run.info.run_id, run.info.experiment_id, run.info.artifact_uri,
+                     dict(run.data.params), run.info.lifecycle_stage == "active")
 
 
 def read_record(folder: Path) -> dict[str, Any]:

@@ -341,6 +341,73 @@ def test_a_sweep_is_one_parent_run_with_its_runs_as_children(server, experiment,
 
 
 @pytest.mark.slow
+def test_a_local_store_takes_the_same_run_through_mlflow_s_client(experiment, tmp_path,
+                                                                  monkeypatch):
+    needs_mlflow()
+    monkeypatch.chdir(tmp_path)  # the store's files go to ./mlruns
+    store, run = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    first = run_cli("train", *QUICK, "train.steps=30", "log.attention_every=25",
+                    f"log.mlflow={store}", "--run-dir", run)
+    again = run_cli("train", "--resume", run, "train.steps=50")  # continues the run there too
+    for result in (first, again):
+        assert result.exit_code == 0 and "warning: MLflow" not in result.stderr, result.stderr
+    client = client_of(store)
+    [logged] = runs_of(client, experiment)
+    assert logged.info.run_id == run_id_of(run) and logged.info.status == "FINISHED"
+    assert logged.data.tags["resumed.train.steps"] == "50" and logged.data.tags["task"] == "copy"
+    assert logged_metrics(client, logged.info.run_id) == expected_metrics(run)
+    names = {f.path for f in client.list_artifacts(logged.info.run_id, "attention")}
+    assert names == {f"attention/copy-step{step}-{kind}.png" for step in (30, 50)
+                     for kind in ("encoder", "decoder", "cross")}  # each run's last snapshot
+    local = Path(client.download_artifacts(logged.info.run_id, "", str(tmp_path / "back")))
+    assert (local / "summary.json").read_bytes() == (run / "summary.json").read_bytes()
+
+
+# Put first on a Python's path (PYTHONPATH), this sitecustomize records, as the process ends
+# (`minitfm`'s exit runs the atexit handlers), its command line and the mlflow modules it holds.
+WATCH_IMPORTS = """import atexit, json, os, sys
+
+def record():
+    held = sorted(name for name in sys.modules if name.split(".")[0] == "mlflow")
+    with open(os.path.join(os.environ["IMPORTS_SEEN"], f"{os.getpid()}.json"), "w") as f:
+        json.dump({"argv": sys.orig_argv, "mlflow": held}, f)
+
+atexit.register(record)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_and_a_sweep_that_log_to_a_server_never_import_mlflow(server, experiment, tmp_path):
+    """MLflow's import costs a second or so of CPU beside training: a server is spoken to over
+    its REST API, in the run's process and in the sweep's, which hold no mlflow module."""
+    hook, seen = tmp_path / "hook", tmp_path / "seen"
+    hook.mkdir()
+    seen.mkdir()
+    (hook / "sitecustomize.py").write_text(WATCH_IMPORTS)
+    path = [str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, **QUIET, "IMPORTS_SEEN": str(seen), "PYTHONPATH": os.pathsep.join(path)}
+    fast = [*TINY, "train.steps=20", "train.eval_every=10", "log.tensorboard=false",
+            "log.attention_every=10", f"log.mlflow={server}"]
+    for command in (["train", *once(fast), "--run-dir", str(tmp_path / "run")],
+                    ["sweep", *once(fast), "--seeds", "0,1", "--out", str(tmp_path / "sweep")]):
+        done = subprocess.run([sys.executable, "-m", "minitfm", *command], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    processes = [json.loads(path.read_text()) for path in seen.iterdir()]
+    commands = [" ".join(p["argv"]) for p in processes]
+    assert len(processes) >= 3, commands  # train, the sweep and its runs' (1 or 2)
+    assert sum(" train " in c for c in commands) >= 1 and sum(" sweep " in c for c in commands) == 1
+    assert [p["mlflow"] for p in processes] == [[]] * len(processes), commands
+    client = client_of(server)  # and they logged: a run, a sweep and its two runs, with files
+    runs = runs_of(client, experiment)
+    children = [p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()]
+    assert sorted(r.info.run_name for r in runs) == sorted(["run", "sweep", *children]) and \
+        len(children) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+    for logged in runs:
+        assert client.list_artifacts(logged.info.run_id), logged.info.run_name
+
+
+@pytest.mark.slow
 def test_a_server_killed_mid_run_leaves_the_run_to_finish_with_one_warning(tmp_path):
     run = tmp_path / "run"
     with mlflow_server(tmp_path / "server") as (uri, server_proc):

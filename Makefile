@@ -10,8 +10,8 @@ BIN     = $(VENV)/bin
 STAMP   = $(VENV)/.installed
 CONFIG ?=
 ARGS   ?=
-# The package's extras to install; CI adds bench (x-transformers), ray, mlflow and frame
-# (pandas): `make install EXTRAS=dev,bench,ray,mlflow,frame`.
+# The package's extras to install; CI adds bench (x-transformers), ray, mlflow, frame
+# (pandas) and search (Optuna): `make install EXTRAS=dev,bench,ray,mlflow,frame,search`.
 EXTRAS ?= dev
 PORT   ?= 6006
 

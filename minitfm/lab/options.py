@@ -159,6 +159,17 @@ class SweepOptions:
     skip_invalid: bool = option(False, "Leave out the combinations that fail validation instead "
                                 "of refusing the grid (e.g. positional none beside a number of "
                                 "random positions).", flags=("--skip-invalid",))
+    trials: int | None = option(None, "A search's trials (a sweep with a range such as "
+                                "KEY=interval(A,B)): configurations drawn by Optuna, each run "
+                                "with every seed (default: 20; more continues a search).",
+                                1, 10_000)
+    sampler: str = option("tpe", "How a search draws its trials: tpe (Optuna's default), random, "
+                          "or grid (every value of ranges and choices).", metavar="tpe|random|grid")
+    sampler_seed: int = option(0, "The seed of a search's sampler: the same seed draws the same "
+                               "trials.", 0, 2**31 - 1)
+    prune: str = option("none", "Stop a search's hopeless trials: none, median (below the "
+                        "median of complete trials at a reading), or forecast (minitfm's "
+                        "forecast says short of the target).", metavar="none|median|forecast")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """`minitfm sweep`: a grid of configs trained in parallel, each evaluated, compared in one
-table (`sweep_table`: a row per configuration, its figures over the seeds)."""
+table (`sweep_table`: a row per configuration, its figures over the seeds); with ranges, a
+search (`search_table`: a row per trial)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def sweep(
     args: list[str] = typer.Argument(
         ..., metavar="CONFIG [KEY=V1,V2,...]...",
         help="A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in every run "
-             "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64)."),
+             "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64); a range "
+             "makes it a search of --trials (train.lr=tag(log,interval(1e-3,3e-2)), "
+             "train.warmup_steps=range(20,121,20), KEY=choice(a,b); pip install "
+             "'minitfm[search]')."),
     seeds: list[str] | None = option(SweepOptions, "seeds"),
     jobs: int | None = option(SweepOptions, "jobs"),
     threads: int | None = option(SweepOptions, "threads"),
@@ -35,29 +39,55 @@ def sweep(
     on: str = option(SweepOptions, "on"),
     ray_address: str | None = option(SweepOptions, "ray_address"),
     stack: bool | None = option(SweepOptions, "stack"),
+    trials: int | None = option(SweepOptions, "trials"),
+    sampler: str = option(SweepOptions, "sampler"),
+    sampler_seed: int = option(SweepOptions, "sampler_seed"),
+    prune: str = option(SweepOptions, "prune"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print one shell command line per "
                                  "run that still has work, and exit."),
 ) -> None:
-    """Train a grid of configs in parallel, evaluate each, and compare them in one table."""
+    """Train a grid of configs in parallel, evaluate each, and compare them in one table; with
+    ranges, search them (Optuna), stopping hopeless trials (--prune)."""
+    from minitfm.lab.many.search import prepare_search
+    from minitfm.lab.many.space import split_items
     from minitfm.lab.many.sweep import dry_run_lines, prepare, run_sweep
+    from minitfm.lab.many.trials import run_search
 
     config, items = split_config_args(args, allow_config=True)
     options = options_from(SweepOptions, {**locals(), "seeds": seeds_once(seeds)})
-    plan = prepare(config, items, options)
+    if dry_run and options.trials is not None:
+        fail("--dry-run prints a grid's commands; a search draws its trials as it goes: leave "
+             "out --dry-run")
+    searching = bool(split_items(items)[0])  # a range to search
+    plan = (prepare_search if searching else prepare)(config, items, options)
+    if dry_run and plan.search is not None:
+        fail("--dry-run prints a grid's commands; a search draws its trials as it goes: leave "
+             "out --dry-run")
     if dry_run:
         for text in plan.notes(dry_run=True):  # stdout stays the shell lines alone
             note(text)
         for line in dry_run_lines(plan):
             print(line)
         return
-    result = run_sweep(plan, say, warn)
+    if searching:
+        on_ray = None
+        if plan.on == "ray":
+            from minitfm.lab.many.ray_search import run_trials_on_ray as on_ray  # Ray's only
+        result = run_search(plan, say, warn, on_ray)
+    else:
+        result = run_sweep(plan, say, warn)
     folder = shown_path(plan.folder)
-    show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
+    if plan.search is not None:
+        show(search_table(result.rows, result.keys, f"search {folder}"))
+        say(search_summary(result.rows, plan.search))
+    else:
+        show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
     intervals = ", intervals.png" if (plan.folder / "intervals.png").is_file() else ""
+    trials = ", trials.jsonl, study.db" if plan.search is not None else ""
     say(f"wrote {shown_path(plan.folder / 'results.jsonl')}, results.csv, results.png, "
-        f"configurations.jsonl, configurations.csv{intervals}")
+        f"configurations.jsonl, configurations.csv{intervals}{trials}")
     if result.failed:
-        fail(f"{len(result.failed)} of {len(plan.runs)} runs failed "
+        fail(f"{len(result.failed)} of {len(result.rows)} runs failed "
              f"({', '.join(result.failed)}): see their .log files in {folder}", 1)
 
 
@@ -108,3 +138,61 @@ def rate_cell(row: dict[str, Any]) -> str:
         return "-"
     return (f"{row['reached']}/{row['n']}\n{row['success_rate lo']:.0%}-"
             f"{row['success_rate hi']:.0%}")
+
+
+def search_table(rows: list[dict[str, Any]], keys: list[str], title: str) -> Table:
+    """A row per trial, in their order: its values, how it ended (its objective, or where it
+    was pruned and why), its runs' mean steps and held-out exact match; the best marked `*`."""
+    from minitfm.lab.many.results import range_labels
+    from minitfm.lab.many.runs import short_names
+
+    names, spans = short_names(keys), range_labels(rows)
+    shown = [key for key in keys if key != "seed"]
+    table = Table(title=title, caption="* the best trial; objective: see the line below")
+    for column in ["trial", *(names[k] for k in shown), "runs", "ended", "objective", "steps",
+                   *(f"exact match {s}" for s in spans)]:
+        table.add_column(column, justify="left" if column in (*names.values(), "ended")
+                         else "right", max_width=44 if column == "ended" else None)
+    trials: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        trials.setdefault(row["trial"], []).append(row)
+    best = best_trial(rows)
+    for number, runs in trials.items():
+        first = runs[0]
+        ended = first["pruned"].split("; ")[0] if first["trial_state"] == "pruned" and \
+            first["pruned"] else first["trial_state"]  # its first run's words
+        steps = [r["steps"] for r in runs if isinstance(r["steps"], int)]
+        cells = [f"{number}{' *' if number == best else ''}",
+                 *(printable(str(first.get(k))) for k in shown), str(len(runs)),
+                 printable(str(ended)),
+                 "-" if first["objective"] is None else f"{first['objective']:.4g}",
+                 f"{sum(steps) / len(steps):.0f}" if steps else "-"]
+        for span in spans:
+            found = [r["exact_match"].get(span) for r in runs]
+            found = [v for v in found if v is not None]
+            cells.append(f"{sum(found) / len(found):.1%}" if found else "-")
+        table.add_row(*cells)
+    return table
+
+
+def best_trial(rows: list[dict[str, Any]]) -> int | None:
+    """The number of the trial marked best in the rows (`trial_best`), if any."""
+    return next((row["trial"] for row in rows if row.get("trial_best")), None)
+
+
+def search_summary(rows: list[dict[str, Any]], search) -> str:
+    """`32 trials: 21 complete, 10 pruned, 1 failed; best: trial 17 (lr=0.0112, ...), 231`."""
+    from minitfm.lab.many.trials import search_counts
+
+    counts = search_counts(rows)
+    parts = ", ".join(f"{counts[state]} {state}" for state in
+                      ("complete", "pruned", "failed", "running") if counts.get(state))
+    best = best_trial(rows)
+    found = next((row for row in rows if row["trial"] == best), None)
+    if found is None:
+        return f"{sum(counts.values())} trials: {parts}; none complete"
+    from minitfm.lab.many.search import values_text
+
+    values = values_text({d.key: found.get(d.key) for d in search.space})
+    return (f"{sum(counts.values())} trials: {parts}; best: trial {best} ({values}), "
+            f"objective {found['objective']:.4g}")

@@ -149,14 +149,20 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
     values alone, `rope`)."""
     groups = by_configuration(sweep_rows(folder))
     labels = list(groups)
-    chosen = labels[int(which) - 1] if which.isdigit() and 1 <= int(which) <= len(labels) \
-        else next((label for label in labels if which in (label, short_label(label),
-                                                           values_of(label))), None)
+    if all(label.startswith("trial=") for label in labels):  # a search: by its trial's number
+        trial = which.removeprefix("trial=")
+        chosen = next((label for label in labels if label.split(", ")[0] == f"trial={trial}"),
+                      None)
+        number = "its trial's number in the search's table"
+    else:
+        chosen = labels[int(which) - 1] if which.isdigit() and 1 <= int(which) <= len(labels) \
+            else next((label for label in labels if which in (label, short_label(label),
+                                                               values_of(label))), None)
+        number = f"its # in the sweep's table (1..{len(labels)})"
     if chosen is None:
         known = ", ".join(quote(named(label)) for label in labels[:6])
         raise MinitfmError(f"{name} ({quote(which)}) is no configuration of "
-                           f"{quote(shown_path(folder))}: give its # in the sweep's table "
-                           f"(1..{len(labels)}) or its label: {known}")
+                           f"{quote(shown_path(folder))}: give {number} or its label: {known}")
     label = f"#{labels.index(chosen) + 1} {named(chosen)}"
     swept = tuple(part.partition("=")[0] for part in chosen.split(", ") if "=" in part)
     return make_side(name, label, [folder / row["run"] for row in groups[chosen]], swept,

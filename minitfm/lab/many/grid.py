@@ -28,6 +28,7 @@ from minitfm.config import (
 )
 from minitfm.errors import ConfigError, MinitfmError, quote
 from minitfm.lab.many.runs import HIDDEN_KEYS, short_names
+from minitfm.lab.many.space import is_search
 from minitfm.lab.options import MAX_LEN as MAX_EVAL_LEN  # `minitfm eval --max-len`'s bound
 from minitfm.run.limits import check_fits, training_parts
 
@@ -42,11 +43,19 @@ class Grid:
     config: str | None
     swept: list[tuple[str, list[str]]]  # (key, value texts) in the order given
     fixed: list[str]  # KEY=VALUE applied to every run
+    search: dict[str, Any] | None = None  # a search's space and sampler (`search.Search.spec`)
 
     def spec(self) -> dict[str, Any]:
         """The grid as stored in `sweep.json`: what makes two sweeps the same sweep."""
         config = str(Path(self.config).resolve()) if self.config else None
-        return {"config": config, "swept": [[k, v] for k, v in self.swept], "fixed": self.fixed}
+        searched = {"search": self.search} if self.search is not None else {}
+        return {"config": config, "swept": [[k, v] for k, v in self.swept], "fixed": self.fixed,
+                **searched}
+
+    @property
+    def searched(self) -> list[str]:
+        """A search's keys (none in a grid)."""
+        return [key for key, _ in (self.search or {}).get("space", [])]
 
 
 @dataclass
@@ -60,6 +69,7 @@ class RunSpec:
     run_dir: Path = Path()  # set once the sweep folder is chosen
     # The fixed overrides that change the config file's value (`changed_fixed`), as given.
     fixed: dict[str, str] = field(default_factory=dict)
+    configuration: str | None = None  # a search's trial (`trial=3, lr=0.01`); else its choice
 
     @property
     def named(self) -> str:
@@ -69,7 +79,10 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        """The configuration this run belongs to: its choice without the seed."""
+        """The configuration this run belongs to: its choice without the seed (a search's
+        trial, which may draw the values of another)."""
+        if self.configuration is not None:
+            return self.configuration
         return ", ".join(f"{k}={v}" for k, v in self.choice.items() if k != "seed") or "all"
 
 
@@ -86,6 +99,9 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
             raise ConfigError(f"grid item '{item}' must look like KEY=V1,V2,..., e.g. "
                               f"model.positional=rope,alibi")
         key, text = split
+        if key == "seed" and is_search(text):
+            raise ConfigError(f"{item}: the seeds are a list every trial of a search runs "
+                              f"(--seeds 0..3), not a range to search")
         if key == "seed" and ".." in text:  # a range of seeds is --seeds' to read
             raise ConfigError(f"{item}: seed= takes seeds one by one (seed=0,1,2); give a "
                               f"range as --seeds {text.strip()}")
@@ -109,6 +125,9 @@ def parse_grid(items: list[str], seeds: str | None) -> tuple[list, list[str]]:
 def parse_seeds(text: str) -> str:
     """`--seeds`: seeds and ranges, comma-separated, as `seed=` values (`0..3,8` -> `0,1,2,3,8`);
     a range is written as `--eval-lengths` writes one, A..B with both ends included."""
+    if is_search(text):
+        raise ConfigError(f"--seeds ({quote(text)}) is a list every trial of a search runs "
+                          f"(e.g. 0..3 or 0,1), not a range to search")
     values = []
     for part in text.split(","):
         dashed = re.fullmatch(r"\s*(-?\d+)\s*-\s*(-?\d+)\s*", part)
@@ -192,9 +211,11 @@ def grid_text(grid: Grid, fixed: dict[str, str], room: int) -> str:
     should not hold escaped as in a run's id; never the seed. Keys that do not fit are left
     out from the end and counted in a last part, `and2more`; empty when nothing is changed."""
     given = [*((key, ",".join(values)) for key, values in grid.swept if key != "seed"),
-             *fixed.items()]
+             *((key, "") for key in grid.searched), *fixed.items()]
     names = short_names([key for key, _ in given])
     parts = [re.sub(r"[^A-Za-z0-9_.,=+-]", escape, f"{names[key]}{text}") for key, text in given]
+    if grid.search is not None:  # `search-lr-warmup_steps-...`: the keys it searches
+        parts.insert(0, "search")
     for kept in range(len(parts), -1, -1):
         cut = [f"and{len(parts) - kept}more"] if kept < len(parts) else []
         text = "-".join([*parts[:kept], *cut])

@@ -39,6 +39,7 @@ from minitfm.lab.many.grid import (
 from minitfm.lab.many.results import SweepResult, eval_ranges, result_row, write_results
 from minitfm.lab.many.runs import SWEEP_FILE
 from minitfm.lab.many.scheduler import PROCESS_BYTES, Command, Job, Scheduler, plan_job
+from minitfm.lab.many.space import PRUNERS, SAMPLERS
 from minitfm.lab.many.stacking import (
     choose_stacking,
     done_text,
@@ -130,6 +131,9 @@ class Plan:
     stacking: str = ""  # why the runs are stacked or not (see stacking.choose_stacking)
     on: str = "local"  # where the jobs run: local processes, or Ray tasks (ray_launcher.py)
     ray_address: str | None = None
+    search: Any = None  # a search (`search.Search`): its trials are drawn as it goes
+    checked: list[RunSpec] = field(default_factory=list)  # a search's ends, checked as runs
+    fixed: dict[str, str] = field(default_factory=dict)  # the fixed keys that change the file
 
     def notes(self, dry_run: bool = False) -> list[str]:
         """What to say besides the plan: a new folder's reason; for `--dry-run` (whose stdout is
@@ -171,7 +175,8 @@ class Plan:
 def prepare(config: str | None, items: list[str],
             options: SweepOptions = SweepOptions()) -> Plan:
     """Parse and validate the whole grid (`items`, over the base `config`) before anything is
-    written."""
+    written (a sweep with ranges is a search: `search.prepare_search`)."""
+    check_search_options(options, False)
     check_launcher(options)
     swept, fixed = parse_grid(items, options.seeds)
     grid = Grid(config, swept, fixed)
@@ -214,6 +219,29 @@ def check_launcher(options: SweepOptions) -> None:
     if options.jobs is not None and options.on == "ray":
         raise MinitfmError("--jobs is for --on local: on Ray the cluster's CPUs decide how "
                            "many jobs run at once (each asks for --threads CPUs)")
+
+
+def check_search_options(options, searching: bool) -> None:
+    """--trials, --sampler, --sampler-seed and --prune go with a search; and their values."""
+    if not searching:
+        given = [flag for flag, value, default in (
+            ("--trials", options.trials, None), ("--sampler", options.sampler, "tpe"),
+            ("--prune", options.prune, "none"), ("--sampler-seed", options.sampler_seed, 0))
+            if value != default]
+        if given:
+            raise MinitfmError(f"{given[0]} goes with a search: give a range to search, e.g. "
+                               f"train.lr=tag(log,interval(1e-3,3e-2)) (a plain KEY=a,b is a "
+                               f"grid: every value is run)")
+        return
+    if options.sampler not in SAMPLERS:
+        raise MinitfmError(f"--sampler ({quote(options.sampler)}) must be one of "
+                           f"{', '.join(SAMPLERS)}")
+    if options.prune not in PRUNERS:
+        raise MinitfmError(f"--prune ({quote(options.prune)}) must be one of "
+                           f"{', '.join(PRUNERS)}")
+    if options.stack:
+        raise MinitfmError("--stack trains a grid's runs side by side as one model; a search "
+                           "draws its trials one by one: leave out --stack")
 
 
 def check_no_workbook(runs: list[RunSpec]) -> None:

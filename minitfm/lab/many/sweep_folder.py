@@ -131,7 +131,7 @@ def base_config(runs: list[RunSpec], grid: Grid) -> dict[str, Any]:
     threads, which the sweep sets per job, and log.mlflow, which says where it is watched, not
     what it trains), flat, as stored in `sweep.json`."""
     flat = flatten(runs[0].cfg.model_dump(mode="json"))
-    for key in ["threads", "log.mlflow", *(key for key, _ in grid.swept)]:
+    for key in ["threads", "log.mlflow", *(key for key, _ in grid.swept), *grid.searched]:
         flat.pop(key, None)
     return json.loads(json.dumps(flat))  # as read back from the file (lists, not tuples)
 

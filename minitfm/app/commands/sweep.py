@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from minitfm.app.arguments import split_config_args
@@ -23,11 +24,11 @@ from minitfm.lab.options import SweepOptions, seeds_once
 def sweep(
     args: list[str] = typer.Argument(
         ..., metavar="CONFIG [KEY=V1,V2,...]...",
-        help="A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in every run "
-             "(e.g. model.positional=sinusoidal,rope model.random_positions=null,64); a range "
-             "makes it a search of --trials (train.lr=tag(log,interval(1e-3,3e-2)), "
-             "train.warmup_steps=range(20,121,20), KEY=choice(a,b); pip install "
-             "'minitfm[search]')."),
+        help=escape("A YAML config, then the grid: KEY=V1,V2 sweeps a key, KEY=V sets it in "
+                    "every run (e.g. model.positional=sinusoidal,rope "
+                    "model.random_positions=null,64); a range makes it a search of --trials: "
+                    "KEY=interval(A,B), KEY=tag(log,interval(A,B)), KEY=range(A,B,STEP), "
+                    "KEY=choice(a,b) (pip install 'minitfm[search]').")),
     seeds: list[str] | None = option(SweepOptions, "seeds"),
     jobs: int | None = option(SweepOptions, "jobs"),
     threads: int | None = option(SweepOptions, "threads"),
@@ -78,8 +79,10 @@ def sweep(
         result = run_sweep(plan, say, warn)
     folder = shown_path(plan.folder)
     if plan.search is not None:
-        show(search_table(result.rows, result.keys, f"search {folder}"))
-        say(search_summary(result.rows, plan.search))
+        objective = plan.search.objective.words(max(1, len(plan.search.seeds)))
+        show(search_table(result.rows, result.keys, f"search {folder}", objective))
+        for line in search_summary(result.rows, plan.search):
+            say(line)
     else:
         show(sweep_table(result.rows, result.keys, f"sweep {folder}"))
     intervals = ", intervals.png" if (plan.folder / "intervals.png").is_file() else ""
@@ -140,31 +143,36 @@ def rate_cell(row: dict[str, Any]) -> str:
             f"{row['success_rate hi']:.0%}")
 
 
-def search_table(rows: list[dict[str, Any]], keys: list[str], title: str) -> Table:
+def search_table(rows: list[dict[str, Any]], keys: list[str], title: str,
+                 objective: str) -> Table:
     """A row per trial, in their order: its values, how it ended (its objective, or where it
     was pruned and why), its runs' mean steps and held-out exact match; the best marked `*`."""
     from minitfm.lab.many.results import range_labels
     from minitfm.lab.many.runs import short_names
+    from minitfm.lab.many.space import shown
 
     names, spans = short_names(keys), range_labels(rows)
-    shown = [key for key in keys if key != "seed"]
-    table = Table(title=title, caption="* the best trial; objective: see the line below")
-    for column in ["trial", *(names[k] for k in shown), "runs", "ended", "objective", "steps",
-                   *(f"exact match {s}" for s in spans)]:
+    searched = [key for key in keys if key != "seed"]
+    best = best_trial(rows)
+    table = Table(title=title, caption=f"* the best trial; objective: {objective}"
+                  if best is not None else f"objective: {objective}")
+    for column in ["trial", *(names[k] for k in searched), "runs", "ended", "objective",
+                   "steps", *(f"exact match {s}" for s in spans)]:
         table.add_column(column, justify="left" if column in (*names.values(), "ended")
                          else "right", max_width=44 if column == "ended" else None)
     trials: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         trials.setdefault(row["trial"], []).append(row)
-    best = best_trial(rows)
     for number, runs in trials.items():
         first = runs[0]
-        ended = first["pruned"].split("; ")[0] if first["trial_state"] == "pruned" and \
-            first["pruned"] else first["trial_state"]  # its first run's words
+        ended = first["trial_state"]
+        if ended == "pruned" and first["pruned"]:  # the first run's words, the rest in the files
+            said = first["pruned"].split("; ")
+            ended = said[0] + (" …" if len(said) > 1 else "")
         steps = [r["steps"] for r in runs if isinstance(r["steps"], int)]
         cells = [f"{number}{' *' if number == best else ''}",
-                 *(printable(str(first.get(k))) for k in shown), str(len(runs)),
-                 printable(str(ended)),
+                 *(printable(shown(str(first.get(k)))) for k in searched), str(len(runs)),
+                 printable(ended),
                  "-" if first["objective"] is None else f"{first['objective']:.4g}",
                  f"{sum(steps) / len(steps):.0f}" if steps else "-"]
         for span in spans:
@@ -180,19 +188,23 @@ def best_trial(rows: list[dict[str, Any]]) -> int | None:
     return next((row["trial"] for row in rows if row.get("trial_best")), None)
 
 
-def search_summary(rows: list[dict[str, Any]], search) -> str:
-    """`32 trials: 21 complete, 10 pruned, 1 failed; best: trial 17 (lr=0.0112, ...), 231`."""
+def search_summary(rows: list[dict[str, Any]], search) -> list[str]:
+    """`32 trials: 21 complete, 10 pruned; best: trial 17 (lr=0.0112, ...), objective 231`,
+    the best's settings as overrides, and how to take a pruned run on by hand."""
+    from minitfm.lab.many.search import values_text
     from minitfm.lab.many.trials import search_counts
 
     counts = search_counts(rows)
     parts = ", ".join(f"{counts[state]} {state}" for state in
                       ("complete", "pruned", "failed", "running") if counts.get(state))
-    best = best_trial(rows)
-    found = next((row for row in rows if row["trial"] == best), None)
-    if found is None:
-        return f"{sum(counts.values())} trials: {parts}; none complete"
-    from minitfm.lab.many.search import values_text
-
-    values = values_text({d.key: found.get(d.key) for d in search.space})
-    return (f"{sum(counts.values())} trials: {parts}; best: trial {best} ({values}), "
-            f"objective {found['objective']:.4g}")
+    lines = [f"{sum(counts.values())} trials: {parts}; none complete"]
+    best = next((row for row in rows if row["trial"] == best_trial(rows)), None)
+    if best is not None:
+        values = {d.key: best.get(d.key) for d in search.space}
+        lines = [f"{sum(counts.values())} trials: {parts}; best: trial {best['trial']} "
+                 f"({values_text(values)}), objective {best['objective']:.4g}",
+                 "its settings: " + " ".join(f"{key}={value}" for key, value in values.items())]
+    if counts.get("pruned"):
+        lines.append("a pruned trial's runs keep their last.pt: minitfm train --resume RUN "
+                     "takes one to its end")
+    return lines

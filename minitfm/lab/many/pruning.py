@@ -8,7 +8,7 @@ train: the gauges' readings in metrics.jsonl (`lab/watch/gauges.py`), each with 
   forecast of every one of its runs says `short` of the target (no line reaches it by the run's
   end, `no click by the run's end` included) with an end forecast at least PRUNE_MARGIN below
   the target. A run that reached the target is never short; one still in its warmup has no
-  forecast yet. The margin is what the calibration supports (docs/experiments.md).
+  forecast yet.
 
 Either way the trial's runs get SIGINT, as Ctrl-C: each saves its last.pt and stops (`minitfm
 train --resume RUN` takes it to its end by hand), and the trial's row says why.
@@ -25,7 +25,9 @@ from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.watch.forecast import CALIBRATED
 from minitfm.run.summary import read_summary
 
-PRUNE_MARGIN = 0.0  # the end forecast at least this far below the target (calibrated: docs)
+# The end forecast at least this far below the target. None: the forecast's own "short"; a
+# margin trades false prunes for compute (measured: docs/experiments.md, "Stopping the trials").
+PRUNE_MARGIN = 0.0
 MAX_READ = 50_000_000  # bytes read of one metrics.jsonl at a look
 
 

@@ -93,22 +93,23 @@ def result_row(spec: RunSpec, ranges: list) -> dict[str, Any]:
 
 
 def write_results(folder: Path, rows: list[dict[str, Any]], keys: list[str],
-                  fixed: list[str] = ()) -> None:
+                  fixed: list[str] = (), first: list[str] = ()) -> None:
     """results.jsonl (everything), results.csv (no per-length figures) and results.png; a row
     per configuration in configurations.jsonl and .csv, and intervals.png (`seeds.py`). The
     tables have a column per swept key (`keys`), then per fixed key that changes the config
-    file's value (`fixed`), each named by its full key (`train.lr`)."""
+    file's value (`fixed`), each named by its full key (`train.lr`); results.csv has the row's
+    `first` columns (a search's `trial`, ...) after its run."""
     lines = "".join(to_json(row) + "\n" for row in rows)
     write_atomic(folder / "results.jsonl", lines.encode("utf-8"))
     spans = range_labels(rows)
     seed = [] if "seed" in keys else ["seed"]
-    columns = ["run", *keys, *fixed, *seed, "status", "reached", "steps", "wall_s",
+    columns = ["run", *first, *keys, *fixed, *seed, "status", "reached", "steps", "wall_s",
                *(f"exact_match {s}" for s in spans)]
     table = io.StringIO(newline="")
     writer = csv.writer(table)
     writer.writerow(columns)
     for row in rows:
-        values = [row["run"], *(row[k] for k in [*keys, *fixed, *seed]), row["status"],
+        values = [row["run"], *(row[k] for k in [*first, *keys, *fixed, *seed]), row["status"],
                   row.get("reached"), row["steps"], row["wall_s"],
                   *(row["exact_match"].get(s) for s in spans)]
         writer.writerow(["null" if v is None else v for v in values])

@@ -1,23 +1,22 @@
-"""`minitfm sweep` with ranges: a search. Optuna draws `--trials` configurations from the ranges
-(`space.py`), each trial is run with every seed (a full run each: its folder, evaluations and
-row in the sweep's table), and hopeless trials are stopped (`pruning.py`).
+"""`minitfm sweep` with ranges: a search, planned. Optuna draws `--trials` configurations from
+the ranges (`space.py`), each trial is run with every seed (a full run each: its folder,
+evaluations and row in the sweep's table), and hopeless trials are stopped (`pruning.py`); the
+trials are run, in an order that a stopped search repeats, by `trials.py`.
 
 The study is Optuna's RDB storage in the sweep folder (`study.db`, SQLite), so the same command
 again resumes it: finished trials are never redone, an interrupted trial's runs resume from
-their `last.pt`, and `--trials` more continues it. The trials are drawn and told in a fixed
-order, so that a search stopped and run again draws what it would have drawn: trial n is asked
-once trial n - `window` has been told (told in their numbers' order), with a sampler seeded by
-`--sampler-seed` + n. Its history is then always the same trials, whatever finished first; the
-cost is a core left waiting while an older trial of the window still trains.
+their `last.pt`, and `--trials` more continues it.
 
-The objective (`Objective`): the fewest steps to the target (mean over the seeds; a seed short
-of it counts as its budget x (1 + its shortfall / the target)), or, with no target, the highest
+The objective (`Objective`): the fewest steps to the target (mean over the seeds; a run short of
+it counts as its budget x (1 + its shortfall / the target), its shortfall on the sweep's own
+evaluation of the trained lengths, the table's exact match), or, with no target, the highest
 exact match on the trained lengths. Optuna is imported inside functions: `pip install
 'minitfm[search]'`.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ from minitfm.errors import MinitfmError
 from minitfm.lab.curves import read_eval
 from minitfm.lab.many.grid import Grid, RunSpec
 from minitfm.lab.many.results import eval_path
-from minitfm.lab.many.space import Dimension
-from minitfm.run.summary import read_summary
+from minitfm.lab.many.seeds import reached
+from minitfm.lab.many.space import Dimension, shown
+from minitfm.run.summary import DONE, read_summary
 
 STUDY_FILE = "study.db"  # the Optuna study, in the sweep folder
 STUDY_NAME = "minitfm"
@@ -71,21 +71,21 @@ class Objective:
                 f"counts as train.steps x (1 + its shortfall / {self.target:.0%}))")
 
     def of_run(self, spec: RunSpec) -> float | None:
-        """One run's score (None: it did not end readably)."""
+        """One run's score (None: it did not end, or its evaluation is not there)."""
+        lo, hi = spec.cfg.task.min_len, spec.cfg.task.max_len
+        report = read_eval(eval_path(spec, lo, hi))  # the sweep's, as its table shows it
         if self.target is None:
-            lo, hi = spec.cfg.task.min_len, spec.cfg.task.max_len
-            report = read_eval(eval_path(spec, lo, hi))
             return None if report is None else report["exact_match"]
         summary = read_summary(spec.run_dir) or {}
-        best, step = summary.get("best_exact_match"), summary.get("step")
-        if not isinstance(step, int) or summary.get("status") not in ("stopped at target",
-                                                                        "finished"):
+        step = summary.get("step")
+        if not isinstance(step, int) or summary.get("status") not in DONE:
             return None
-        budget = spec.cfg.train.steps
-        if isinstance(best, (int, float)) and best >= self.target:
+        if reached(summary, self.target):  # by the run's own evaluations: where it stopped
             return float(step)
-        short = (self.target - (best if isinstance(best, (int, float)) else 0.0)) / self.target
-        return budget * (1 + short)
+        if report is None:
+            return None
+        short = max(0.0, self.target - report["exact_match"]) / self.target
+        return spec.cfg.train.steps * (1 + short)
 
     def of_trial(self, specs: list[RunSpec]) -> float | None:
         scores = [self.of_run(spec) for spec in specs]
@@ -102,22 +102,31 @@ def require_optuna() -> None:
 
 
 def make_sampler(search: Search, number: int):
-    """The sampler that draws trial `number`: seeded by --sampler-seed + number (see the
-    module's docstring)."""
+    """The sampler that draws trial `number`: seeded by --sampler-seed + number (see
+    `trials.py`). A grid's trials are its points in a fixed shuffled order (`grid_points`),
+    each given to Optuna before it is asked for (Optuna's GridSampler stops the study when the
+    grid is used up, which only its `optimize` loop takes)."""
     import optuna
 
     seed = search.sampler_seed + number
-    if search.sampler == "random":
+    if search.sampler in ("random", "grid"):
         return optuna.samplers.RandomSampler(seed=seed)
-    if search.sampler == "grid":
-        grid = {d.key: [d.value_text(v) if d.kind == "choice" else number_value(d, v)
-                        for v in d.values()] for d in search.space}
-        return optuna.samplers.GridSampler(grid, seed=search.sampler_seed)
     return optuna.samplers.TPESampler(seed=seed)
 
 
-def number_value(d: Dimension, text: str) -> float | int:
-    return int(text) if d.kind == "int" else float(text)
+def grid_points(search: Search) -> list[dict[str, Any]]:
+    """Every configuration of a grid search, in the order --sampler-seed shuffles them to."""
+    import itertools
+    import random
+
+    def typed(d: Dimension, text: str):
+        return text if d.kind == "choice" else int(text) if d.kind == "int" else float(text)
+
+    axes = [[typed(d, v) for v in d.values()] for d in search.space]
+    points = [dict(zip((d.key for d in search.space), values, strict=True))
+              for values in itertools.product(*axes)]
+    random.Random(search.sampler_seed).shuffle(points)
+    return points
 
 
 def make_pruner(search: Search):
@@ -140,11 +149,12 @@ def open_study(folder: Path, search: Search):
                                sampler=make_sampler(search, 0))
 
 
-def values_text(values: dict[str, str]) -> str:
+def values_text(values: dict[str, Any]) -> str:
+    """A trial's values as its lines show them: `lr=0.006466, warmup_steps=60`."""
     from minitfm.lab.many.runs import short_names
 
     names = short_names(list(values))
-    return ", ".join(f"{names[k]}={v}" for k, v in values.items())
+    return ", ".join(f"{names[k]}={shown(str(v))}" for k, v in values.items())
 
 
 def trial_spec(plan, number: int, values: dict[str, str], seed: str) -> RunSpec:
@@ -186,8 +196,9 @@ def prepare_search(config: str | None, items: list[str], options):
     check_launcher(options)
     check_search_options(options, True)  # sweep.py: a grid checks they are not given
     require_optuna()
-    check_given_once(items, sweep=True)
     searched, rest = split_items(items)
+    check_searched_once(searched, rest)
+    check_given_once(rest, sweep=True)
     swept, fixed = parse_grid(rest, options.seeds)
     space = [parse_dimension(key, text) for key, text in searched]
     seeds = []
@@ -201,6 +212,8 @@ def prepare_search(config: str | None, items: list[str], options):
         raise MinitfmError(f"--sampler grid runs every value, and {d.key}={d.text} is a float "
                            f"interval: give it as range(...) or choice(...), or --sampler tpe")
     trials = options.trials or DEFAULT_TRIALS
+    if options.sampler == "grid":  # every configuration once, and no more
+        trials = min(trials, math.prod(len(d.values()) for d in space))
     grid = Grid(config, [("seed", seeds)] if seeds else [], fixed)
     if options.on == "ray":  # the cluster's CPUs decide how many run at once (`ray_search`)
         parallel, per_job = trials * max(1, len(seeds)), options.threads or 1
@@ -242,6 +255,23 @@ def prepare_search(config: str | None, items: list[str], options):
                 options.ray_address)
     plan.search, plan.checked, plan.fixed = search, checked, fixed_changed
     return plan
+
+
+def check_searched_once(searched: list[tuple[str, str]], rest: list[str]) -> None:
+    """A key searched once, and not also set or swept: which would be meant?"""
+    from minitfm.config import split_key_value
+
+    given: dict[str, str] = {}
+    for key, text in searched:
+        if key in given:
+            raise MinitfmError(f"{key} is given twice ({given[key]} and {text}): give it one "
+                               f"range")
+        given[key] = text
+    for item in rest:
+        split = split_key_value(item)
+        if split is not None and split[0] in given:
+            raise MinitfmError(f"{split[0]} is given a range ({given[split[0]]}) and a value "
+                               f"({split[1].strip()}): give it one or the other")
 
 
 def ends_runs(grid: Grid, space: list[Dimension], threads: int, plan_runs) -> list[RunSpec]:

@@ -9,9 +9,9 @@ sweepers, each key a `Dimension` that Optuna samples (`distribution`).
 
 A sweep with any of them is a search (`search.py`); there, a plain list `KEY=a,b` is a choice too
 (as in Hydra's Optuna sweeper), while the seeds stay what they are in a grid: every trial is run
-with each of them. A sampled float is written to its run's config with SIGNIFICANT digits (the
-value the run trains with, its folder and its row show). No Optuna here: it is imported by
-`distribution` and `search.py` only.
+with each of them. A sampled float goes to its run's config as Optuna drew it (so that the
+study's value finds the run: `runs --where train.lr=...`), and the tables show it with SHOWN
+digits. No Optuna here: it is imported by `distribution` and `search.py` only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from minitfm.errors import ConfigError, quote
 
 FUNCTIONS = ("choice", "range", "interval", "int", "tag")
-SIGNIFICANT = 4  # digits of a sampled float, as its run is given it
+SHOWN = 4  # significant digits of a sampled float in the tables (its run has it whole)
 MAX_RANGE = 10_000  # values of one range(...): more is a typo (the grid's MAX_RUNS)
 SAMPLERS = ("tpe", "random", "grid")  # --sampler: how a search draws its trials
 PRUNERS = ("none", "median", "forecast")  # --prune: how it stops hopeless ones (`pruning.py`)
@@ -60,7 +60,8 @@ class Dimension:
         values = self.values()
         if values is not None and self.kind == "choice":
             return values
-        return [self.value_text(self.low), self.value_text(self.high)]
+        return [self.value_text(self.low), self.value_text(self.high)] if self.kind == "int" \
+            else [number_text(self.low), number_text(self.high)]
 
     def value_text(self, value: float | int | str) -> str:
         """A sampled value as its run's override takes it (`0.01234`, `60`, `rope`)."""
@@ -68,7 +69,7 @@ class Dimension:
             return str(value)
         if self.kind == "int":
             return str(int(value))
-        return number_text(float(value))
+        return repr(float(value))  # the float Optuna drew, whole
 
     def distribution(self):
         """This dimension as Optuna samples it."""
@@ -87,15 +88,34 @@ class Dimension:
 
 
 def number_text(value: float) -> str:
-    """A float with SIGNIFICANT digits, as YAML 1.2 reads it back: `0.01234`, `1e-05`, `2.0`."""
-    text = f"{value:.{SIGNIFICANT}g}"
-    return text if any(c in text for c in ".en") else f"{text}.0"
+    """A float as YAML 1.2 reads it back, the same float (`0.006466422717414559`, `1e-05`,
+    `2.0`), less the noise of float sums (15 significant digits: `0.3`, not
+    `0.30000000000000004`)."""
+    return repr(float(f"{value:.15g}"))
+
+
+def shown(text: str) -> str:
+    """A value as a table shows it: a float with SHOWN digits (`0.006466`), the rest as is."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return text if re.fullmatch(r"-?\d+", text) else f"{value:.{SHOWN}g}"
 
 
 def is_search(text: str) -> bool:
-    """Whether a grid value is a range or choice to search (`interval(...)`, ...)."""
-    found = re.match(r"\s*([a-z]+)\s*\(", text)  # `interval(1,2` too: told what is wrong
-    return bool(found) and found[1] in FUNCTIONS
+    """Whether a grid value is a range or choice to search (`interval(...)`, `interval(1,2`
+    too, and a misspelt one, `intervall(1,2)`: `parse_dimension` says what is wrong)."""
+    found = re.match(r"\s*([a-z]+)\s*\(", text)
+    return bool(found) and (found[1] in FUNCTIONS or bool(misspelt(found[1])))
+
+
+def misspelt(name: str) -> str | None:
+    """The function of the grammar `name` is a near miss of (`intervall`, `rnage`), if any."""
+    import difflib
+
+    close = difflib.get_close_matches(name, FUNCTIONS, n=1, cutoff=0.75)
+    return close[0] if close and close[0] != name else None
 
 
 def parse_dimension(key: str, text: str) -> Dimension:
@@ -117,7 +137,9 @@ def parse_call(text: str):
             raise ValueError("a '(' is never closed")
         return text
     if found[1] not in FUNCTIONS:
-        raise ValueError(f"{quote(found[1])} is none of {', '.join(FUNCTIONS)}")
+        near = misspelt(found[1])
+        hint = f" (did you mean {near}?)" if near else ""
+        raise ValueError(f"{quote(found[1])} is none of {', '.join(FUNCTIONS)}{hint}")
     args, depth, start, inner = [], 0, 0, found[2]
     for i, ch in enumerate(inner):
         depth += {"(": 1, ")": -1}.get(ch, 0)
@@ -148,6 +170,9 @@ def dimension(key: str, text: str, call, item: str) -> Dimension:
                               f"choice(sinusoidal,rope)")
         if len(set(args)) < len(args):
             raise ConfigError(f"{item}: choice(...) gives a value twice: give each once")
+        if len(args) == 1:
+            raise ConfigError(f"{item}: choice(...) of one value searches nothing: set it "
+                              f"({key}={args[0]}), or give more values")
         return Dimension(key, text, "choice", choices=tuple(args))
     if name == "tag":
         tags = [a for a in args if isinstance(a, str)]
@@ -198,7 +223,8 @@ def range_dimension(key: str, text: str, args: list, item: str) -> Dimension:
     whole = all(isinstance(a, str) and re.fullmatch(r"-?\d+", a) for a in args)
     if count == 1:
         value = str(int(start)) if whole else number_text(start)
-        return Dimension(key, text, "choice", choices=(value,))
+        raise ConfigError(f"{item}: the range holds one value ({value}) and searches nothing: "
+                          f"set it ({key}={value}), or widen the range")
     return Dimension(key, text, "int" if whole else "float", start, last, step)
 
 

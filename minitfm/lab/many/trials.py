@@ -31,6 +31,7 @@ from minitfm.lab.many.scheduler import (
     stop_message,
 )
 from minitfm.lab.many.search import (
+    grid_points,
     make_sampler,
     open_study,
     trial_spec,
@@ -55,6 +56,11 @@ class Trial:
     watch: PruneWatch | None = None
     pruned: Verdict | None = None
     failed: list[RunSpec] = field(default_factory=list)
+
+
+def training(job: Job) -> bool:
+    """Whether the job's next command trains (an evaluation writes its result to a file)."""
+    return bool(job.commands) and job.commands[0].out is None
 
 
 class SearchScheduler(Scheduler):
@@ -96,6 +102,8 @@ class SearchScheduler(Scheduler):
         """Draw the next trial (see the module's docstring for the order)."""
         number = len(self.study.get_trials(deepcopy=False))
         self.study.sampler = make_sampler(self.search, number)
+        if self.search.sampler == "grid":
+            self.study.enqueue_trial(grid_points(self.search)[number])
         trial = self.study.ask({d.key: d.distribution() for d in self.search.space})
         values = {d.key: d.value_text(trial.params[d.key]) for d in self.search.space}
         trial.set_user_attr("values", values)
@@ -186,10 +194,11 @@ class SearchScheduler(Scheduler):
         return next(trial for trial in self.active if job in trial.jobs)
 
     def advance(self, code: int, job: Job, stopping: bool) -> None:
-        """A command ended: a pruned trial's run stops there (its checkpoint kept), a failed
-        one fails its trial; else as in a grid."""
+        """A command ended: the training of a pruned trial's run stops there (its checkpoint
+        kept), a failed one fails its trial; else as in a grid (a run of a pruned trial that
+        had ended its training is still evaluated)."""
         trial = self.trial_of(job)
-        if trial.pruned is not None and not stopping:
+        if trial.pruned is not None and not stopping and code != 0:
             keep_result(job.commands.pop(0), code)
             job.commands.clear()
             return
@@ -221,17 +230,18 @@ class SearchScheduler(Scheduler):
                 self.advance(proc.returncode, job, stopping)
 
     def stop_runs(self, trial: Trial) -> None:
-        """SIGINT to the trial's running commands: as Ctrl-C, each run saves and stops."""
+        """SIGINT to the trial's trainings: as Ctrl-C, each run saves and stops."""
         for proc, job in self.running.items():
-            if job in trial.jobs:
+            if job in trial.jobs and training(job):
                 proc.send_signal(signal.SIGINT)
 
     def drop(self, trial: Trial) -> None:
-        """A trial that will not run on: its jobs not yet started are left out."""
-        self.queue = [job for job in self.queue if job not in trial.jobs]
+        """A trial that will not run on: its jobs not yet started are left out (but for the
+        evaluations of runs that ended their training)."""
         for job in trial.jobs:
-            if job not in self.running.values():
+            if job not in self.running.values() and training(job):
                 job.commands.clear()
+        self.queue = [job for job in self.queue if job.commands]
 
 
 def run_search(plan, say: Callable[[str], None], warn: Callable[[str], None],
@@ -325,7 +335,8 @@ def write_search(plan, study) -> list[dict[str, Any]]:
     rows, trials = trial_rows(plan, study)
     if rows:
         keys = [d.key for d in plan.search.space] + (["seed"] if plan.search.seeds else [])
-        write_results(plan.folder, rows, keys, list(plan.fixed))
+        write_results(plan.folder, rows, keys, list(plan.fixed),
+                      ["trial", "trial_state", "objective", "pruned"])
     lines = "".join(json.dumps(t) + "\n" for t in trials)
     write_atomic(plan.folder / TRIALS_FILE, lines.encode("utf-8"))
     return rows
@@ -354,9 +365,14 @@ def search_line(plan, study) -> str:
     each = f"{len(search.seeds)} seeds each" if search.seeds else "one run each"
     threads = f"{plan.threads} thread{'s' if plan.threads > 1 else ''} each"
     left = "nothing left to run; " if told >= search.trials else ""
+    prune = search.prune + (" (Optuna's: none before 5 trials are complete)"
+                            if search.prune == "median" else "")
+    sampler = f"{search.sampler} (seed {search.sampler_seed})" if search.sampler != "grid" \
+        else f"grid ({len(grid_points(search))} configurations, in the order of seed " \
+             f"{search.sampler_seed})"
     return (f"search of {search.trials} trials ({told} done{again}), {each}, {left}"
-            f"{plan.parallel} runs at a time, {threads}; sampler {search.sampler} (seed "
-            f"{search.sampler_seed}); pruning: {search.prune}; objective: "
+            f"{plan.parallel} runs at a time, {threads}; sampler {sampler}; pruning: {prune}; "
+            f"objective: "
             f"{search.objective.words(max(1, len(search.seeds)))}")
 
 

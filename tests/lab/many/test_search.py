@@ -42,9 +42,23 @@ def search(tmp_path, *args):
     ([LR, "task.name=add", "task.max_len=4", "--prune", "forecast"], "uncalibrated for add"),
     ([LR, "log.gauge_every=0", "--prune", "median"], "log.gauge_every is 0"),
     (["train.warmup_steps=int(interval(-5,10))"], "warmup_steps=-5"),  # an end the config refuses
+    (["train.lr=intervall(1e-3,1e-2)", "--trials", "2"], "did you mean interval?"),
 ])
 def test_refused_before_any_run_starts(tmp_path, args, words):
     result = search(tmp_path, *args)
+    assert_clean_error(result, 2, words)
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("again, words", [
+    ("train.lr=interval(1e-3,2e-2)", "train.lr is given twice (tag(log,interval(1e-3,1e-2)) "
+                                     "and interval(1e-3,2e-2)): give it one range"),
+    ("train.lr=0.01,0.02", "train.lr is given a range (tag(log,interval(1e-3,1e-2))) and a "
+                           "value (0.01,0.02)"),
+])
+def test_a_key_searched_twice_or_also_set_is_refused(tmp_path, again, words):
+    base = [item for item in FAST if not item.startswith("train.lr=")]
+    result = run_cli("sweep", *base, LR, again, "--out", tmp_path / "s", as_typed=True)
     assert_clean_error(result, 2, words)
     assert not (tmp_path / "s").exists()
 
@@ -101,12 +115,34 @@ def test_the_objective_counts_a_run_short_of_the_target_past_its_budget(tmp_path
     (spec,), _ = plan_runs(Grid(None, [], FAST), 1)
     spec.run_dir = tmp_path
 
-    def ended(**summary):
+    def ended(evaluated=None, **summary):
         (tmp_path / "summary.json").write_text(json.dumps(summary))
+        report = tmp_path / "eval-1-6.json"  # the sweep's evaluation of the trained lengths
+        report.unlink(missing_ok=True)
+        if evaluated is not None:
+            report.write_text(json.dumps({"exact_match": evaluated, "per_length": {}}))
         return objective.of_run(spec)
 
     assert ended(status="stopped at target", step=12, best_exact_match=0.95) == 12
-    assert ended(status="finished", step=20, best_exact_match=0.45) == pytest.approx(20 * 1.5)
-    assert ended(status="finished", step=20, best_exact_match=0.9) == 20  # reached at the end
-    assert ended(status="interrupted", step=7, best_exact_match=0.1) is None
+    # short of it: the shortfall of the table's exact match (the sweep's evaluation)
+    assert ended(0.45, status="finished", step=20, best_exact_match=0.6) == pytest.approx(30)
+    assert ended(None, status="finished", step=20, best_exact_match=0.6) is None
+    assert ended(0.95, status="finished", step=20, best_exact_match=0.8) == 20  # never below
+    assert ended(0.5, status="finished", step=20, best_exact_match=0.9) == 20  # reached at the end
+    assert ended(0.5, status="interrupted", step=7, best_exact_match=0.1) is None
     assert objective.direction == "minimize" and Objective(None).direction == "maximize"
+    assert Objective(None).of_run(spec) == 0.5  # no target: the exact match itself
+
+
+def test_a_grid_search_runs_each_configuration_once_in_a_seeded_order(tmp_path):
+    out = tmp_path / "g"
+    result = run_cli("sweep", *FAST, "train.warmup_steps=range(0,21,10)", "--sampler", "grid",
+                     "--out", out, "--eval-samples", "20")  # --trials 20 by default: 3 here
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert "search of 3 trials" in result.stdout and "grid (3 configurations" in result.stdout
+    trials = [json.loads(line) for line in (out / "trials.jsonl").open()]
+    assert sorted(t["values"]["train.warmup_steps"] for t in trials) == ["0", "10", "20"]
+    header = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert header[:6] == ["run", "trial", "trial_state", "objective", "pruned",
+                          "train.warmup_steps"]
+    assert "its settings: train.warmup_steps=" in result.stdout

@@ -3,7 +3,13 @@
 import pytest
 
 from minitfm.errors import ConfigError
-from minitfm.lab.many.space import is_search, number_text, parse_dimension, split_items
+from minitfm.lab.many.space import (
+    is_search,
+    number_text,
+    parse_dimension,
+    shown,
+    split_items,
+)
 
 
 def test_each_form_reads_as_its_dimension():
@@ -25,8 +31,10 @@ def test_each_form_reads_as_its_dimension():
 
 def test_sampled_values_are_written_as_their_runs_take_them():
     lr = parse_dimension("train.lr", "tag(log,interval(1e-3,3e-2))")
-    assert lr.value_text(0.0123456) == "0.01235"
+    assert lr.value_text(0.006466422717414559) == "0.006466422717414559"  # whole, as drawn
     assert lr.value_text(2.0) == "2.0" and number_text(1e-5) == "1e-05"
+    assert number_text(0.1 * 3) == "0.3" and shown("0.006466422717414559") == "0.006466"
+    assert shown("60") == "60" and shown("rope") == "rope"
     assert parse_dimension("k", "int(interval(2,5))").value_text(3.0) == "3"
     assert lr.ends() == ["0.001", "0.03"]
 
@@ -59,6 +67,11 @@ def test_optuna_gets_the_distribution_the_text_says():
     ("interval(1,2", "never closed"),
     ("choice(a,,b)", "an empty argument"),
     ("range(0,100000000)", "at most 10,000"),
+    ("range(5,6)", "the range holds one value (5) and searches nothing: set it (train.lr=5)"),
+    ("choice(rope)", "choice(...) of one value searches nothing: set it (train.lr=rope)"),
+    ("intervall(1,2)", "'intervall' is none of choice, range, interval, int, tag (did you mean "
+                       "interval?)"),
+    ("rnage(0,31,10)", "(did you mean range?)"),
 ])
 def test_a_bad_range_is_one_line_naming_it(text, words):
     with pytest.raises(ConfigError) as err:
@@ -70,6 +83,7 @@ def test_a_bad_range_is_one_line_naming_it(text, words):
 def test_only_the_grammar_s_functions_make_a_search():
     assert is_search("interval(1,2)") and is_search(" choice(a,b) ")
     assert not is_search("0.01") and not is_search("rope,alibi") and not is_search("f(1)")
+    assert is_search("intervall(1,2)") and not is_search("data(1).tsv")  # near misses only
     searched, rest = split_items(["train.lr=interval(1e-3,1e-2)", "seed=0,1", "train.steps=9",
                                   "seed=interval(0,3)"])
     assert searched == [("train.lr", "interval(1e-3,1e-2)")]

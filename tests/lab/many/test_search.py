@@ -134,6 +134,7 @@ def test_the_objective_counts_a_run_short_of_the_target_past_its_budget(tmp_path
     assert Objective(None).of_run(spec) == 0.5  # no target: the exact match itself
 
 
+@pytest.mark.slow  # three runs
 def test_a_grid_search_runs_each_configuration_once_in_a_seeded_order(tmp_path):
     out = tmp_path / "g"
     result = run_cli("sweep", *FAST, "train.warmup_steps=range(0,21,10)", "--sampler", "grid",

@@ -95,6 +95,7 @@ def test_stopped_and_run_again_it_ends_as_an_uninterrupted_search(tmp_path):
     assert trained(out, "trial=000,seed=0") == 1  # told before the signal: never redone
 
 
+@pytest.mark.slow  # a run of up to 200 steps
 def test_a_hopeless_trial_is_pruned_with_the_forecast_s_words_and_kept(tmp_path):
     out = tmp_path / "s"
     base = once([*TINY, "log.tensorboard=false", "train.eval_every=100"])

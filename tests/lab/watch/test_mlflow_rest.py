@@ -63,7 +63,8 @@ def stand_in(artifact_uri: str = "mlflow-artifacts:/7/r1/artifacts", failures=()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
     httpd.requests, httpd.failures, httpd.made = [], list(failures), False
     httpd.artifact_uri = artifact_uri
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop to look again: every 10 ms, not its default 0.5 s
+    threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}", httpd
     finally:

@@ -237,7 +237,8 @@ def test_a_tracker_that_fails_while_the_run_trains_is_one_warning_and_the_run_fi
     needs_mlflow()
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once, not in minutes
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop to look again: every 10 ms, not its default 0.5 s
+    threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True).start()
     try:
         uri = f"http://127.0.0.1:{httpd.server_address[1]}"
         run = tmp_path / "run"

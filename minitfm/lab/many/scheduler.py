@@ -173,10 +173,7 @@ class Scheduler:
                     job.started = time.monotonic()
                     self.start(job)
                 self.forward(signals.received)
-                for proc, job in list(self.running.items()):
-                    if proc.poll() is not None:
-                        del self.running[proc]
-                        self.advance(proc.returncode, job, bool(signals.received))
+                self.collect(bool(signals.received))
                 if signals.received and not self.running:
                     break
                 time.sleep(POLL_S)
@@ -188,6 +185,13 @@ class Scheduler:
     def start(self, job: Job) -> None:
         """Start the job's next command (see `launch`)."""
         self.running[launch(job)] = job
+
+    def collect(self, stopping: bool) -> None:
+        """Each command that ended: its result kept, the job's next command started (`advance`)."""
+        for proc, job in list(self.running.items()):
+            if proc.poll() is not None:
+                del self.running[proc]
+                self.advance(proc.returncode, job, stopping)
 
     def forward(self, received: list[int]) -> None:
         """Send each signal received since the last call to every running child."""

@@ -23,10 +23,10 @@ from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.pruning import PruneWatch, Verdict
 from minitfm.lab.many.results import SweepResult, result_row, write_results
 from minitfm.lab.many.scheduler import (
+    POLL_S,
     Job,
     Scheduler,
     keep_result,
-    launch,
     plan_job,
     stop_message,
 )
@@ -41,7 +41,6 @@ from minitfm.run.files import to_json, write_atomic
 from minitfm.run.signals import CaughtSignals
 
 TRIALS_FILE = "trials.jsonl"  # a line per trial: its values, state, objective, why pruned
-POLL_S = 0.1  # how often the trials' runs are looked at
 
 
 @dataclass
@@ -187,9 +186,6 @@ class SearchScheduler(Scheduler):
                               128 + signals.received[0])
         return self.failed
 
-    def start(self, job: Job) -> None:
-        self.running[launch(job)] = job
-
     def trial_of(self, job: Job) -> Trial:
         return next(trial for trial in self.active if job in trial.jobs)
 
@@ -221,14 +217,8 @@ class SearchScheduler(Scheduler):
             self.drop(trial)
             self.stop_runs(trial)
 
-    # -- where the runs run: this machine's processes (`ray_search.py`: Ray's tasks) --------
-    def collect(self, stopping: bool) -> None:
-        """Each command that ended: its result kept, the job's next command started."""
-        for proc, job in list(self.running.items()):
-            if proc.poll() is not None:
-                del self.running[proc]
-                self.advance(proc.returncode, job, stopping)
-
+    # -- where the runs run: this machine's processes, as the grid's `Scheduler` starts and
+    # collects them (`ray_search.py`: Ray's tasks) -----------------------------------------
     def stop_runs(self, trial: Trial) -> None:
         """SIGINT to the trial's trainings: as Ctrl-C, each run saves and stops."""
         for proc, job in self.running.items():

@@ -27,6 +27,7 @@ No scipy (not a dependency): Student's t distribution comes from its finite seri
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -66,6 +67,7 @@ def t_cdf(x: float, df: float) -> float:
     return 0.5 + math.copysign(inside / 2, x)  # `inside` is P(|T| <= |x|)
 
 
+@functools.cache  # an interval's 97.5% point is asked again for every figure of a table
 def t_quantile(p: float, df: float) -> float:
     """The x with P(T <= x) = p, 0 < p < 1, by bisection on `t_cdf`."""
     if p < 0.5:

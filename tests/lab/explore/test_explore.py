@@ -68,7 +68,10 @@ def node() -> str:
     return NODE
 
 
-needs_node = pytest.mark.usefixtures("node")
+def needs_node(test):
+    """A test of the page's scripts, run by Node: slow, by the suite's rule (another process
+    each; `make test` runs them, `make test-fast` leaves them out)."""
+    return pytest.mark.slow(pytest.mark.usefixtures("node")(test))
 
 SHORT = [*TINY, "log.tensorboard=false", "train.steps=30", "train.warmup_steps=5",
          "train.eval_every=30", "train.eval_samples=50", "train.target_exact_match=null"]

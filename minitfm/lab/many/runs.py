@@ -1,7 +1,7 @@
 """`minitfm runs`: a table of the run directories under a folder, each with how it ended.
 
 How a run ended (`summary.json`, its lock) is read by `minitfm.run.rundir`, its metrics by
-`lab/curves.py`. A run can be damaged by a hand edit, a copy from elsewhere or a bug: its files
+`lab/curves.py`; a run its search pruned is `pruned` (`search_status`). A run can be damaged by a hand edit, a copy from elsewhere or a bug: its files
 are read with caps and checks, and a damaged one lists the run as `unreadable` with a note
 saying why, without hiding the others. Runs are told apart by the config keys in which they
 differ (`changed_keys`, and `short_label` for a legend). No torch here: listing runs is instant.
@@ -9,6 +9,7 @@ differ (`changed_keys`, and `short_label` for a legend). No torch here: listing 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -22,6 +23,8 @@ from minitfm.run.rundir import has_config_yaml, open_run_file
 from minitfm.run.summary import UNREADABLE, load_summary, read_run_config, run_status
 
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
+TRIALS_FILE = "trials.jsonl"  # a search's: a line per trial (see minitfm.lab.many.trials)
+PRUNED = "pruned"  # the status of a run its search stopped (`search_status`)
 # where a run went, how fast, and where it is watched: not what it is
 HIDDEN_KEYS = ("name", "log.dir", "threads", "log.mlflow")
 NOTHING_READ = {"task": None, "changes": {}, "seed": None, "step": 0, "best_exact_match": None,
@@ -106,7 +109,7 @@ def describe_run(run_dir: Path, root: Path) -> dict[str, Any]:
         "step": summary.get("step", metrics[-1]["step"] if metrics else 0),
         "best_exact_match": max(evals) if evals else None,
         "wall_s": summary.get("wall_s", metrics[-1].get("elapsed_s") if metrics else None),
-        "status": UNREADABLE if damaged else run_status(run_dir),
+        "status": UNREADABLE if damaged else search_status(run_dir, run_status(run_dir)),
         "updated": updated(latest),
         **({"note": "; ".join(notes)} if notes else {}),
     }
@@ -152,6 +155,38 @@ def list_runs(root: Path, describe=describe_run) -> list[dict[str, Any]]:
 def sweep_of(run_dir: Path) -> Path | None:
     """The sweep folder that holds the run, None for a run of its own."""
     return run_dir.parent if (run_dir.parent / SWEEP_FILE).is_file() else None
+
+
+def search_status(run_dir: Path, status: str) -> str:
+    """A run's `status` as `minitfm runs` says it: `pruned` for a run its search stopped. Its own
+    summary.json says `interrupted`, as after Ctrl-C (it can be resumed to its end by hand, and
+    then says how it ended); the search's trials.jsonl names the runs of its pruned trials."""
+    sweep = sweep_of(run_dir) if status == "interrupted" else None
+    if sweep is None or not (sweep / TRIALS_FILE).is_file():
+        return status
+    stamp = (sweep / TRIALS_FILE).stat()
+    return PRUNED if run_dir.name in pruned_runs(sweep / TRIALS_FILE, stamp.st_mtime_ns,
+                                                 stamp.st_size) else status
+
+
+@functools.lru_cache(maxsize=16)
+def pruned_runs(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
+    """The runs of the pruned trials in a search's trials.jsonl (read once per version of the
+    file: `runs` asks for every run of the search); a line that is not a trial's is skipped."""
+    names: set[str] = set()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return frozenset()
+    for line in lines:
+        try:
+            trial = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(trial, dict) and trial.get("state") == PRUNED \
+                and isinstance(trial.get("runs"), list):
+            names.update(name for name in trial["runs"] if isinstance(name, str))
+    return frozenset(names)
 
 
 def seed_then_name(row: dict[str, Any]) -> tuple:

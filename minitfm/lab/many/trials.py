@@ -22,6 +22,7 @@ from minitfm.errors import Interrupted, shown_path
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.pruning import PruneWatch, Verdict
 from minitfm.lab.many.results import SweepResult, result_row, write_results
+from minitfm.lab.many.runs import TRIALS_FILE
 from minitfm.lab.many.scheduler import (
     POLL_S,
     Job,
@@ -39,8 +40,6 @@ from minitfm.lab.many.search import (
 )
 from minitfm.run.files import to_json, write_atomic
 from minitfm.run.signals import CaughtSignals
-
-TRIALS_FILE = "trials.jsonl"  # a line per trial: its values, state, objective, why pruned
 
 
 @dataclass

@@ -142,3 +142,31 @@ def test_a_damaged_run_is_counted_not_crashed_on(runs, file, content):
     result = run_cli("runs", runs, "--group-by", "train.lr")
     assert result.exit_code == 0 and "Traceback" not in result.stdout + result.stderr
     assert "(8 runs)" in result.stdout
+
+
+def test_a_run_its_search_stopped_is_listed_as_pruned_until_resumed(tmp_path):
+    # A pruned run's own summary says `interrupted`, as after Ctrl-C; the search's trials.jsonl
+    # names the runs of its pruned trials. A run of a pruned trial that had ended keeps how it
+    # ended, and one resumed to its end by hand says how it ended then.
+    search = fake_sweep(tmp_path / "search", {f"trial={t:03d},seed={s}": [f"seed={s}"]
+                                              for t in (0, 1) for s in (0, 1)})
+    for name in ("trial=001,seed=0", "trial=000,seed=1"):  # pruned; the other Ctrl-C'd
+        (search / name / "summary.json").write_text(json.dumps({"status": "interrupted",
+                                                                "step": 60}))
+    trials = [{"trial": 0, "state": "complete", "runs": ["trial=000,seed=0",
+                                                         "trial=000,seed=1"]},
+              {"trial": 1, "state": "pruned", "runs": ["trial=001,seed=0",
+                                                       "trial=001,seed=1"]}]
+    (search / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials)
+                                         + "{not a trial\n")
+    status = {row["name"]: row["status"] for row in listed(search)}
+    assert status == {"trial=000,seed=0": "stopped at target",
+                      "trial=000,seed=1": "interrupted", "trial=001,seed=0": "pruned",
+                      "trial=001,seed=1": "stopped at target"}
+    assert [row["name"] for row in listed(search, "--where", "status=pruned")] == [
+        "trial=001,seed=0"]
+    assert "pruned" in run_cli("runs", search).stdout  # the table's status column
+    (search / "trial=001,seed=0" / "summary.json").write_text(json.dumps(
+        {"status": "finished", "step": 200}))  # `minitfm train --resume` took it to its end
+    assert {row["name"]: row["status"] for row in listed(search)}["trial=001,seed=0"] == \
+        "finished"

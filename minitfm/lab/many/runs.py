@@ -1,10 +1,11 @@
 """`minitfm runs`: a table of the run directories under a folder, each with how it ended.
 
 How a run ended (`summary.json`, its lock) is read by `minitfm.run.rundir`, its metrics by
-`lab/curves.py`; a run its search pruned is `pruned` (`search_status`). A run can be damaged by a hand edit, a copy from elsewhere or a bug: its files
-are read with caps and checks, and a damaged one lists the run as `unreadable` with a note
-saying why, without hiding the others. Runs are told apart by the config keys in which they
-differ (`changed_keys`, and `short_label` for a legend). No torch here: listing runs is instant.
+`lab/curves.py`; a run its search pruned is `pruned` (`search_status`). A run can be damaged
+by a hand edit, a copy from elsewhere or a bug: its files are read with caps and checks, and a
+damaged one lists the run as `unreadable` with a note saying why, without hiding the others.
+Runs are told apart by the config keys in which they differ (`changed_keys`, and `short_label`
+for a legend). No torch here: listing runs is instant.
 """
 
 from __future__ import annotations

@@ -127,10 +127,10 @@ def flat(name: str, interval: Interval) -> dict[str, float | None]:
 def configuration_rows(groups: dict[str, list], keys: list[str],
                        spans: list[str]) -> list[dict[str, Any]]:
     """A row per configuration (`results.by_configuration`'s groups): its number in the sweep's
-    table (`#`, what `minitfm compare SWEEP A B` takes), its values of `keys` but the seed (the
-    swept keys, then the fixed ones that change the config file's), and `summarise`'s
-    figures."""
-    return [{"#": i, **{k: group[0].get(k) for k in keys if k != "seed"},
+    table (`#`, what `minitfm compare SWEEP A B` takes: a grid's from 1, a search's trial
+    number), its values of `keys` but the seed (the swept keys, then the fixed ones that change
+    the config file's), and `summarise`'s figures."""
+    return [{"#": group[0].get("trial", i), **{k: group[0].get(k) for k in keys if k != "seed"},
              **summarise(group, spans)} for i, group in enumerate(groups.values(), 1)]
 
 

@@ -116,5 +116,7 @@ def test_a_hopeless_trial_is_pruned_with_the_forecast_s_words_and_kept(tmp_path)
     assert "1 trials: 1 pruned; none complete" in result.stdout
     (row,) = [json.loads(line) for line in (out / "results.jsonl").open()]
     assert row["trial_state"] == "pruned" and row["pruned"] == trial["pruned"]
+    configurations = (out / "configurations.csv").read_text().splitlines()
+    assert configurations[1].startswith("0,")  # `#`: the trial's number, as compare takes it
     listed = run_cli("runs", out, "--where", "status=pruned", "--json")
     assert [r["name"] for r in json.loads(listed.stdout)] == ["trial=000"], listed.stderr

@@ -26,6 +26,7 @@ from minitfm.run.summary import UNREADABLE, load_summary, read_run_config, run_s
 SWEEP_FILE = "sweep.json"  # marks a sweep folder (see minitfm.lab.many.sweep)
 TRIALS_FILE = "trials.jsonl"  # a search's: a line per trial (see minitfm.lab.many.trials)
 PRUNED = "pruned"  # the status of a run its search stopped (`search_status`)
+MAX_TRIALS_BYTES = 20_000_000  # a trials.jsonl: about 400 bytes a trial
 # where a run went, how fast, and where it is watched: not what it is
 HIDDEN_KEYS = ("name", "log.dir", "threads", "log.mlflow")
 NOTHING_READ = {"task": None, "changes": {}, "seed": None, "step": 0, "best_exact_match": None,
@@ -173,16 +174,20 @@ def search_status(run_dir: Path, status: str) -> str:
 @functools.lru_cache(maxsize=16)
 def pruned_runs(path: Path, mtime_ns: int, size: int) -> frozenset[str]:
     """The runs of the pruned trials in a search's trials.jsonl (read once per version of the
-    file: `runs` asks for every run of the search); a line that is not a trial's is skipped."""
+    file: `runs` asks for every run of the search). A line that is not a trial's is skipped; a
+    file that is no regular one, or too large for a search's (MAX_TRIALS_BYTES), names none."""
     names: set[str] = set()
+    if size > MAX_TRIALS_BYTES:
+        return frozenset()
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        with open_run_file(path, "r", errors="replace") as file:
+            lines = file.read(MAX_TRIALS_BYTES).splitlines()
+    except (OSError, MinitfmError):
         return frozenset()
     for line in lines:
         try:
             trial = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(trial, dict) and trial.get("state") == PRUNED \
                 and isinstance(trial.get("runs"), list):

@@ -7,6 +7,7 @@ helpers' own, a key no run has is one line naming the close ones, and the tables
 columns."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -170,3 +171,23 @@ def test_a_run_its_search_stopped_is_listed_as_pruned_until_resumed(tmp_path):
         {"status": "finished", "step": 200}))  # `minitfm train --resume` took it to its end
     assert {row["name"]: row["status"] for row in listed(search)}["trial=001,seed=0"] == \
         "finished"
+
+
+@pytest.mark.parametrize("hostile", ["link", "nested", "fifo"])
+def test_a_searchs_trials_file_is_read_as_a_runs_files_are(tmp_path, hostile):
+    # Never through a link nor from a FIFO, a line nested past Python's limit skipped: the run
+    # keeps its own summary's status, and nothing hangs or raises.
+    search = fake_sweep(tmp_path / "search", {"trial=000": ["seed=0"], "trial=001": ["seed=0"]})
+    for name in ("trial=000", "trial=001"):
+        (search / name / "summary.json").write_text(json.dumps({"status": "interrupted"}))
+    line = json.dumps({"trial": 1, "state": "pruned", "runs": ["trial=001"]}) + "\n"
+    if hostile == "link":
+        (tmp_path / "elsewhere.jsonl").write_text(line)
+        (search / "trials.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    elif hostile == "fifo":
+        os.mkfifo(search / "trials.jsonl")
+    else:
+        (search / "trials.jsonl").write_text("[" * 100_000 + "\n" + line)
+    status = {row["name"]: row["status"] for row in listed(search)}
+    assert status == {"trial=000": "interrupted",
+                      "trial=001": "pruned" if hostile == "nested" else "interrupted"}

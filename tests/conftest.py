@@ -6,9 +6,15 @@ resolve to 1 whatever other minitfm processes run on the machine.
 
 import os
 import signal
-import warnings
 
 os.environ["OMP_NUM_THREADS"] = "1"
+
+# Ctrl-C as a terminal gives it. A suite started in the background of a shell without job
+# control (`make test &` in a script) inherits SIGINT ignored, and so would every process its
+# tests start: minitfm keeps a Ctrl-C its parent ignores ignored (run/signals.py), so the tests
+# of Ctrl-C would fail there (5 did, 2026-12-08), testing what a user at a terminal never sees.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import torch  # noqa: E402
 
@@ -27,27 +33,3 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("cuda") is not None:
             item.add_marker(pytest.mark.skip(reason=NO_CUDA))
 
-
-STOPPING = {signal.SIGINT, signal.SIGTERM}
-
-
-@pytest.fixture(autouse=True)
-def stopping_signals_as_found():
-    """Each test starts with Ctrl-C and SIGTERM as the test before found them. A test (or a
-    library it drives) that leaves one ignored or blocked in this worker would make every later
-    test of a Ctrl-C fail there, and every process they start inherit it (seen once in a full
-    run, 2026-12-08, on one worker, its cause not found): what was there is put back, with a
-    warning naming the test that left it."""
-    before = {signum: signal.getsignal(signum) for signum in STOPPING}
-    yield
-    ignored = {signum for signum in STOPPING if signal.getsignal(signum) is signal.SIG_IGN
-               and before[signum] is not signal.SIG_IGN}
-    blocked = STOPPING & signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    if not ignored and not blocked:
-        return
-    for signum in ignored:
-        signal.signal(signum, before[signum])
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-    names = ", ".join(sorted(signal.Signals(s).name for s in ignored | blocked))
-    warnings.warn(f"this test left {names} ignored or blocked in its process (put back)",
-                  stacklevel=1)

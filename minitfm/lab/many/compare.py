@@ -149,7 +149,8 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
     values alone, `rope`)."""
     groups = by_configuration(sweep_rows(folder))
     labels = list(groups)
-    if all(label.startswith("trial=") for label in labels):  # a search: by its trial's number
+    search = all(label.startswith("trial=") for label in labels)
+    if search:  # by its trial's number
         trial = which.removeprefix("trial=")
         chosen = next((label for label in labels if label.split(", ")[0] == f"trial={trial}"),
                       None)
@@ -163,7 +164,8 @@ def sweep_side(name: str, folder: Path, which: str) -> Side:
         known = ", ".join(quote(named(label)) for label in labels[:6])
         raise MinitfmError(f"{name} ({quote(which)}) is no configuration of "
                            f"{quote(shown_path(folder))}: give {number} or its label: {known}")
-    label = f"#{labels.index(chosen) + 1} {named(chosen)}"
+    # a trial's label starts with its number (`trial=3, lr=...`); a grid's gets its `#`
+    label = named(chosen) if search else f"#{labels.index(chosen) + 1} {named(chosen)}"
     swept = tuple(part.partition("=")[0] for part in chosen.split(", ") if "=" in part)
     return make_side(name, label, [folder / row["run"] for row in groups[chosen]], swept,
                      identity(folder))

@@ -28,7 +28,7 @@ from minitfm.config import flatten
 from minitfm.errors import ConfigError, MinitfmError, quote, shown_path
 from minitfm.lab.curves import is_number, last_record, read_eval
 from minitfm.lab.many.results import range_of
-from minitfm.lab.many.runs import list_runs, search_status, short_label, sweep_of, updated
+from minitfm.lab.many.runs import list_runs, short_label, sweep_of, updated
 from minitfm.lab.many.seeds import run_outcome, summarise
 from minitfm.overrides import parse_override, split_key_value
 from minitfm.run.summary import read_summary
@@ -47,7 +47,7 @@ def run_record(run_dir: Path, root: Path) -> dict[str, Any]:
     latest = run_dir / "metrics.jsonl"
     identity = {"run": str(run_dir.relative_to(root)) if run_dir != root else run_dir.name,
                 "sweep": sweep.name if sweep else None, "run_dir": str(run_dir),
-                "status": search_status(run_dir, outcome["status"]),
+                "status": outcome["status"],
                 "updated": updated(latest if latest.is_file() else run_dir / "config.yaml")}
     if "config" not in outcome:  # unreadable: `note` says why
         return {**identity, **({"note": outcome["note"]} if "note" in outcome else {})}

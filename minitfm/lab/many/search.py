@@ -32,6 +32,7 @@ from minitfm.run.summary import DONE, read_summary
 STUDY_FILE = "study.db"  # the Optuna study, in the sweep folder
 STUDY_NAME = "minitfm"
 DEFAULT_TRIALS = 20  # as Hydra's Optuna sweeper
+SEED_STRIDE = 1_000_003  # between the trial seeds of two sampler seeds: more than any search
 
 
 @dataclass
@@ -102,16 +103,23 @@ def require_optuna() -> None:
 
 
 def make_sampler(search: Search, number: int):
-    """The sampler that draws trial `number`: seeded by --sampler-seed + number (see
-    `trials.py`). A grid's trials are its points in a fixed shuffled order (`grid_points`),
-    each given to Optuna before it is asked for (Optuna's GridSampler stops the study when the
-    grid is used up, which only its `optimize` loop takes)."""
+    """The sampler that draws trial `number`, seeded by `trial_seed` (see `trials.py`). A grid's
+    trials are its points in a fixed shuffled order (`grid_points`), each given to Optuna
+    before it is asked for (Optuna's GridSampler stops the study when the grid is used up,
+    which only its `optimize` loop takes)."""
     import optuna
 
-    seed = search.sampler_seed + number
+    seed = trial_seed(search.sampler_seed, number)
     if search.sampler in ("random", "grid"):
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed)
+
+
+def trial_seed(sampler_seed: int, number: int) -> int:
+    """The seed of trial `number`'s sampler: the number itself under --sampler-seed 0, and
+    SEED_STRIDE further on for each sampler seed, so that two sampler seeds share no trial's
+    seed (seed + number did: --sampler-seed 1 drew seed 0's trials 1, 2, ... again)."""
+    return (sampler_seed * SEED_STRIDE + number) % 2 ** 32  # numpy's seeds are 32 bits
 
 
 def grid_points(search: Search) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from typing import Any
 from minitfm.config import flatten
 from minitfm.errors import CheckpointError
 from minitfm.lab.curves import is_fraction, is_number, read_eval
-from minitfm.lab.many.runs import short_label
+from minitfm.lab.many.runs import search_status, short_label
 from minitfm.lab.many.stats import Interval, mean_interval, rate_interval
 from minitfm.lab.pictures import LINE_COLOURS, save_png
 from minitfm.run.files import to_json, write_atomic
@@ -74,7 +74,7 @@ def run_outcome(run_dir: Path) -> dict[str, Any]:
     samples = report.get("samples") if report else train.get("eval_samples")
     evaluation = ("minitfm eval" if report else "the training's last evaluation") + (
         f" of {samples:,} sequences" if type(samples) is int else "")
-    status = run_status(run_dir)
+    status = search_status(run_dir, run_status(run_dir))  # `pruned` by its search too
     seed, stack = config.get("seed"), summary.get("stack")
     return {**row, "seed": seed if is_int(seed) else None,
             "status": status, "steps": summary.get("step"), "wall_s": summary.get("wall_s"),

@@ -22,7 +22,7 @@ from minitfm.errors import Interrupted, shown_path
 from minitfm.lab.many.grid import RunSpec
 from minitfm.lab.many.pruning import PruneWatch, Verdict
 from minitfm.lab.many.results import SweepResult, result_row, write_results
-from minitfm.lab.many.runs import TRIALS_FILE
+from minitfm.lab.many.runs import PRUNED, TRIALS_FILE
 from minitfm.lab.many.scheduler import (
     POLL_S,
     Job,
@@ -309,6 +309,8 @@ def trial_rows(plan, study) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             row.update({"trial": frozen.number, "trial_state": state, "pruned": pruned,
                         "objective": frozen.value if state == "complete" else None,
                         "trial_best": frozen.number == best})
+            if state == "pruned" and row["status"] == "interrupted":  # stopped by the search
+                row["status"] = PRUNED
             rows.append(row)
         trials.append({"trial": frozen.number, "state": state, "best": frozen.number == best,
                        "objective": frozen.value if state == "complete" else None,

@@ -7,7 +7,13 @@ import json
 import pytest
 
 from minitfm.lab.many.grid import Grid
-from minitfm.lab.many.search import Objective, ends_runs, prepare_search, require_optuna
+from minitfm.lab.many.search import (
+    Objective,
+    ends_runs,
+    make_sampler,
+    prepare_search,
+    require_optuna,
+)
 from minitfm.lab.many.space import parse_dimension
 from minitfm.lab.options import SweepOptions
 from tests.helpers import TINY, assert_clean_error, once, run_cli
@@ -106,6 +112,29 @@ def test_the_plan_names_the_search_and_finds_its_folder_again(tmp_path):
     other = prepare_search(None, items, SweepOptions(seeds="0,1", trials=3, sampler_seed=1,
                                                      prune="forecast"))
     assert other.folder != plan.folder  # another sampler seed is another search
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_another_sampler_seed_draws_other_trials_not_the_same_ones_shifted(tmp_path, sampler):
+    # The newcomer's finding of 2026-12-08: with trial n's sampler seeded by seed + n,
+    # --sampler-seed 1 drew --sampler-seed 0's trials 1, 2, 3 as its trials 0, 1, 2.
+    import optuna
+
+    def drawn(sampler_seed):
+        options = SweepOptions(seeds="0", trials=4, sampler=sampler, sampler_seed=sampler_seed)
+        plan = prepare_search(None, once([*FAST, f"log.dir={tmp_path}", LR]), options)
+        study = optuna.create_study()
+        values = []
+        for number in range(4):  # each trial asked of its own sampler, as trials.py does
+            study.sampler = make_sampler(plan.search, number)
+            trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 1e-2,
+                                                                             log=True)})
+            values.append(trial.params["lr"])
+            study.tell(trial, 1.0)
+        return values
+
+    assert drawn(0) == drawn(0)  # the same seed draws the same trials
+    assert not set(drawn(0)) & set(drawn(1))
 
 
 def test_the_objective_counts_a_run_short_of_the_target_past_its_budget(tmp_path):

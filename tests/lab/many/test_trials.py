@@ -66,6 +66,7 @@ def test_a_search_end_to_end_then_more_trials_continue_it(tmp_path):
     compared = run_cli("compare", out, "0", "trial=1")  # by the trials' numbers
     assert compared.exit_code == 0, compared.stdout + compared.stderr
     assert "trial=0, lr=" in compared.stdout and "trial=1, lr=" in compared.stdout
+    assert "A: trial=0, lr=" in compared.stdout  # its number is the trial's: no `#1` before it
     wrong = run_cli("compare", out, "0", "9")
     assert wrong.exit_code == 2 and "its trial's number in the search's table" in wrong.stderr
 
@@ -116,6 +117,9 @@ def test_a_hopeless_trial_is_pruned_with_the_forecast_s_words_and_kept(tmp_path)
     assert "1 trials: 1 pruned; none complete" in result.stdout
     (row,) = [json.loads(line) for line in (out / "results.jsonl").open()]
     assert row["trial_state"] == "pruned" and row["pruned"] == trial["pruned"]
+    assert row["status"] == "pruned"  # results.csv as `runs` says it, not `interrupted`
+    compared = run_cli("compare", out, "0", out / "trial=000")
+    assert "trial=000 (pruned)" in compared.stderr, compared.stderr
     configurations = (out / "configurations.csv").read_text().splitlines()
     assert configurations[1].startswith("0,")  # `#`: the trial's number, as compare takes it
     listed = run_cli("runs", out, "--where", "status=pruned", "--json")

@@ -85,10 +85,9 @@ def is_blank(node: ast.FunctionDef) -> bool:
     return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
 
 
-def function_digest(source: str, tree: ast.Module, name: str) -> str:
-    """A short hash of a function's text in a module, `tree` its parse (how the book's version
-    is recognised)."""
-    node = find_function(tree, name)
+def function_digest(source: str, name: str) -> str:
+    """A short hash of a function's text in a module (how the book's version is recognised)."""
+    node = find_function(ast.parse(source), name)
     text = ast.get_source_segment(source, node) if node is not None else ""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -116,15 +115,10 @@ def chapter_workbook(chapter: str) -> str:
     return BOOK_IMPORT.sub(r"from .\1 import", "\n".join(lines) + "\n")
 
 
-@functools.cache
+@functools.cache  # the installed book does not change while minitfm runs: once a process
 def book_digests() -> dict[str, str]:
-    """Each exercise's hash in the book of now (a workbook records those it was made from).
-    The installed book does not change while minitfm runs: read once a process."""
-    sources = {chapter: book_source(chapter) for chapter in dict.fromkeys(e.chapter
-                                                                          for e in EXERCISES)}
-    trees = {chapter: ast.parse(source) for chapter, source in sources.items()}
-    return {e.name: function_digest(sources[e.chapter], trees[e.chapter], e.name)
-            for e in EXERCISES}
+    """Each exercise's hash in the book of now (a workbook records those it was made from)."""
+    return {e.name: function_digest(book_source(e.chapter), e.name) for e in EXERCISES}
 
 
 def marker_text(kind: str) -> str:
